@@ -1,0 +1,158 @@
+"""Rank / world discovery for every way this package is launched, in one place.
+
+Launchers publish the same facts under different names:
+- torchrun and the deepspeed launcher: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT;
+- srun (one task per GPU): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_NNODES, and the
+  rendezvous must be derived (first host of the allocation, a port from the job id);
+- submitit runs its tasks through srun, so it is the srun case (its JobEnvironment reads the same variables).
+torchrun-style variables win when both are present (torchrun started under srun sets its own).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import subprocess
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    node_rank: int = 0
+    num_nodes: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    launcher: str = "none"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_node_main(self) -> bool:
+        return self.local_rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _int(env: dict, key: str, default: int | None = None) -> int:
+    val = env.get(key)
+    if val is None or val == "":
+        if default is None:
+            raise RuntimeError(f"environment variable {key} is required by this launcher but is not set")
+        return default
+    try:
+        return int(val)
+    except ValueError:
+        raise RuntimeError(f"environment variable {key}={val!r} is not an integer") from None
+
+
+def slurm_first_host_addr(env: dict) -> str:
+    """Address of the first node of the SLURM allocation, usable as the rendezvous address.
+
+    Node names need not resolve (a cluster may name nodes n1, n2 without DNS), so ask SLURM for the node's
+    address and fall back to resolving the name only if scontrol is missing.
+    """
+    if env.get("S2T2_MASTER_ADDR"):
+        return env["S2T2_MASTER_ADDR"]
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist:
+        return env.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")
+    try:
+        first = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True
+        ).stdout.split()[0]
+        out = subprocess.run(["scontrol", "show", "node", first], capture_output=True, text=True, check=True).stdout
+        for tok in out.split():
+            if tok.startswith("NodeAddr="):
+                return tok.split("=", 1)[1]
+        return socket.gethostbyname(first)
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        return env.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")
+
+
+def slurm_port(env: dict) -> int:
+    """A port every task of the job derives identically (no communication needed), away from common services."""
+    if env.get("MASTER_PORT"):
+        return _int(env, "MASTER_PORT")
+    job = _int(env, "SLURM_JOB_ID", 0)
+    return 20000 + job % 20000
+
+
+def detect(env: dict | None = None) -> DistEnv:
+    env = dict(os.environ if env is None else env)
+    if "RANK" in env and "WORLD_SIZE" in env:
+        world = _int(env, "WORLD_SIZE")
+        local_world = _int(env, "LOCAL_WORLD_SIZE", world)
+        rank = _int(env, "RANK")
+        return DistEnv(
+            rank=rank,
+            world_size=world,
+            local_rank=_int(env, "LOCAL_RANK", 0),
+            local_world_size=local_world,
+            node_rank=_int(env, "GROUP_RANK", rank // max(local_world, 1)),
+            num_nodes=max(world // max(local_world, 1), 1),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=_int(env, "MASTER_PORT", 29500),
+            launcher="torchrun",
+        )
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and env.get("SLURM_STEP_ID") is not None:
+        world = _int(env, "SLURM_NTASKS")
+        nnodes = _int(env, "SLURM_NNODES", 1)
+        per_node = env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
+        local_world = int(per_node) if per_node.isdigit() else max(world // nnodes, 1)
+        return DistEnv(
+            rank=_int(env, "SLURM_PROCID"),
+            world_size=world,
+            local_rank=_int(env, "SLURM_LOCALID", 0),
+            local_world_size=local_world,
+            node_rank=_int(env, "SLURM_NODEID", 0),
+            num_nodes=nnodes,
+            master_addr=slurm_first_host_addr(env),
+            master_port=slurm_port(env),
+            launcher="slurm",
+        )
+    return DistEnv()
+
+
+def default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> DistEnv:
+    """Initialise torch.distributed from whatever launcher started us; a no-op for a single process."""
+    import torch.distributed as dist
+
+    denv = detect()
+    if torch.cuda.is_available():
+        torch.cuda.set_device(denv.local_rank % torch.cuda.device_count())
+    if denv.world_size == 1 or dist.is_initialized():
+        return denv
+    os.environ.setdefault("MASTER_ADDR", denv.master_addr)
+    os.environ.setdefault("MASTER_PORT", str(denv.master_port))
+    os.environ.setdefault("RANK", str(denv.rank))
+    os.environ.setdefault("WORLD_SIZE", str(denv.world_size))
+    os.environ.setdefault("LOCAL_RANK", str(denv.local_rank))
+    dist.init_process_group(
+        backend=backend or default_backend(),
+        init_method=f"tcp://{denv.master_addr}:{denv.master_port}" if denv.launcher == "slurm" else "env://",
+        rank=denv.rank,
+        world_size=denv.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    return denv
+
+
+def device_for(denv: DistEnv) -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", denv.local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
