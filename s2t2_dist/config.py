@@ -1,0 +1,197 @@
+"""The one config system: dataclasses, YAML files, dotted CLI overrides, validation.
+
+A run config is a tree of dataclasses. `load_config(Cls, "configs/x.yaml", ["optim.lr=1e-4"])` reads the YAML,
+applies the overrides and checks every key and type against the dataclass fields, so a mistyped key fails with
+its dotted path and a suggestion instead of being ignored. Each section validates its own values in `validate()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config key or value is wrong; the message names the dotted key (and the file, when there is one)."""
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{key}: {value!r} matches none of {[_type_name(a) for a in args]}")
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: {value!r} is not one of {list(args)}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping for section {tp.__name__}, got {value!r}")
+        return _build(tp, value, key)
+    if origin in (list, tuple):
+        if isinstance(value, str):
+            value = yaml.safe_load(value) if value.startswith("[") else [v for v in value.split(",") if v]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        inner = args[0] if args else Any
+        out = [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(out) if origin is tuple else out
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(float(value)) if value.replace("e", "").replace(".", "").isdigit() else int(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    return value
+
+
+def _build(cls: type[T], data: dict, prefix: str = "") -> T:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for k, v in data.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if k not in fields:
+            close = difflib.get_close_matches(str(k), fields, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"unknown config key {key!r}{hint}; known keys of this section: {sorted(fields)}")
+        kwargs[k] = _coerce(v, hints[k], key)
+    try:
+        obj = cls(**kwargs)
+    except TypeError as e:
+        raise ConfigError(f"{prefix or cls.__name__}: {e}") from None
+    return obj
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for p in parts[:-1]:
+        nxt = node.get(p)
+        if nxt is None:
+            nxt = node[p] = {}
+        elif not isinstance(nxt, dict):
+            raise ConfigError(f"override {dotted!r}: {p!r} is a value, not a section")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
+    out = []
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"override {item!r} is not of the form dotted.key=value")
+        key, raw = item.split("=", 1)
+        key = key.strip().lstrip("-")
+        # YAML parsing gives numbers, booleans, null and lists their types; the dataclass coercion checks them.
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        out.append((key, value))
+    return out
+
+
+def validate_tree(obj: Any, prefix: str = "") -> None:
+    """Run every section's validate(), depth first, and prefix errors with the section's dotted path."""
+    if not dataclasses.is_dataclass(obj):
+        return
+    for f in dataclasses.fields(obj):
+        validate_tree(getattr(obj, f.name), f"{prefix}.{f.name}" if prefix else f.name)
+    check = getattr(obj, "validate", None)
+    if check is not None:
+        try:
+            check()
+        except ConfigError as e:
+            raise ConfigError(f"{prefix}.{e}" if prefix else str(e)) from None
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    for key, value in parse_overrides(overrides or []):
+        _set_dotted(data, key, value)
+    where = f"{path}: " if path is not None else ""
+    try:
+        cfg = _build(cls, data)
+        validate_tree(cfg)
+    except ConfigError as e:
+        raise ConfigError(f"{where}{e}") from None
+    return cfg
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Any, path: str | Path) -> None:
+    from s2t2_dist.utils.io import atomic_write_text
+
+    atomic_write_text(Path(path), yaml.safe_dump(to_dict(cfg), sort_keys=False))
