@@ -1,0 +1,36 @@
+"""Optimiser and schedule of the paper: AdamW (0.9, 0.95, eps 1e-5), cosine with linear warm-up to a floor."""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import torch
+
+
+def cosine_lr_factor(step: int, total_steps: int, warmup_frac: float = 0.2, final_frac: float = 0.1) -> float:
+    """Multiplier of the peak lr at `step` (0-based): linear warm-up over warmup_frac of the run, then a cosine
+    decay that ends at final_frac of the peak on the last step."""
+    warmup = int(round(warmup_frac * total_steps))
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    decay_steps = max(total_steps - warmup - 1, 1)
+    progress = min(max(step - warmup, 0) / decay_steps, 1.0)
+    return final_frac + (1.0 - final_frac) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_adamw(params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float, betas, eps: float):
+    params = [p for p in params if p.requires_grad]
+    # Weight decay only where it means something (matrices); norms and biases are excluded, as is usual.
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, foreach=False)
+
+
+def build_scheduler(optimizer, total_steps: int, warmup_frac: float, final_frac: float):
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: cosine_lr_factor(s, total_steps, warmup_frac, final_frac)
+    )
