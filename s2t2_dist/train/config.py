@@ -1,0 +1,68 @@
+"""Config sections shared by both stages (the loop and the optimiser)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from s2t2_dist.config import ConfigError
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-5
+    warmup_frac: float = 0.2
+    final_lr_frac: float = 0.1
+    grad_clip: float = 1.0
+
+    def validate(self) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"lr: must be > 0, got {self.lr}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"betas: need two values in [0, 1), got {self.betas}")
+        if not 0 <= self.warmup_frac < 1:
+            raise ConfigError(f"warmup_frac: must be in [0, 1), got {self.warmup_frac}")
+        if not 0 <= self.final_lr_frac <= 1:
+            raise ConfigError(f"final_lr_frac: must be in [0, 1], got {self.final_lr_frac}")
+        if self.weight_decay < 0 or self.eps <= 0:
+            raise ConfigError("weight_decay must be >= 0 and eps > 0")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 2000
+    #: global batch in sequences per optimiser step (paper: 16), split over ranks and accumulation steps
+    batch_size: int = 16
+    #: sequences per rank per forward pass
+    micro_batch_size: int = 16
+    context_len: int = 512
+    seed: int = 0
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    log_every: int = 10
+    eval_every: int = 0
+    eval_max_docs: int = 0
+    ckpt_every: int = 100
+    keep_checkpoints: int = 2
+    #: a step whose loss or gradients are not finite is skipped; after this many the run stops
+    max_bad_steps: int = 10
+    #: stop (with a checkpoint) after this many steps of this invocation; 0 = run to `steps` (for tests, time limits)
+    stop_after: int = 0
+
+    def validate(self) -> None:
+        for k in ("steps", "batch_size", "micro_batch_size", "context_len"):
+            if getattr(self, k) <= 0:
+                raise ConfigError(f"{k}: must be > 0, got {getattr(self, k)}")
+        if self.ckpt_every < 0 or self.log_every <= 0 or self.max_bad_steps < 0:
+            raise ConfigError("ckpt_every must be >= 0, log_every > 0, max_bad_steps >= 0")
+
+    def grad_accum(self, world_size: int) -> int:
+        per_step = self.micro_batch_size * world_size
+        if self.batch_size % per_step:
+            raise ConfigError(
+                f"train.batch_size={self.batch_size} is not a multiple of micro_batch_size x ranks = "
+                f"{self.micro_batch_size} x {world_size}; impossible layout"
+            )
+        return self.batch_size // per_step

@@ -1,0 +1,216 @@
+"""The one training loop, shared by stage 1 (translate: only C trains) and stage 2 (finetune: the whole model).
+
+A stage supplies a Task (how to compute the loss of a micro-batch, what to report) and an Engine (who owns the
+parameters and the optimiser); the loop owns the step counter, gradient accumulation, skipping of non-finite
+steps, logging, periodic evaluation, checkpoint/resume (with the data position and RNG) and clean stopping on
+SIGTERM/SIGUSR1 (what SLURM sends before preemption or a time limit).
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol
+
+import torch
+import torch.distributed as dist
+
+from s2t2_dist.train.checkpoint import Checkpointer
+from s2t2_dist.train.config import TrainConfig
+from s2t2_dist.train.metrics import MetricsLogger
+
+
+class Task(Protocol):
+    def loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+        """Mean loss of one micro-batch (the tensor to backpropagate) and extra scalars to log."""
+
+    def report(self, step: int, logger: MetricsLogger) -> dict[str, float]:
+        """Expensive diagnostics, called every log interval (collective: every rank calls it)."""
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out metrics (collective)."""
+
+
+class ResumableLoader(Protocol):
+    def __iter__(self) -> Iterator[dict]: ...
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class TooManyBadSteps(RuntimeError):
+    pass
+
+
+@dataclass
+class LoopResult:
+    step: int
+    finished: bool
+    preempted: bool
+    losses: list[tuple[int, float]] = field(default_factory=list)
+    bad_steps: int = 0
+    last_checkpoint: Path | None = None
+
+
+class _StopFlag:
+    """Remembers SIGTERM/SIGUSR1 so the loop can checkpoint at the next step boundary instead of dying mid-step."""
+
+    def __init__(self, signals=(signal.SIGTERM, signal.SIGUSR1)):
+        self.requested: int | None = None
+        self._old = {}
+        for s in signals:
+            try:
+                self._old[s] = signal.signal(s, self._handler)
+            except ValueError:  # not the main thread (e.g. inside some test runners): signals stay as they are
+                pass
+
+    def _handler(self, signum, frame):
+        self.requested = signum
+
+    def restore(self):
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _sum_across(values: list[float]) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def train(
+    cfg: TrainConfig,
+    task: Task,
+    engine,
+    loader: ResumableLoader,
+    checkpointer: Checkpointer,
+    logger: MetricsLogger,
+    *,
+    tokens_per_micro_batch: int | None = None,
+    progress: bool = True,
+    on_step: Callable[[int, float], None] | None = None,
+) -> LoopResult:
+    rank, world = _world()
+    accum = cfg.grad_accum(world)
+    torch.manual_seed(cfg.seed + rank)
+    step, bad_steps = 0, 0
+    result = LoopResult(step=0, finished=False, preempted=False)
+
+    latest = checkpointer.latest()
+    if latest is not None:
+        state = checkpointer.load(latest, engine)
+        step, bad_steps = int(state["step"]), int(state["bad_steps"])
+        loader.load_state_dict(state["loader"])
+        torch.set_rng_state(state["rng"])
+        result.last_checkpoint = latest
+
+    def save(at_step: int) -> None:
+        state = {"step": at_step, "bad_steps": bad_steps, "loader": loader.state_dict(), "rng": torch.get_rng_state()}
+        result.last_checkpoint = checkpointer.save(at_step, engine, state)
+
+    stop = _StopFlag()
+    bar = None
+    if progress and rank == 0:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=cfg.steps, initial=step, desc="train", dynamic_ncols=True)
+    engine.train()
+    data = iter(loader)
+    steps_this_run = 0
+    t_last, toks_since, wait_since = time.perf_counter(), 0, 0.0
+    try:
+        while step < cfg.steps:
+            loss_sum, extra = 0.0, {}
+            for _ in range(accum):
+                t0 = time.perf_counter()
+                try:
+                    batch = next(data)
+                except StopIteration:  # epoch boundary: the loader starts its next epoch
+                    data = iter(loader)
+                    batch = next(data)
+                wait_since += time.perf_counter() - t0
+                loss, extra = task.loss(batch)
+                engine.backward(loss / accum)
+                loss_sum += float(loss.detach())
+                toks_since += tokens_per_micro_batch or batch["input_ids"].numel()
+            grad_norm, applied = engine.step()
+            step += 1
+            steps_this_run += 1
+            (mean_loss,) = _sum_across([loss_sum / accum])
+            mean_loss /= world
+            if not applied or not math.isfinite(mean_loss):
+                bad_steps += 1
+                logger.scalars(step, {"train/bad_steps": bad_steps})
+                if bad_steps > cfg.max_bad_steps:
+                    raise TooManyBadSteps(
+                        f"{bad_steps} steps had non-finite loss or gradients (limit train.max_bad_steps="
+                        f"{cfg.max_bad_steps}); last at step {step}. The parameters were not updated by them."
+                    )
+            result.losses.append((step, mean_loss))
+            if on_step is not None:
+                on_step(step, mean_loss)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{mean_loss:.4f}")
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                now = time.perf_counter()
+                dt = now - t_last
+                (tok_total,) = _sum_across([float(toks_since)])
+                logger.scalars(
+                    step,
+                    {
+                        "train/loss": mean_loss,
+                        "train/perplexity": math.exp(min(mean_loss, 50.0)),
+                        "train/lr": engine.lr(),
+                        "train/grad_norm": grad_norm,
+                        "train/tokens_per_s": tok_total / max(dt, 1e-9),
+                        **{f"train/{k}": v for k, v in extra.items()},
+                    },
+                )
+                node_vals = {"node/tokens_per_s": toks_since / max(dt, 1e-9),
+                             "node/step_time_s": dt / cfg.log_every, "node/data_wait_s": wait_since / cfg.log_every}
+                node_vals.update(_memory_stats())
+                logger.scalars(step, node_vals, scope="node")
+                logger.scalars(step, task.report(step, logger))
+                t_last, toks_since, wait_since = time.perf_counter(), 0, 0.0
+            if cfg.eval_every and step % cfg.eval_every == 0:
+                engine.eval()
+                logger.scalars(step, {f"eval/{k}": v for k, v in task.evaluate().items()})
+                engine.train()
+            (stop_now,) = _sum_across([1.0 if stop.requested is not None else 0.0])
+            budget_hit = cfg.stop_after and steps_this_run >= cfg.stop_after
+            if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == cfg.steps or stop_now or budget_hit:
+                save(step)
+            if stop_now or (budget_hit and step < cfg.steps):
+                result.preempted = True
+                break
+        result.finished = step >= cfg.steps
+    finally:
+        stop.restore()
+        if bar is not None:
+            bar.close()
+        logger.flush()
+    result.step, result.bad_steps = step, bad_steps
+    return result
+
+
+def _memory_stats() -> dict[str, float]:
+    out = {}
+    if torch.cuda.is_available():
+        out["node/gpu_mem_max_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    try:
+        import resource
+
+        out["node/cpu_rss_max_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    except ImportError:
+        pass
+    return out
