@@ -3,6 +3,7 @@ shard, e.g. the translator's C columns) or replicated (gradients averaged over r
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Literal
 
@@ -75,7 +76,10 @@ class TorchEngine(Engine):
         norm = float(local_sq.sqrt())
         if not finite:
             self.optimizer.zero_grad(set_to_none=True)
-            self.scheduler.step()
+            # The schedule still advances so a skipped step costs its lr slot, as in the uninterrupted run.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                self.scheduler.step()
             return norm, False
         if self.grad_clip and self.grad_clip > 0 and norm > self.grad_clip:
             scale = self.grad_clip / (norm + 1e-6)
