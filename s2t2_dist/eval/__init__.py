@@ -1,0 +1,1 @@
+"""Held-out evaluation: perplexity per target token and bits-per-byte (BpB)."""
