@@ -1,0 +1,87 @@
+"""What every stage's entry point does the same way: read the config, start distributed, pick device and
+precision, create the run directory, logger and checkpointer."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+
+from s2t2_dist.config import load_config, save_config, to_dict
+from s2t2_dist.dist.env import DistEnv, device_for, init_distributed
+from s2t2_dist.train.metrics import MetricsLogger
+
+T = TypeVar("T")
+log = logging.getLogger("s2t2")
+
+
+def parse_args(cls: type[T], argv: list[str], prog: str, extra=None) -> tuple[T, argparse.Namespace]:
+    p = argparse.ArgumentParser(prog=prog)
+    p.add_argument("--config", "-c", help="YAML run config (see configs/)")
+    p.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. train.steps=100")
+    if extra is not None:
+        extra(p)
+    args, unknown = p.parse_known_args(argv)
+    # The deepspeed launcher appends --local_rank=N; torchrun-style env vars carry the same facts.
+    unknown = [u for u in unknown if not u.startswith("--local_rank")]
+    overrides = list(args.overrides) + [u.lstrip("-") for u in unknown if "=" in u]
+    bad = [u for u in unknown if "=" not in u and not u.startswith("--local_rank")]
+    if bad:
+        p.error(f"unrecognised arguments: {' '.join(bad)}")
+    return load_config(cls, args.config, overrides), args
+
+
+@dataclass
+class Runtime:
+    env: DistEnv
+    device: torch.device
+    dtype: torch.dtype
+    run_dir: Path
+    logger: MetricsLogger
+
+
+def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
+    if precision == "fp32" or (precision == "auto" and device.type == "cpu"):
+        return torch.float32
+    return torch.bfloat16
+
+
+def setup(run_dir: str, precision: str, cfg, seed: int) -> Runtime:
+    logging.basicConfig(level=os.environ.get("S2T2_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s: %(message)s")
+    env = init_distributed()
+    device = device_for(env)
+    if os.environ.get("S2T2_DEVICE") == "cpu":
+        device = torch.device("cpu")
+    torch.manual_seed(seed)
+    rd = Path(run_dir)
+    if env.is_main:
+        rd.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, rd / "config.yaml")
+    logger = MetricsLogger(rd / "tb", rank=env.rank, node_rank=env.node_rank, local_rank=env.local_rank)
+    return Runtime(env, device, resolve_dtype(precision, device), rd, logger)
+
+
+def fingerprint(**parts) -> dict:
+    """Short hashes of what must not change between a checkpoint and the run that resumes it."""
+    return {k: hashlib.sha256(json.dumps(v, sort_keys=True, default=str).encode()).hexdigest()[:16]
+            for k, v in parts.items()}
+
+
+def config_part(cfg, *names) -> dict:
+    d = to_dict(cfg)
+    return {n: d[n] for n in names}
+
+
+def teardown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
