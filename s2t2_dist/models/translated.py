@@ -1,0 +1,247 @@
+"""A frozen pretrained causal LM that reads and predicts TARGET tokens through translated embeddings / head.
+
+S2T2 replaces the source embedding E (v x d) and head L (v x d) by E' = W^T E[src] and L' = W^T L[src] (u x d), built
+each step from the trainable translator (see docs/DESIGN.md). Everything between the embedding and the head is the
+pretrained network, untouched:
+
+    h      = backbone(inputs_embeds = E'[input_ids])      # final hidden states, after the final norm
+    logits = h @ L'^T                                     # [B, T, u]
+    loss   = cross-entropy(logits[:, :-1], labels[:, 1:])  # HF shift convention, labels = input_ids by default
+
+The frozen E and L are never copied per step: the translator indexes them. `materialize` turns a learned (E', L')
+into a standalone HF model with vocabulary u (always UNTIED: E' != L' in general even when E == L).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .hf import freeze
+
+IGNORE_INDEX = -100
+
+EmbeddingsFn = Callable[[], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class TranslatedOutput:
+    loss: torch.Tensor  # mean NLL over the scored tokens (0-dim); 0 when nothing is scored
+    nll_sum: torch.Tensor  # sum of token NLLs in nats (float32, 0-dim)
+    n_tokens: torch.Tensor  # number of scored tokens (int64, 0-dim)
+    logits: Optional[torch.Tensor] = None  # [B, T, u] when asked for
+
+
+def backbone_of(model: nn.Module) -> nn.Module:
+    """The transformer body of an HF causal LM (`OlmoModel` / `LlamaModel` ...): embeddings -> final norm."""
+    body = getattr(model, "base_model", None)
+    if body is None or body is model:
+        raise TypeError(f"{type(model).__name__} has no separate base model to call with inputs_embeds")
+    return body
+
+
+def shifted_nll(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    attention_mask: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of NLL in nats, number of scored tokens): position t predicts labels[t + 1]; labels equal to -100 and
+    positions whose target is masked out (attention_mask 0) are not scored. Computed in float32."""
+    targets = labels[:, 1:]
+    if attention_mask is not None:
+        targets = targets.masked_fill(attention_mask[:, 1:] == 0, IGNORE_INDEX)
+    pred = logits[:, :-1]
+    nll = F.cross_entropy(
+        pred.reshape(-1, pred.shape[-1]).float(), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+    return nll, (targets != IGNORE_INDEX).sum()
+
+
+class TranslatedLM(nn.Module):
+    """Wrap a pretrained HF causal LM so it reads target ids through E' and predicts through L' (both u x d).
+
+    Args:
+        model: an HF `*ForCausalLM` (OLMo, Llama, ...; tied or untied: its own E and L are not used here).
+        translator: optional callable returning (E', L') (e.g. the TokenTranslator module, which is then registered
+            as a submodule so that its parameters are this module's trainable parameters). Alternatively pass E' and
+            L' to `forward`.
+        freeze_model: freeze the wrapped model (requires_grad False, kept in eval mode).
+        gradient_checkpointing: recompute the body's activations in backward (HF gradient checkpointing,
+            non-reentrant) to fit long contexts / big models; gradients still reach E' through the frozen body.
+            HF only checkpoints in training mode, so the wrapped model then follows `train()`/`eval()` (dropout of
+            the pretrained config, 0 for OLMo and Llama, would then apply).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        translator: Optional[EmbeddingsFn] = None,
+        freeze_model: bool = True,
+        gradient_checkpointing: bool = False,
+    ):
+        super().__init__()
+        self.model = model
+        self.translator = translator  # nn.Module -> registered as a submodule by nn.Module.__setattr__
+        self.frozen = freeze_model
+        self.gradient_checkpointing = gradient_checkpointing
+        if freeze_model:
+            freeze(model)
+        if gradient_checkpointing:
+            kwargs = {"use_reentrant": False}
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 name
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        cfg = getattr(model, "config", None)
+        self.logit_softcap = getattr(cfg, "final_logit_softcapping", None) if cfg is not None else None
+        if cfg is not None and getattr(cfg, "logit_scale", None) not in (None, 1, 1.0):
+            raise NotImplementedError(f"{type(model).__name__} scales its logits (logit_scale); not supported")
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if self.frozen and not self.gradient_checkpointing:
+            self.model.eval()  # a frozen pretrained model keeps dropout off
+        return self
+
+    def _body(self) -> nn.Module:
+        return backbone_of(self.model)
+
+    def _embeddings(self, E_new, L_new):
+        if E_new is None and L_new is None:
+            if self.translator is None:
+                raise ValueError("TranslatedLM needs E' and L': pass them, or give the wrapper a translator")
+            E_new, L_new = self.translator()
+        if E_new is None or L_new is None:
+            raise ValueError("pass both E' and L' (or neither, to use the translator)")
+        if E_new.dim() != 2 or E_new.shape != L_new.shape:
+            raise ValueError(f"E' {tuple(E_new.shape)} and L' {tuple(L_new.shape)} must both be [u, d]")
+        return E_new, L_new
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        E_new: torch.Tensor,
+        attention_mask: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """Final hidden states [B, T, d] of the pretrained body fed `E'[input_ids]`."""
+        body = self._body()
+        d = body.get_input_embeddings().weight.shape[1]
+        if E_new.shape[1] != d:
+            raise ValueError(f"E' has width {E_new.shape[1]}, the model's hidden size is {d}")
+        dtype = body.get_input_embeddings().weight.dtype
+        inputs_embeds = F.embedding(input_ids, E_new.to(dtype))
+        out = body(
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            return_dict=True,
+        )
+        return out.last_hidden_state
+
+    def logits(self, hidden: torch.Tensor, L_new: torch.Tensor) -> torch.Tensor:
+        """h @ L'^T in L's dtype (float32 L' from the translator gives float32 logits)."""
+        logits = F.linear(hidden.to(L_new.dtype), L_new)
+        if self.logit_softcap:
+            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+        return logits
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        E_new: Optional[torch.Tensor] = None,
+        L_new: Optional[torch.Tensor] = None,
+        labels: Optional[torch.Tensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        return_logits: bool = False,
+    ) -> TranslatedOutput:
+        """Next-token loss of target ids [B, T] (labels default to input_ids, shifted inside; -100 is ignored)."""
+        E_new, L_new = self._embeddings(E_new, L_new)
+        u = E_new.shape[0]
+        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= u):
+            raise ValueError(f"target ids must lie in [0, {u}); got [{int(input_ids.min())}, {int(input_ids.max())}]")
+        h = self.hidden_states(input_ids, E_new, attention_mask)
+        logits = self.logits(h, L_new)
+        nll, n = shifted_nll(logits, input_ids if labels is None else labels, attention_mask)
+        loss = nll / n.clamp(min=1).to(nll.dtype)
+        return TranslatedOutput(loss=loss, nll_sum=nll, n_tokens=n, logits=logits if return_logits else None)
+
+    @torch.no_grad()
+    def logits_fn(self, E_new: Optional[torch.Tensor] = None, L_new: Optional[torch.Tensor] = None):
+        """A function ids[B, T] -> logits[B, T, u] with fixed (E', L'), e.g. for `eval.bpb.score_documents`."""
+        E_new, L_new = self._embeddings(E_new, L_new)
+        E_new, L_new = E_new.detach(), L_new.detach()
+
+        def fn(ids: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                return self.logits(self.hidden_states(ids, E_new), L_new)
+
+        return fn
+
+    @torch.no_grad()
+    def materialize(self, E_new=None, L_new=None, **kwargs):
+        """`materialize(self.model, E', L')` with the translator's current (E', L') by default."""
+        E_new, L_new = self._embeddings(E_new, L_new)
+        return materialize(self.model, E_new, L_new, **kwargs)
+
+
+@torch.no_grad()
+def materialize(
+    model: nn.Module,
+    E_new: torch.Tensor,
+    L_new: torch.Tensor,
+    *,
+    inplace: bool = False,
+    bos_token_id: Optional[int] = None,
+    eos_token_id: Optional[int] = None,
+    pad_token_id: Optional[int] = None,
+    dtype: Optional[torch.dtype] = None,
+):
+    """A standalone HF causal LM with vocabulary u: embedding E', head L', everything else from `model`.
+
+    The result is untied (config.tie_word_embeddings = False) and its config/generation config carry the TARGET
+    tokenizer's special ids (the source model's ids mean nothing in the new vocabulary; unset ones become None).
+    `save_pretrained` / `from_pretrained` round-trip it. With `inplace=False` (default) `model` is deep-copied first.
+    The new parameters are trainable (requires_grad True); the others keep their flags (e.g. for continual
+    finetuning, unfreeze as needed).
+    """
+    if E_new.dim() != 2 or E_new.shape != L_new.shape:
+        raise ValueError(f"E' {tuple(E_new.shape)} and L' {tuple(L_new.shape)} must both be [u, d]")
+    out = model if inplace else copy.deepcopy(model)
+    old_emb = out.get_input_embeddings()
+    u, d = E_new.shape
+    if old_emb.weight.shape[1] != d:
+        raise ValueError(f"E' has width {d}, the model's hidden size is {old_emb.weight.shape[1]}")
+    dtype = dtype or old_emb.weight.dtype
+    device = old_emb.weight.device
+    emb = nn.Embedding(u, d, device=device, dtype=dtype)
+    emb.weight.copy_(E_new.detach().to(device=device, dtype=dtype))
+    head = nn.Linear(d, u, bias=False, device=device, dtype=dtype)
+    head.weight.copy_(L_new.detach().to(device=device, dtype=dtype))
+    cfg = out.config
+    cfg.tie_word_embeddings = False
+    text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    text_cfg.tie_word_embeddings = False
+    text_cfg.vocab_size = u
+    cfg.vocab_size = u
+    out.set_input_embeddings(emb)
+    out.set_output_embeddings(head)
+    if hasattr(out, "vocab_size"):
+        out.vocab_size = u
+    ids = {"bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "pad_token_id": pad_token_id}
+    for k, v in ids.items():
+        if v is not None and not 0 <= v < u:
+            raise ValueError(f"{k}={v} outside the new vocabulary [0, {u})")
+        setattr(cfg, k, v)
+        if text_cfg is not cfg:
+            setattr(text_cfg, k, v)
+        if getattr(out, "generation_config", None) is not None:
+            setattr(out.generation_config, k, v)
+    assert out.get_input_embeddings().weight.data_ptr() != out.get_output_embeddings().weight.data_ptr()
+    return out
