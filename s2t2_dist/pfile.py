@@ -1,0 +1,118 @@
+"""The learned translation P as a sparse safetensors file: what stage 1 hands to finetuning and to transfer.
+
+Tensors: `indices` (2 x nnz int64: source row, target column), `values` (nnz float32), `mu` (v), `nu` (u),
+`source_ids` (v int64: the source model's token id of each row). Metadata (strings): shape, both tokenizers'
+hashes, the translator kind and normalisation. Loading runs no code (safetensors).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from s2t2_dist.utils.io import atomic_path
+
+FORMAT = "s2t2-sparse-p/1"
+
+
+class PFileError(ValueError):
+    pass
+
+
+@dataclass
+class SparseP:
+    indices: torch.Tensor
+    values: torch.Tensor
+    mu: torch.Tensor
+    nu: torch.Tensor
+    source_ids: torch.Tensor
+    source_tokenizer_hash: str
+    target_tokenizer_hash: str
+    kind: str = "sparse"
+    normalization: str = "convex"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.mu.numel(), self.nu.numel())
+
+    def dense(self, dtype=torch.float32) -> torch.Tensor:
+        P = torch.zeros(self.shape, dtype=dtype)
+        P[self.indices[0], self.indices[1]] = self.values.to(dtype)
+        return P
+
+    def weights(self, dtype=torch.float32) -> torch.Tensor:
+        """W (v x u) with E'[j] = sum_i W[i, j] E[source_ids[i]]: the same normalisation the translator used."""
+        P = self.dense(torch.float64)
+        if self.normalization == "paper":
+            raise PFileError("the 'paper' normalisation uses different weights for E' and L'; use weights_pair()")
+        return (P / self.nu.double().clamp_min(1e-30)[None, :]).to(dtype)
+
+    def weights_pair(self, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        P = self.dense(torch.float64)
+        w_l = P / self.nu.double().clamp_min(1e-30)[None, :]
+        w_e = P / self.mu.double().clamp_min(1e-30)[:, None] if self.normalization == "paper" else w_l
+        return w_e.to(dtype), w_l.to(dtype)
+
+    def check_compatible(self, source_tokenizer_hash: str | None = None, target_tokenizer_hash: str | None = None,
+                         where: str = "") -> None:
+        for name, mine, theirs in (("source", self.source_tokenizer_hash, source_tokenizer_hash),
+                                   ("target", self.target_tokenizer_hash, target_tokenizer_hash)):
+            if theirs is not None and mine != theirs:
+                raise PFileError(
+                    f"{where}P was learned for a different {name} tokenizer: P file has {name} tokenizer hash "
+                    f"{mine}, this run's {name} tokenizer has {theirs}"
+                )
+
+
+def save_p(path: str | Path, p: SparseP) -> Path:
+    path = Path(path)
+    meta = {
+        "format": FORMAT,
+        "shape": json.dumps(list(p.shape)),
+        "source_tokenizer_hash": p.source_tokenizer_hash,
+        "target_tokenizer_hash": p.target_tokenizer_hash,
+        "kind": p.kind,
+        "normalization": p.normalization,
+    }
+    tensors = {
+        "indices": p.indices.to(torch.int64).contiguous(),
+        "values": p.values.to(torch.float32).contiguous(),
+        "mu": p.mu.to(torch.float32).contiguous(),
+        "nu": p.nu.to(torch.float32).contiguous(),
+        "source_ids": p.source_ids.to(torch.int64).contiguous(),
+    }
+    with atomic_path(path, suffix=".safetensors") as tmp:
+        save_file(tensors, str(tmp), metadata=meta)
+    return path
+
+
+def load_p(path: str | Path) -> SparseP:
+    path = Path(path)
+    if not path.is_file():
+        raise PFileError(f"P file not found: {path}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            t = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # noqa: BLE001 - safetensors raises several types for corrupt files
+        raise PFileError(f"{path}: not a readable safetensors file ({e})") from None
+    if meta.get("format") != FORMAT:
+        raise PFileError(f"{path}: not an S2T2 P file (format {meta.get('format')!r}, expected {FORMAT!r})")
+    missing = {"indices", "values", "mu", "nu", "source_ids"} - set(t)
+    if missing:
+        raise PFileError(f"{path}: missing tensors {sorted(missing)}")
+    v, u = json.loads(meta["shape"])
+    if t["mu"].numel() != v or t["nu"].numel() != u or t["source_ids"].numel() != v:
+        raise PFileError(f"{path}: marginals/source ids do not match shape {v} x {u}")
+    idx = t["indices"]
+    if idx.ndim != 2 or idx.shape[0] != 2 or idx.shape[1] != t["values"].numel():
+        raise PFileError(f"{path}: indices must be 2 x nnz matching values")
+    if idx.numel() and (idx[0].max() >= v or idx[1].max() >= u or idx.min() < 0):
+        raise PFileError(f"{path}: indices out of range for shape {v} x {u}")
+    return SparseP(idx, t["values"], t["mu"], t["nu"], t["source_ids"], meta["source_tokenizer_hash"],
+                   meta["target_tokenizer_hash"], meta.get("kind", "sparse"), meta.get("normalization", "convex"))
