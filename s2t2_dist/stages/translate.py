@@ -1,0 +1,254 @@
+"""Stage 1, translate: learn P through a frozen causal LM, C sharded column-wise across ranks.
+
+    torchrun --nproc_per_node 2 launch/translate.py --config configs/translate_olmo1b.yaml train.steps=100
+    sbatch slurm/translate_1b.sh
+
+Every rank holds the frozen LM (data parallel over batches) and the columns of C of its target tokens; the
+translator builds the full E' and L' on every rank from the local columns by a gather, so the LM runs unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+from s2t2_dist.config import ConfigError
+from s2t2_dist.stages.common import Runtime, config_part, fingerprint, parse_args, setup, teardown
+from s2t2_dist.train.config import OptimConfig, TrainConfig
+
+log = logging.getLogger("s2t2.translate")
+
+
+@dataclass
+class ModelConfig:
+    #: Hugging Face model directory or hub id (production: allenai/OLMo-1B-hf)
+    path: str = ""
+    #: auto: bfloat16 on GPU, float32 on CPU
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    #: source tokens P translates from: all (real vocabulary), single_char (the paper's "bytes"), or a file of ids
+    source_vocab: str = "all"
+    trust_remote_code: bool = False
+    activation_checkpointing: bool = False
+
+    def validate(self) -> None:
+        if not self.path:
+            raise ConfigError("path: the source model (a Hugging Face directory or hub id) is required")
+
+
+@dataclass
+class DataPaths:
+    #: directory of train shards (holding manifest.json), written by `s2t2 prepare`
+    train: str = ""
+    #: directory of eval shards (documents with byte counts); empty: no evaluation
+    eval: str = ""
+    #: the target tokenizer directory (the new BPE)
+    tokenizer: str = ""
+    num_workers: int = 0
+    shuffle_window: int = 4096
+
+    def validate(self) -> None:
+        for k in ("train", "tokenizer"):
+            if not getattr(self, k):
+                raise ConfigError(f"{k}: required (a directory written by `s2t2 prepare`)")
+        if self.num_workers < 0:
+            raise ConfigError(f"num_workers: must be >= 0, got {self.num_workers}")
+
+
+@dataclass
+class TranslatorConfig:
+    kind: Literal["sparse", "softmax", "unconstrained"] = "sparse"
+    n_iter: int = 3
+    normalization: Literal["convex", "paper"] = "convex"
+    #: weight of the entropy regulariser alpha * H(P) (larger: sparser P)
+    alpha: float = 0.0
+    #: start from a P file instead of C = 1/v (e.g. the transfer experiment)
+    init_p: str = ""
+    #: rows x cols of P shown as a heatmap image in TensorBoard
+    heatmap: list[int] = field(default_factory=lambda: [128, 64])
+
+    def validate(self) -> None:
+        if self.n_iter < 1:
+            raise ConfigError(f"n_iter: must be >= 1, got {self.n_iter}")
+        if self.alpha < 0:
+            raise ConfigError(f"alpha: must be >= 0, got {self.alpha}")
+
+
+@dataclass
+class TranslateConfig:
+    run_dir: str = "runs/translate"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataPaths = field(default_factory=DataPaths)
+    translator: TranslatorConfig = field(default_factory=TranslatorConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, weight_decay=0.0))
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+class TranslateTask:
+    """Loss of a micro-batch through the frozen LM reading and predicting target tokens via E', L'."""
+
+    def __init__(self, lm, translator, E, L, src_ids, cfg: TranslateConfig, rt: Runtime, target_vocab: list[str],
+                 source_vocab: list[str], eval_docs=None):
+        self.lm, self.translator = lm, translator
+        self.E, self.L, self.src_ids = E, L, src_ids
+        self.cfg, self.rt = cfg, rt
+        self.alpha = cfg.translator.alpha
+        self.target_vocab, self.source_vocab = target_vocab, source_vocab
+        self.eval_docs = eval_docs
+
+    def embeddings(self):
+        E_new, L_new = self.translator.embed_and_head(self.E, self.L, self.src_ids)
+        dt = self.E.dtype
+        return E_new.to(dt), L_new.to(dt)
+
+    def loss(self, batch):
+        ids = batch["input_ids"].to(self.rt.device, non_blocking=True)
+        E_new, L_new = self.embeddings()
+        with torch.autocast(self.rt.device.type, dtype=torch.bfloat16, enabled=self.rt.dtype == torch.bfloat16):
+            out = self.lm(ids, E_new=E_new, L_new=L_new)
+        loss = out.loss.float()
+        extra = {"ce": float(loss.detach())}
+        if self.alpha:
+            H = self.translator.entropy_local()
+            loss = loss + self.alpha * H
+        return loss, extra
+
+    @torch.no_grad()
+    def report(self, step, logger) -> dict[str, float]:
+        tr = self.translator
+        stats = {f"P/{k}": v for k, v in tr.density_stats().items()}
+        stats.update({f"P/{k}": v for k, v in tr.marginal_errors().items()})
+        stats["P/entropy"] = float(tr.entropy())
+        top = tr.top_translations(k=3)
+        if self.rt.env.is_main:
+            rows, cols = self.cfg.translator.heatmap
+            logger.heatmap(step, "P/heatmap", tr.gather_block(rows, cols))
+            lines = ["| target | top source tokens (P / nu) |", "|---|---|"]
+            for j, pairs in list(top.items())[:64]:
+                srcs = ", ".join(f"`{self.source_vocab[i]!r}` {w:.2f}" for i, w in pairs)
+                lines.append(f"| `{self.target_vocab[j]!r}` | {srcs} |")
+            logger.text(step, "P/top_translations", "\n".join(lines))
+        return stats
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        from s2t2_dist.eval.bpb import score_documents
+
+        if self.eval_docs is None:
+            return {}
+        E_new, L_new = self.embeddings()
+        docs = self.eval_docs
+        if self.cfg.train.eval_max_docs:
+            docs = _take(docs, self.cfg.train.eval_max_docs // max(self.rt.env.world_size, 1) or 1)
+        totals = score_documents(self.lm.logits_fn(E_new, L_new), docs, self.cfg.train.context_len, self.rt.device)
+        return totals.all_reduce().metrics(vocab_size=len(self.target_vocab))
+
+
+def _take(it, n):
+    for i, x in enumerate(it):
+        if i >= n:
+            return
+        yield x
+
+
+def _vocab_strings(tok, ids=None) -> list[str]:
+    ids = range(len(tok)) if ids is None else ids
+    return [tok.convert_ids_to_tokens(int(i)) or str(int(i)) for i in ids]
+
+
+def build(cfg: TranslateConfig, rt: Runtime):
+    from s2t2_dist.data.bpe import load_tokenizer, tokenizer_hash
+    from s2t2_dist.data.loader import EvalDocs, TrainLoader
+    from s2t2_dist.models.hf import get_embedding_and_head, load_causal_lm, source_token_ids
+    from s2t2_dist.models.translated import TranslatedLM
+    from s2t2_dist.translator import TokenTranslator
+
+    env = rt.env
+    model = load_causal_lm(cfg.model.path, dtype=rt.dtype, device=rt.device, frozen=True,
+                           trust_remote_code=cfg.model.trust_remote_code)
+    from transformers import AutoTokenizer
+
+    src_tok = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+    E, L, tied = get_embedding_and_head(model)
+    src_ids = source_token_ids(src_tok, cfg.model.source_vocab, num_embeddings=E.shape[0]).to(rt.device)
+    tgt_tok = load_tokenizer(cfg.data.tokenizer)
+    u, v = len(tgt_tok), src_ids.numel()
+    group = dist.group.WORLD if env.distributed else None
+    translator = TokenTranslator(v, u, kind=cfg.translator.kind, n_iter=cfg.translator.n_iter,
+                                 normalization=cfg.translator.normalization, group=group).to(rt.device)
+    hashes = {"source": tokenizer_hash(src_tok), "target": tokenizer_hash(cfg.data.tokenizer)}
+    if cfg.translator.init_p:
+        from s2t2_dist.pfile import load_p
+
+        p = load_p(cfg.translator.init_p)
+        p.check_compatible(hashes["source"], hashes["target"], where=f"{cfg.translator.init_p}: ")
+        translator.init_from_dense(p.dense())
+    lm = TranslatedLM(model, freeze_model=True, gradient_checkpointing=cfg.model.activation_checkpointing)
+    from s2t2_dist.engines.torch_engine import TorchEngine
+
+    o = cfg.optim
+    engine = TorchEngine(translator, lr=o.lr, weight_decay=o.weight_decay, betas=o.betas, eps=o.eps,
+                         total_steps=cfg.train.steps, warmup_frac=o.warmup_frac, final_frac=o.final_lr_frac,
+                         grad_clip=o.grad_clip, params="sharded")
+    loader = TrainLoader(cfg.data.train, batch_size=cfg.train.micro_batch_size, rank=env.rank,
+                         world_size=env.world_size, num_workers=cfg.data.num_workers, seed=cfg.train.seed,
+                         shuffle_window=cfg.data.shuffle_window)
+    if loader.manifest.get("context_len") not in (None, cfg.train.context_len):
+        raise ConfigError(f"train.context_len={cfg.train.context_len} but the shards in {cfg.data.train} hold "
+                          f"blocks of {loader.manifest.get('context_len')} tokens")
+    eval_docs = EvalDocs(cfg.data.eval, rank=env.rank, world_size=env.world_size) if cfg.data.eval else None
+    task = TranslateTask(lm, translator, E, L, src_ids, cfg, rt, _vocab_strings(tgt_tok),
+                         _vocab_strings(src_tok, src_ids.tolist()), eval_docs)
+    return task, engine, loader, hashes
+
+
+def export_p(path: Path, task: TranslateTask, hashes: dict) -> Path | None:
+    from s2t2_dist.pfile import SparseP, save_p
+
+    tr = task.translator
+    idx, vals = tr.gather_sparse()  # global COO on every rank (P is sparse: cheap)
+    if not task.rt.env.is_main:
+        return None
+    p = SparseP(idx.cpu(), vals.cpu(), tr.mu.cpu(), tr.nu.cpu(), task.src_ids.cpu(), hashes["source"],
+                hashes["target"], kind=tr.kind, normalization=tr.normalization)
+    return save_p(path, p)
+
+
+def run(cfg: TranslateConfig) -> dict:
+    from s2t2_dist.train.checkpoint import Checkpointer
+    from s2t2_dist.train.loop import train
+
+    rt = setup(cfg.run_dir, cfg.train.precision, cfg, cfg.train.seed)
+    task, engine, loader, hashes = build(cfg, rt)
+    fp = fingerprint(**config_part(cfg, "model", "translator"), data=cfg.data.train,
+                     tokenizers=hashes, world_size=rt.env.world_size, train=[cfg.train.batch_size, cfg.train.seed])
+    ck = Checkpointer(rt.run_dir, keep=cfg.train.keep_checkpoints, fingerprint=fp)
+    result = train(cfg.train, task, engine, loader, ck, rt.logger)
+    summary = {"step": result.step, "finished": result.finished, "preempted": result.preempted,
+               "bad_steps": result.bad_steps, "final_loss": result.losses[-1][1] if result.losses else None}
+    if result.finished:
+        summary["p_file"] = str(export_p(rt.run_dir / "P.safetensors", task, hashes))
+        if task.eval_docs is not None:
+            engine.eval()
+            metrics = task.evaluate()
+            rt.logger.scalars(result.step, {f"eval/{k}": v for k, v in metrics.items()})
+            summary["eval"] = metrics
+    if rt.env.is_main:
+        from s2t2_dist.utils.io import atomic_write_text
+
+        atomic_write_text(rt.run_dir / "result.json", json.dumps(summary, indent=1))
+        log.info("translate: %s", json.dumps(summary))
+    rt.logger.close()
+    teardown()
+    return summary
+
+
+def main(argv: list[str]) -> int:
+    cfg, _ = parse_args(TranslateConfig, argv, "s2t2 translate")
+    run(cfg)
+    return 0
