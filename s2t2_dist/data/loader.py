@@ -312,6 +312,8 @@ class TrainLoader:
                 "drop_last": self.drop_last}
 
     def state_dict(self) -> dict:
+        if self.batch and self.batch >= self.plan().n_batches:  # the epoch's last batch was consumed
+            self.epoch, self.batch = self.epoch + 1, 0
         return {"epoch": self.epoch, "batch": self.batch, "manifest": self.manifest.get("job_hash"),
                 **self._layout()}
 

@@ -74,6 +74,7 @@ class _PartWriter:
 
     def abort(self) -> None:
         self.f.close()
+        self.tmp.unlink(missing_ok=True)
 
 
 def split_dataset(
@@ -100,7 +101,7 @@ def split_dataset(
     policy = policy or RecordPolicy()
     out = Path(output_dir)
     params = {
-        "inputs": [(p, f) for p, f in resolve_inputs(inputs, format)],
+        "inputs": [[p, f] for p, f in resolve_inputs(inputs, format)],
         "input_sizes": [os.path.getsize(p) if os.path.isfile(p) else None for p, _ in resolve_inputs(inputs, format)],
         "id_column": id_column, "text_column": text_column, "hf_split": hf_split, "text_mode": text_mode,
         "policy": policy.to_dict(), "eval_fraction": eval_fraction, "split_by": split_by, "seed": seed,
