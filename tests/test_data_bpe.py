@@ -31,7 +31,7 @@ def trained(tmp_path_factory):
                   output_dir=root / "splits", policy=RecordPolicy(alphabet=AA, extra_residues="UXBZO"),
                   eval_fraction=0.1, progress=False)
     rep = train_tokenizer(split_dir=root / "splits", output_dir=root / "tok", vocab_size=512, kind="char",
-                          alphabet=ALPHA, compare_with={"olmo": str(OLMO)}, progress=False)
+                          alphabet=ALPHA, max_records=600, compare_with={"olmo": str(OLMO)}, progress=False)
     return root, rep
 
 
@@ -76,11 +76,11 @@ def test_compression_report_against_bytes_and_olmo(trained):
 def test_training_is_deterministic_and_skipped_when_done(trained, tmp_path):
     root, rep = trained
     again = train_tokenizer(split_dir=root / "splits", output_dir=tmp_path / "tok2", vocab_size=512, kind="char",
-                            alphabet=ALPHA, progress=False)
+                            alphabet=ALPHA, max_records=600, progress=False)
     assert again["tokenizer_hash"] == rep["tokenizer_hash"] == tokenizer_hash(root / "tok")
     mtime = (tmp_path / "tok2" / "tokenizer.json").stat().st_mtime_ns
     train_tokenizer(split_dir=root / "splits", output_dir=tmp_path / "tok2", vocab_size=512, kind="char",
-                    alphabet=ALPHA, progress=False)
+                    alphabet=ALPHA, max_records=600, progress=False)
     assert (tmp_path / "tok2" / "tokenizer.json").stat().st_mtime_ns == mtime
 
 

@@ -241,10 +241,24 @@ class _TrainStream:
             yield self._batch(ids_buf, idx_buf, j)
 
     def _batch(self, ids, idx, j) -> dict:
-        out = {"input_ids": torch.from_numpy(np.stack(ids).astype(np.int64)), "_batch": j}
+        # compact numpy (uint16 for vocabularies <= 65536) crosses the worker pipe pickled, which is several times
+        # faster than sharing int64 tensors; the main process widens it (`_to_torch`)
+        out = {"input_ids": np.stack(ids), "_batch": j}
         if self.return_index:
-            out["index"] = torch.tensor(idx, dtype=torch.long)
+            out["index"] = np.asarray(idx, dtype=np.int64)
         return out
+
+
+def _identity(x):
+    return x
+
+
+def _to_torch(b: dict, pin: bool) -> dict:
+    out = {}
+    for k, v in b.items():
+        t = torch.from_numpy(v.astype(np.int64, copy=False))
+        out[k] = t.pin_memory() if pin else t
+    return out
 
 
 class _WorkerDataset(torch.utils.data.IterableDataset):
@@ -343,16 +357,23 @@ class TrainLoader:
             source = self._stream.stream(k0 % 1, epoch, k0)
         else:
             source = iter(torch.utils.data.DataLoader(
-                _WorkerDataset(self._stream, epoch, k0), batch_size=None,
-                num_workers=self.num_workers, pin_memory=self.pin_memory, prefetch_factor=self.prefetch_factor,
+                _WorkerDataset(self._stream, epoch, k0), batch_size=None, collate_fn=_identity,
+                num_workers=self.num_workers, prefetch_factor=self.prefetch_factor,
                 multiprocessing_context=self.mp_context, persistent_workers=False))
         pending: dict[int, dict] = {}
-        for b in source:
-            pending[b.pop("_batch")] = b
-            while self.batch in pending:
-                out = pending.pop(self.batch)
-                self.batch += 1
-                yield out
+        try:
+            for b in source:
+                pending[b.pop("_batch")] = b
+                while self.batch in pending:
+                    out = _to_torch(pending.pop(self.batch), self.pin_memory and torch.cuda.is_available())
+                    self.batch += 1
+                    yield out
+        finally:
+            # stop the workers now (also on an error or an abandoned iteration), not whenever the garbage
+            # collector reaches the iterator: after a worker error that can take seconds per worker
+            shutdown = getattr(source, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
         if self.batch != plan.n_batches or pending:
             raise DataError(f"loader produced {self.batch} of {plan.n_batches} batches of epoch {epoch} "
                             f"(unmatched: {sorted(pending)}); this is a bug")
