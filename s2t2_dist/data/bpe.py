@@ -89,8 +89,29 @@ def _tokenizer_file(path) -> Path:
     if p.is_dir():
         p = p / "tokenizer.json"
     if not p.is_file():
+        hub = _from_hub(str(path))
+        if hub is not None:
+            return hub
         raise DataError(f"tokenizer not found: {p} (give a tokenizer.json or a directory holding one)")
     return p
+
+
+def _from_hub(name: str) -> Path | None:
+    """``owner/name`` of a hub model: download its tokenizer files (needs network; not exercised by the tests)."""
+    if os.path.isabs(name) or name.count("/") != 1 or os.path.exists(name.split("/")[0]):
+        return None
+    try:
+        from huggingface_hub import hf_hub_download
+
+        f = Path(hf_hub_download(name, "tokenizer.json"))
+        for extra in ("tokenizer_config.json", "special_tokens_map.json"):
+            try:
+                hf_hub_download(name, extra)
+            except Exception:  # optional files
+                pass
+        return f
+    except Exception:
+        return None
 
 
 def _special_from_config(d: Path) -> dict:

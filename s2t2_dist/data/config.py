@@ -58,7 +58,7 @@ class DataConfig:
     # -- shards ------------------------------------------------------------------------------------------------
     context_len: int = 512
     shard_size: int = 8192  # samples per shard: packed blocks (train) or documents (eval)
-    num_workers: int = 1  # tokenizer processes (0: in-process, using the tokenizer's own threads)
+    num_workers: int = 0  # tokenizer processes (0: in this process, using the tokenizer's own threads)
     output_dir: str = "data/prepared"
 
     # -- derived ------------------------------------------------------------------------------------------------
@@ -115,8 +115,9 @@ class DataConfig:
             raise bad("vocab_size", f"a byte-level tokenizer needs >= 260 tokens (256 bytes + specials), got {self.vocab_size}")
         if self.min_frequency < 1:
             raise bad("min_frequency", f"must be >= 1, got {self.min_frequency}")
-        if self.source_tokenizer is not None and not os.path.exists(self.source_tokenizer):
-            raise bad("source_tokenizer", f"{self.source_tokenizer!r} does not exist")
+        st = self.source_tokenizer
+        if st is not None and not os.path.exists(st) and (os.path.isabs(st) or st.count("/") != 1):
+            raise bad("source_tokenizer", f"{st!r} is neither a local tokenizer file/directory nor a hub id owner/name")
         if self.tokenizer_max_records is not None and self.tokenizer_max_records < 1:
             raise bad("tokenizer_max_records", "must be >= 1 or null (use the whole train split)")
         if self.context_len < 2:
