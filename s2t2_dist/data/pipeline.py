@@ -11,8 +11,6 @@ Every step resumes or skips work already done, so re-running the same command af
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from pathlib import Path
 
