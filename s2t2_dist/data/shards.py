@@ -239,7 +239,7 @@ def write_shards(
     output_dir: str | os.PathLike,
     context_len: int = 512,
     shard_size: int = 8192,
-    num_workers: int = 1,
+    num_workers: int = 0,
     bos_token: str | None = None,
     eos_token: str | None = None,
     task_chars: int = 1 << 20,
