@@ -1,0 +1,95 @@
+"""Benchmark: TrainLoader batches/s against the time a training step takes to consume one batch.
+
+Assumed step (the paper's setting): OLMo-1B, batch 16 x 512 tokens on one H100.
+    tokens/step          16 * 512                      = 8,192
+    FLOP/step            6 * 1.18e9 params * 8,192     = 5.8e13   (forward + backward, 6 N per token)
+    sustained bf16       ~40% of ~989e12 FLOP/s (dense) = ~4.0e14 FLOP/s
+    step time            5.8e13 / 4.0e14               = ~0.146 s  -> the model consumes ~6.8 batches/s
+The loader must deliver >= 20x that: >= ~137 batches/s per rank.
+
+Uses shards written by bench_prepare.py (--shards DIR/train), or builds small ones from the real protein files.
+
+    PYTHONPATH=. python bench/bench_loader.py --shards /tmp/s2t2_bench_prepare/shards/train --workers 0 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from s2t2_dist.data.loader import TrainLoader  # noqa: E402
+
+STEP_S = 6 * 1.18e9 * 16 * 512 / (0.40 * 989e12)
+
+
+def build_small(work: Path, protein_dir: Path) -> Path:
+    from s2t2_dist.data.bpe import train_tokenizer
+    from s2t2_dist.data.records import RecordPolicy
+    from s2t2_dist.data.shards import write_shards
+    from s2t2_dist.data.split import split_dataset
+
+    aa = "ACDEFGHIKLMNPQRSTVWY"
+    files = [str(protein_dir / f) for f in ("mmseqs2_QUERY_uniprotkb.fasta", "bio_embeddings_disprot_disordercdhit.fasta",
+                                            "derived_esm_a3m_unaligned_uniprot.fasta")]
+    split_dataset(inputs=files, output_dir=work / "splits", policy=RecordPolicy(alphabet=aa, extra_residues="UXBZO"),
+                  eval_fraction=0.01, progress=False)
+    train_tokenizer(split_dir=work / "splits", output_dir=work / "tok", alphabet=aa + "UXBZO", progress=False)
+    write_shards(split_dir=work / "splits", split="train", tokenizer=work / "tok", output_dir=work / "train",
+                 context_len=512, shard_size=256, num_workers=0, progress=False)
+    return work / "train"
+
+
+def measure(shards: Path, workers: int, batch_size: int, n_batches: int) -> dict:
+    L = TrainLoader(shards, batch_size=batch_size, num_workers=workers, seed=0, shuffle_window=4096)
+    t0 = time.perf_counter()
+    it = iter(L)
+    next(it)
+    first = time.perf_counter() - t0
+    got, t1 = 0, time.perf_counter()
+    while got < n_batches:
+        try:
+            b = next(it)
+        except StopIteration:  # next epoch
+            it = iter(L)
+            continue
+        assert b["input_ids"].shape[1] == 512
+        got += 1
+    dt = time.perf_counter() - t1
+    return {"workers": workers, "first_batch_s": first, "batches_per_s": got / dt,
+            "tokens_per_s": got * batch_size * 512 / dt, "vs_step": got / dt * STEP_S}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shards", default=None)
+    ap.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--batches", type=int, default=600)
+    ap.add_argument("--workdir", default="/tmp/s2t2_bench_loader")
+    ap.add_argument("--protein-dir", default=os.environ.get("S2T2_SHARED_DATA", "/work/shared/data") + "/protein")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    shards = Path(a.shards) if a.shards else build_small(Path(a.workdir), Path(a.protein_dir))
+    m = json.loads((shards / "manifest.json").read_text())
+    print(f"shards: {shards} ({len(m['shards'])} shards, {m['totals']['n_samples']:,} blocks of 512)")
+    print(f"assumed step: {STEP_S:.3f} s -> {1 / STEP_S:.1f} batches/s consumed; 20x = {20 / STEP_S:.0f} batches/s\n")
+    print("| DataLoader workers | first batch s | batches/s | tokens/s | x faster than a step |")
+    print("|---:|---:|---:|---:|---:|")
+    rows = []
+    for w in a.workers:
+        r = measure(shards, w, a.batch_size, a.batches)
+        rows.append(r)
+        print(f"| {w} | {r['first_batch_s']:.2f} | {r['batches_per_s']:.0f} | {r['tokens_per_s'] / 1e6:.2f} M | "
+              f"{r['vs_step']:.0f}x |")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"step_s": STEP_S, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

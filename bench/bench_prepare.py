@@ -1,0 +1,181 @@
+"""Benchmark: prepare throughput (residues/s and residues per CPU-second) vs only reading the same FASTA.gz.
+
+Generates a UniRef50-like FASTA.gz by resampling the real sequences in shared/data/protein with 5% point mutations
+(every record unique; UniRef50 headers; 60-column lines), then times, in one run:
+
+  decompress   gzip decompression only (read the .gz in 1 MiB blocks)
+  read         decompression + FASTA parsing + alphabet check (read_fasta: the reading half of step 1)
+  split        step 1 whole: read, filter, hash split, write JSON-lines parts
+  shards       step 3: tokenize (new 512-token BPE) + pack + write webdataset shards, train and eval
+  prepare      split + shards (the tokenizer is trained once beforehand on a sample and not timed here)
+
+"per core" figures divide by CPU seconds (user+sys of this process and its children), which is what a dedicated
+core would deliver; wall-clock figures depend on what else runs on the machine.
+
+    PYTHONPATH=. python bench/bench_prepare.py --residues 20000000 --workers 0 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import random
+import resource
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from s2t2_dist.data.bpe import train_tokenizer  # noqa: E402
+from s2t2_dist.data.fasta import read_fasta  # noqa: E402
+from s2t2_dist.data.records import RecordPolicy  # noqa: E402
+from s2t2_dist.data.shards import write_shards  # noqa: E402
+from s2t2_dist.data.split import split_dataset  # noqa: E402
+
+AA = "ACDEFGHIKLMNPQRSTVWY"
+EXTRA = "UXBZO"
+
+
+def cpu() -> float:
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+class Timer:
+    def __enter__(self):
+        self.w0, self.c0 = time.perf_counter(), cpu()
+        return self
+
+    def __exit__(self, *a):
+        self.wall, self.cpu = time.perf_counter() - self.w0, cpu() - self.c0
+
+
+def real_sequences(protein_dir: Path) -> list[str]:
+    seqs = []
+    for f in ("mmseqs2_QUERY_uniprotkb.fasta", "bio_embeddings_disprot_disordercdhit.fasta",
+              "esm_some_proteins_uniref50.fasta"):
+        seqs += [r.text for r in read_fasta(protein_dir / f) if r.text]
+    return seqs
+
+
+def make_fasta(path: Path, seqs: list[str], residues: int, seed: int = 0, mutation_rate: float = 0.05):
+    """Resample real sequences with ~5% point mutations (drawn from the real residue frequencies), so that every
+    record is unique as in UniRef50 (a verbatim resample would hit the BPE word cache and flatter tokenization)."""
+    rng = random.Random(seed)
+    pool = "".join(seqs)
+    n = total = 0
+    with gzip.open(path, "wt", compresslevel=6) as f:
+        while total < residues:
+            s = list(rng.choice(seqs))
+            for i in rng.sample(range(len(s)), max(1, int(len(s) * mutation_rate))):
+                s[i] = pool[rng.randrange(len(pool))]
+            s = "".join(s)
+            n += 1
+            total += len(s)
+            f.write(f">UniRef50_BENCH{n:09d} Resampled protein n=1 Tax=Bench TaxID=0 RepID=BENCH{n}_X\n")
+            for i in range(0, len(s), 60):
+                f.write(s[i:i + 60] + "\n")
+    return n, total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--residues", type=float, default=20e6)
+    ap.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--context-len", type=int, default=512)
+    ap.add_argument("--shard-size", type=int, default=8192)
+    ap.add_argument("--workdir", default="/tmp/s2t2_bench_prepare")
+    ap.add_argument("--protein-dir", default=os.environ.get("S2T2_SHARED_DATA", "/work/shared/data") + "/protein")
+    ap.add_argument("--json", default=None, help="also write the results here")
+    a = ap.parse_args()
+    work = Path(a.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    fasta = work / f"bench_{int(a.residues)}.fasta.gz"
+    if not fasta.exists():
+        n, total = make_fasta(fasta, real_sequences(Path(a.protein_dir)), int(a.residues))
+    res: dict = {"cpus_visible": os.cpu_count(), "fasta": str(fasta), "fasta_gz_bytes": fasta.stat().st_size}
+
+    with Timer() as t:
+        nbytes = 0
+        with gzip.open(fasta, "rb") as f:
+            while True:
+                b = f.read(1 << 20)
+                if not b:
+                    break
+                nbytes += len(b)
+    res["decompress"] = {"wall_s": t.wall, "cpu_s": t.cpu, "uncompressed_bytes": nbytes}
+
+    with Timer() as t:
+        n_rec = n_res = 0
+        for r in read_fasta(fasta, allowed=AA + EXTRA):
+            n_rec += 1
+            n_res += len(r.text)
+    res["records"], res["residues"] = n_rec, n_res
+    res["read"] = {"wall_s": t.wall, "cpu_s": t.cpu}
+
+    policy = RecordPolicy(alphabet=AA, extra_residues=EXTRA)
+    shutil.rmtree(work / "splits", ignore_errors=True)
+    with Timer() as t:
+        split_dataset(inputs=[str(fasta)], output_dir=work / "splits", policy=policy, eval_fraction=0.01,
+                      chunk_records=200_000, progress=False)
+    res["split"] = {"wall_s": t.wall, "cpu_s": t.cpu}
+
+    shutil.rmtree(work / "tok", ignore_errors=True)
+    with Timer() as t:
+        train_tokenizer(split_dir=work / "splits", output_dir=work / "tok", vocab_size=512, kind="char",
+                        alphabet=AA + EXTRA, max_records=20_000, progress=False)
+    res["bpe_train_20k_records"] = {"wall_s": t.wall, "cpu_s": t.cpu}
+
+    for nw in a.workers:
+        shutil.rmtree(work / "shards", ignore_errors=True)
+        with Timer() as t:
+            for split in ("train", "eval"):
+                write_shards(split_dir=work / "splits", split=split, tokenizer=work / "tok",
+                             output_dir=work / "shards" / split, context_len=a.context_len,
+                             shard_size=a.shard_size, num_workers=nw, progress=False)
+        res[f"shards_workers{nw}"] = {"wall_s": t.wall, "cpu_s": t.cpu}
+
+    # tokenization alone, one thread, same texts (what the shard step cannot go below)
+    import subprocess
+
+    code = (
+        "import os,sys,time,resource;os.environ['TOKENIZERS_PARALLELISM']='false';"
+        f"sys.path.insert(0,{str(Path(__file__).resolve().parents[1])!r});"
+        "from s2t2_dist.data.bpe import load_tokenizer;from s2t2_dist.data.split import iter_split_texts;"
+        f"t=list(iter_split_texts({str(work / 'splits')!r},'train'));i=load_tokenizer({str(work / 'tok')!r}).tokenizer;"
+        "c0=time.process_time();[i.encode_batch_fast(t[k:k+2000],add_special_tokens=False) for k in range(0,len(t),2000)];"
+        "print(time.process_time()-c0)")
+    res["tokenize_only_1thread_train_cpu_s"] = float(subprocess.check_output([sys.executable, "-c", code]).decode())
+
+    R = res["residues"]
+    rows = [("decompress only", res["decompress"]), ("read (decompress + parse + check)", res["read"]),
+            ("split (step 1)", res["split"])]
+    for nw in a.workers:
+        rows.append((f"shards, {nw} workers (step 3)", res[f"shards_workers{nw}"]))
+        rows.append((f"prepare = split + shards ({nw} workers)",
+                     {k: res["split"][k] + res[f"shards_workers{nw}"][k] for k in ("wall_s", "cpu_s")}))
+    print(f"\n{R / 1e6:.1f} M residues, {res['records']:,} records, {res['fasta_gz_bytes'] / 1e6:.1f} MB gz, "
+          f"{os.cpu_count()} CPUs visible\n")
+    print("| stage | wall s | CPU s | M residues/s (wall) | M residues per CPU-s |")
+    print("|---|---:|---:|---:|---:|")
+    for name, r in rows:
+        print(f"| {name} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | {R / r['wall_s'] / 1e6:.2f} | {R / r['cpu_s'] / 1e6:.2f} |")
+    tok_cpu = res["tokenize_only_1thread_train_cpu_s"]
+    print(f"| tokenize only (encode_batch_fast, 1 thread, train split) | - | {tok_cpu:.2f} | - | "
+          f"{R * 0.99 / tok_cpu / 1e6:.2f} |")
+    best = min(a.workers, key=lambda w: res["split"]["cpu_s"] + res[f"shards_workers{w}"]["cpu_s"])
+    prep_cpu = res["split"]["cpu_s"] + res[f"shards_workers{best}"]["cpu_s"]
+    res["ratio_prepare_vs_read_per_core"] = prep_cpu / res["read"]["cpu_s"]
+    res["ratio_prepare_vs_decompress_per_core"] = prep_cpu / res["decompress"]["cpu_s"]
+    print(f"\nper core, prepare is {res['ratio_prepare_vs_read_per_core']:.1f}x slower than reading the FASTA "
+          f"and {res['ratio_prepare_vs_decompress_per_core']:.1f}x slower than decompressing it (target: 3x)")
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""Data I/O: read inputs (FASTA, jsonl, parquet, HF datasets, text), split, train the BPE, write shards, load them.
+
+Steps (each a plain function; `pipeline.prepare(DataConfig)` runs them all):
+
+1. `split_dataset`   stream the input once -> deterministic train/eval split (JSON-lines parts + split.json)
+2. `train_tokenizer` BPE on the train split -> Hugging Face tokenizer directory + compression report
+3. `write_shards`    tokenize a split with any tokenizer -> webdataset tar shards + manifest.json
+4. `TrainLoader` / `EvalDocs`  exact, resumable, rank- and worker-split iteration over the shards
+"""
+
+from .bpe import TokenizerInfo, compression_report, load_tokenizer, tokenizer_hash, train_tokenizer
+from .config import DataConfig
+from .errors import DataError, DataFormatError, ManifestError, ShardError
+from .fasta import Record, read_fasta
+from .records import RecordFilter, RecordPolicy, read_raw
+from .shards import load_manifest, write_shards
+from .split import load_split, split_dataset, split_of
+
+__all__ = [
+    "DataConfig", "DataError", "DataFormatError", "ManifestError", "ShardError", "Record", "RecordFilter",
+    "RecordPolicy", "TokenizerInfo", "compression_report", "load_manifest", "load_split", "load_tokenizer",
+    "read_fasta", "read_raw", "split_dataset", "split_of", "tokenizer_hash", "train_tokenizer", "write_shards",
+    "TrainLoader", "EvalDocs", "prepare",
+]
+
+
+def __getattr__(name):  # torch-dependent and orchestration parts load lazily (prepare does not need torch)
+    if name in ("TrainLoader", "EvalDocs"):
+        from . import loader
+
+        return getattr(loader, name)
+    if name == "prepare":
+        from .pipeline import prepare
+
+        return prepare
+    raise AttributeError(name)

@@ -1,0 +1,130 @@
+"""`DataConfig`: every knob of `s2t2 prepare`, one flat dataclass with a `validate()` naming the bad key.
+
+The project's config system (`s2t2_dist.config`) loads it from YAML like any other section; the step functions
+themselves take explicit keyword arguments (see `s2t2_dist.data.pipeline.prepare` for the mapping).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+try:  # the project's one config error type, so `validate_tree` prefixes our messages with the section path
+    from s2t2_dist.config import ConfigError
+except ImportError:  # pragma: no cover - before the config module exists on this branch
+
+    class ConfigError(ValueError):
+        pass
+
+
+PROTEIN_ALPHABET = "ACDEFGHIKLMNPQRSTVWY"  # the 20 standard amino acids
+PROTEIN_EXTRA = "UXBZO"  # selenocysteine, unknown, Asx, Glx, pyrrolysine (all occur in UniRef50)
+
+FORMATS = ("auto", "fasta", "jsonl", "parquet", "hf_disk", "hub", "text")
+
+
+@dataclass
+class DataConfig:
+    # -- input -------------------------------------------------------------------------------------------------
+    inputs: list[str] = field(default_factory=list)  # files, directories, globs, or hub ids (format: hub)
+    format: Literal["auto", "fasta", "jsonl", "parquet", "hf_disk", "hub", "text"] = "auto"
+    id_column: str | None = "id"  # tables/jsonl/HF; None: id = "<file name>:<line or row>"
+    text_column: str = "sequence"  # e.g. "sequence", "Sequence", "text"
+    hf_split: str = "train"  # split of a DatasetDict on disk / on the hub
+    text_mode: Literal["line", "paragraph", "file"] = "line"  # plain-text files: one doc per line / blank-line block / file
+    # -- record policy -----------------------------------------------------------------------------------------
+    domain: Literal["protein", "text"] = "protein"
+    alphabet: str = "auto"  # "auto" (protein: the 20 amino acids; text: any), "any", or the allowed letters
+    extra_residues: str = PROTEIN_EXTRA  # protein letters handled by extra_residue_policy
+    extra_residue_policy: Literal["keep", "replace", "skip", "error"] = "keep"
+    replacement: str = "X"  # what "replace" writes instead of an extra residue
+    uppercase: bool = False  # upper-case sequences before checking them
+    min_length: int = 1  # characters; shorter records are filtered (counted)
+    max_length: int | None = None  # characters; longer records are filtered (counted)
+    on_bad_record: Literal["error", "skip"] = "error"
+    # -- split -------------------------------------------------------------------------------------------------
+    eval_fraction: float = 0.01
+    split_by: Literal["id", "text"] = "id"  # hash of the record id, or of its text (identical texts share a split)
+    seed: int = 0
+    chunk_records: int = 1_000_000  # input records per split commit (the unit of resuming step 1)
+    # -- tokenizer ---------------------------------------------------------------------------------------------
+    vocab_size: int = 512
+    tokenizer_kind: Literal["auto", "char", "byte"] = "auto"  # auto: char for protein, byte-level for text
+    min_frequency: int = 2
+    source_tokenizer: str | None = None  # the source LM's tokenizer (file or dir): compression report + baseline shards
+    tokenizer_max_records: int | None = 500_000  # deterministic sample of the train split for BPE training
+    # -- shards ------------------------------------------------------------------------------------------------
+    context_len: int = 512
+    shard_size: int = 8192  # samples per shard: packed blocks (train) or documents (eval)
+    num_workers: int = 0  # tokenizer processes (0: in this process, using the tokenizer's own threads)
+    output_dir: str = "data/prepared"
+
+    # -- derived ------------------------------------------------------------------------------------------------
+    def allowed_alphabet(self) -> str | None:
+        """Letters a record may contain (None: anything)."""
+        if self.alphabet == "any":
+            return None
+        if self.alphabet == "auto":
+            return PROTEIN_ALPHABET if self.domain == "protein" else None
+        return self.alphabet
+
+    def resolved_tokenizer_kind(self) -> str:
+        if self.tokenizer_kind != "auto":
+            return self.tokenizer_kind
+        return "char" if self.domain == "protein" else "byte"
+
+    def validate(self) -> None:
+        def bad(key: str, msg: str) -> ConfigError:
+            return ConfigError(f"{key}: {msg}")
+
+        if not self.inputs:
+            raise bad("inputs", "no input given (files, directories, globs or hub ids)")
+        if self.format not in FORMATS:
+            raise bad("format", f"{self.format!r} is not one of {list(FORMATS)}")
+        if self.format != "hub":
+            for p in self.inputs:
+                if not (os.path.exists(p) or glob.glob(p)):
+                    raise bad("inputs", f"{p!r} does not exist")
+        if not self.text_column:
+            raise bad("text_column", "must name the column holding the sequence/text")
+        if self.alphabet not in ("auto", "any") and not self.alphabet:
+            raise bad("alphabet", 'empty; use "any" to accept every character')
+        if self.extra_residue_policy == "replace" and len(self.replacement) != 1:
+            raise bad("replacement", f"must be one character, got {self.replacement!r}")
+        if self.min_length < 0:
+            raise bad("min_length", f"must be >= 0, got {self.min_length}")
+        if self.max_length is not None and self.max_length < max(self.min_length, 1):
+            raise bad("max_length", f"{self.max_length} is below min_length {self.min_length}")
+        if self.on_bad_record not in ("error", "skip"):
+            raise bad("on_bad_record", f'must be "error" or "skip", got {self.on_bad_record!r}')
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise bad("eval_fraction", f"must be in [0, 1), got {self.eval_fraction}")
+        if self.chunk_records < 1:
+            raise bad("chunk_records", f"must be >= 1, got {self.chunk_records}")
+        if self.vocab_size < 8:
+            raise bad("vocab_size", f"must be >= 8 (4 special tokens + an alphabet), got {self.vocab_size}")
+        kind = self.resolved_tokenizer_kind()
+        alpha = self.allowed_alphabet()
+        if kind == "char" and alpha is not None:
+            need = len(set(alpha) | (set(self.extra_residues) if self.extra_residue_policy == "keep" else set())) + 4
+            if self.vocab_size < need:
+                raise bad("vocab_size", f"{self.vocab_size} is smaller than the alphabet plus special tokens ({need})")
+        if kind == "byte" and self.vocab_size < 256 + 4:
+            raise bad("vocab_size", f"a byte-level tokenizer needs >= 260 tokens (256 bytes + specials), got {self.vocab_size}")
+        if self.min_frequency < 1:
+            raise bad("min_frequency", f"must be >= 1, got {self.min_frequency}")
+        st = self.source_tokenizer
+        if st is not None and not os.path.exists(st) and (os.path.isabs(st) or st.count("/") != 1):
+            raise bad("source_tokenizer", f"{st!r} is neither a local tokenizer file/directory nor a hub id owner/name")
+        if self.tokenizer_max_records is not None and self.tokenizer_max_records < 1:
+            raise bad("tokenizer_max_records", "must be >= 1 or null (use the whole train split)")
+        if self.context_len < 2:
+            raise bad("context_len", f"must be >= 2, got {self.context_len}")
+        if self.shard_size < 1:
+            raise bad("shard_size", f"must be >= 1, got {self.shard_size}")
+        if self.num_workers < 0:
+            raise bad("num_workers", f"must be >= 0, got {self.num_workers}")
+        if not self.output_dir:
+            raise bad("output_dir", "must be a directory path")
