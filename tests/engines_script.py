@@ -60,9 +60,7 @@ class LMTask:
         self.engine = engine
 
     def loss(self, batch):
-        ids = batch["input_ids"]
-        dev = next(iter(self.engine.model.parameters())).device
-        ids = ids.to(dev)
+        ids = batch["input_ids"].to(self.engine.device)
         return self.engine.module(input_ids=ids, labels=ids).loss, {}
 
     def report(self, step, logger):
@@ -89,6 +87,8 @@ def main(argv=None):
     ap.add_argument("--nan_check", action="store_true")
     ap.add_argument("--persistence0", type=int, default=1, help="ZeRO-3: stage3_param_persistence_threshold=0")
     ap.add_argument("--ds_override", default="{}", help="JSON merged over the DeepSpeed config")
+    ap.add_argument("--init_from", default=None, help="a transformers checkpoint to start from (from_pretrained)")
+    ap.add_argument("--act_ckpt", action="store_true", help="activation checkpointing")
     args = ap.parse_args(rest)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -107,6 +107,10 @@ def main(argv=None):
                        seed=0, log_every=1, ckpt_every=0, stop_after=args.stop_after, precision="auto")
     ocfg = OptimConfig(lr=args.lr, weight_decay=0.01, warmup_frac=0.2, final_lr_frac=0.1, grad_clip=1.0)
     hf_cfg = tiny_olmo_config(bool(args.tie))
+    if args.init_from:
+        from transformers import AutoConfig
+
+        hf_cfg = AutoConfig.from_pretrained(args.init_from)
 
     if args.engine == "deepspeed":
         from s2t2_dist.engines.deepspeed_engine import (DeepSpeedEngine, merge_config, build_model_zero3, partitioned_numel,
@@ -118,20 +122,21 @@ def main(argv=None):
         over = merge_config(over, json.loads(args.ds_override))
         ds_cfg = resolve_ds_config(launcher.ds_config, train_cfg=tcfg, optim_cfg=ocfg, world_size=world,
                                    hidden_size=hf_cfg.hidden_size, overrides=over)
-        model = build_model_zero3(hf_cfg, ds_cfg, seed=0)
-        engine = DeepSpeedEngine(model, optim_cfg=ocfg, train_cfg=tcfg, ds_config=ds_cfg, resolved=True)
+        model = build_model_zero3(args.init_from or hf_cfg, ds_cfg, seed=0)
+        engine = DeepSpeedEngine(model, optim_cfg=ocfg, train_cfg=tcfg, ds_config=ds_cfg, resolved=True,
+                                 activation_checkpointing=args.act_ckpt)
         local, total = partitioned_numel(engine.model)
     elif args.engine == "fsdp":
         from s2t2_dist.engines.fsdp_engine import FSDP2Engine, local_numel
 
-        model = tiny_olmo(bool(args.tie), seed=0)
-        engine = FSDP2Engine(model, optim_cfg=ocfg, train_cfg=tcfg)
+        model = _plain_model(args, hf_cfg)
+        engine = FSDP2Engine(model, optim_cfg=ocfg, train_cfg=tcfg, activation_checkpointing=args.act_ckpt)
         local, total = local_numel(engine.model)
     else:
         from s2t2_dist.engines.build import build_engine
 
-        model = tiny_olmo(bool(args.tie), seed=0)
-        engine = build_engine("plain", model, ocfg, tcfg)
+        model = _plain_model(args, hf_cfg)
+        engine = build_engine("plain", model, ocfg, tcfg, activation_checkpointing=args.act_ckpt)
         engine.model = model
         local = total = sum(p.numel() for p in model.parameters())
 
@@ -139,6 +144,14 @@ def main(argv=None):
     task = LMTask(engine)
     ckpt = Checkpointer(args.run_dir, keep=2, fingerprint={"engine": args.engine})
     logger = MetricsLogger(Path(args.run_dir) / "tb", rank, 0, denv.local_rank, enabled=False)
+    probe = torch.randint(2, hf_cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(99))
+    if args.init_from:  # the logits of the starting point, before any step
+        engine.eval()
+        with torch.no_grad():
+            logits0 = engine.module(input_ids=probe.to(engine.device)).logits.float().cpu()
+        engine.train()
+        if rank == 0:
+            torch.save({"probe": probe, "logits": logits0}, out / "logits_init.pt")
     lrs = []
     res = train(tcfg, task, engine, loader, ckpt, logger, progress=False,
                 on_step=lambda s, l: lrs.append((s, engine.lr())))
@@ -146,11 +159,10 @@ def main(argv=None):
                "preempted": res.preempted, "step": res.step, "bad_steps": res.bad_steps,
                "local_numel": local, "total_numel": total}
 
-    probe = torch.randint(2, hf_cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(99))
     if args.export:
         engine.eval()
         with torch.no_grad():
-            logits = engine.module(input_ids=probe).logits.float().cpu()
+            logits = engine.module(input_ids=probe.to(engine.device)).logits.float().cpu()
         engine.train()
         engine.export_consolidated(args.export)
         if rank == 0:
@@ -163,6 +175,14 @@ def main(argv=None):
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
+
+
+def _plain_model(args, hf_cfg):
+    if args.init_from:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(args.init_from, dtype=torch.float32)
+    return tiny_olmo(bool(args.tie), seed=0)
 
 
 def nan_check(engine, task, loader, tcfg, rank, world):

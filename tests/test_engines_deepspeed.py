@@ -79,7 +79,7 @@ def test_consolidated_export_loads_in_plain_transformers(zero3):
 def test_zero2_untied_runs_and_exports(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    rs = launch_deepspeed(["--ds_config", "configs/ds_zero2.json", "--steps", "4", "--tie", "0",
+    rs = launch_deepspeed(["--ds_config", "configs/ds_zero2.json", "--steps", "4", "--tie", "0", "--act_ckpt",
                            "--run_dir", str(tmp_path / "run"), "--export", str(tmp_path / "export")], tmp_path / "out")
     losses = [l for _, l in rs[0]["losses"]]
     assert len(losses) == 4 and losses[-1] < losses[0]
@@ -90,13 +90,24 @@ def test_zero2_untied_runs_and_exports(tmp_path):
         torch.testing.assert_close(model(input_ids=ref["probe"]).logits, ref["logits"], rtol=0, atol=1e-5)
 
 
-def test_zero3_offload_config_runs(tmp_path):
-    """configs/ds_zero3_offload.json (optimizer states and parameters offloaded). On a GPU machine the engine steps it
-    with DeepSpeedCPUAdam (a ~2 min JIT build here); the test lets DeepSpeed use the client torch AdamW instead."""
-    rs = launch_deepspeed(["--ds_config", "configs/ds_zero3_offload.json", "--steps", "4", "--tie", "1",
+def test_zero3_offload_from_pretrained_with_activation_checkpointing(tmp_path):
+    """The finetune stage's path: a transformers checkpoint loaded straight into ZeRO-3 partitions
+    (build_model_zero3(path)), configs/ds_zero3_offload.json, activation checkpointing. On a GPU machine the engine
+    steps offloaded states with DeepSpeedCPUAdam (a ~2 min JIT build here); the test lets DeepSpeed use the client
+    torch AdamW instead."""
+    from engines_tiny import tiny_olmo
+
+    src = tiny_olmo(tie=True, seed=5)
+    src.save_pretrained(tmp_path / "pretrained")
+    rs = launch_deepspeed(["--ds_config", "configs/ds_zero3_offload.json", "--steps", "4", "--act_ckpt",
+                           "--init_from", str(tmp_path / "pretrained"),
                            "--ds_override", '{"zero_force_ds_cpu_optimizer": false}',
                            "--run_dir", str(tmp_path / "run")], tmp_path / "out")
     losses = [l for _, l in rs[0]["losses"]]
     assert len(losses) == 4 and losses[-1] < losses[0] - 0.5
     for r in rs:
         assert abs(r["local_numel"] - r["total_numel"] / 2) <= 0.02 * r["total_numel"]
+    ref = torch.load(tmp_path / "out" / "logits_init.pt", weights_only=True)
+    src.eval()
+    with torch.no_grad():  # the partitioned model computes what the checkpoint computes
+        torch.testing.assert_close(src(input_ids=ref["probe"]).logits, ref["logits"], rtol=0, atol=1e-5)

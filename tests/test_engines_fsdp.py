@@ -1,5 +1,5 @@
 """FSDP2Engine for real: 2 CPU processes under torchrun, the project's training loop, a tiny OLMo with untied
-embeddings (like OLMo-7B), DCP checkpoints."""
+embeddings (like OLMo-7B), activation checkpointing, DCP checkpoints."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ STEPS, STOP = 6, 3
 @pytest.fixture(scope="module")
 def fsdp(tmp_path_factory):
     d = tmp_path_factory.mktemp("fsdp")
-    common = ["--engine", "fsdp", "--steps", str(STEPS), "--tie", "0"]
+    common = ["--engine", "fsdp", "--steps", str(STEPS), "--tie", "0", "--act_ckpt"]
     full = launch_torchrun([*common, "--run_dir", str(d / "full"), "--export", str(d / "export"), "--nan_check"],
                            d / "out_full")
     part = launch_torchrun([*common, "--run_dir", str(d / "resumed"), "--stop_after", str(STOP)], d / "out_part")

@@ -132,6 +132,49 @@ def build_engine_from_config(engine_cfg: EngineConfig, model: torch.nn.Module, o
     )
 
 
+def build_model_and_engine(engine_cfg: EngineConfig, model_source, optim_cfg, train_cfg, *,
+                           dtype: torch.dtype | None = None) -> tuple[torch.nn.Module, Engine]:
+    """The finetune stage's one call: the model (from a transformers checkpoint directory, a PretrainedConfig, or an
+    nn.Module already built) and its Engine. Under ZeRO-3 a path or config is built straight into partitions
+    (build_model_zero3), so no rank ever holds the whole model. torch.distributed must be initialised
+    (`init_deepspeed_distributed()` for kind=deepspeed, else s2t2_dist.dist.env.init_distributed()).
+
+    Returns (the underlying transformers model, engine); call the model through `engine.module`."""
+    engine_cfg.validate()
+    if engine_cfg.kind == "deepspeed":
+        from s2t2_dist.engines.deepspeed_engine import DeepSpeedEngine, build_model_zero3, resolve_ds_config
+
+        if isinstance(model_source, torch.nn.Module):
+            model, hidden = model_source, getattr(getattr(model_source, "config", None), "hidden_size", None)
+        else:
+            hidden = _hidden_size(model_source)
+        ds_cfg = resolve_ds_config(engine_cfg.ds_config, train_cfg=train_cfg, optim_cfg=optim_cfg, hidden_size=hidden,
+                                   offload=engine_cfg.offload, overrides=engine_cfg.ds_overrides or None)
+        if not isinstance(model_source, torch.nn.Module):
+            model = build_model_zero3(model_source, ds_cfg, dtype=dtype, seed=train_cfg.seed)
+        engine = DeepSpeedEngine(model, optim_cfg=optim_cfg, train_cfg=train_cfg, ds_config=ds_cfg, resolved=True,
+                                 activation_checkpointing=engine_cfg.activation_checkpointing)
+        return engine.model, engine
+    if isinstance(model_source, torch.nn.Module):
+        model = model_source
+    else:
+        from transformers import AutoModelForCausalLM, PretrainedConfig
+
+        if isinstance(model_source, PretrainedConfig):
+            torch.manual_seed(train_cfg.seed)
+            model = AutoModelForCausalLM.from_config(model_source)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(model_source), dtype=dtype or torch.float32)
+    return model, build_engine_from_config(engine_cfg, model, optim_cfg, train_cfg)
+
+
+def _hidden_size(model_source) -> int | None:
+    from transformers import AutoConfig, PretrainedConfig
+
+    cfg = model_source if isinstance(model_source, PretrainedConfig) else AutoConfig.from_pretrained(str(model_source))
+    return getattr(cfg, "hidden_size", None)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # command lines
 

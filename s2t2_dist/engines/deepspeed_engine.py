@@ -422,6 +422,10 @@ class DeepSpeedEngine(Engine):
     def lr(self) -> float:
         return float(self.ds.get_lr()[0])
 
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.ds.device)
+
     # ---- checkpoints
     def save(self, directory: Path) -> None:
         ok = self.ds.save_checkpoint(str(directory), tag=DS_TAG, client_state={"s2t2_world_size": self.world},

@@ -73,6 +73,7 @@ class FSDP2Engine(Engine):
         gpu = torch.cuda.is_available()
         device_type = "cuda" if gpu else "cpu"
         self.mesh = init_device_mesh(device_type, (self.world,))
+        self._device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
         if mixed_precision is None:
             mixed_precision = gpu and train_cfg.precision in ("bf16", "auto")
         if mixed_precision and not gpu:
@@ -123,6 +124,10 @@ class FSDP2Engine(Engine):
 
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
 
     # ---- checkpoints (DCP)
     def _sched_file(self, directory: Path) -> Path:
