@@ -10,8 +10,8 @@
 2. throughput: the same model, batch and data under FSDP2 (torchrun) and ZeRO-3 (deepspeed launcher), 2 ranks,
    median step time after warm-up.
 
-The model is OLMo-shaped (non-parametric layer norm, SwiGLU, tied embeddings like OLMo-1B) with the real OLMo
-embedding rows (50304) and small widths, so that the embedding dominates as it does for a 1B model's shards.
+The models are OLMo-shaped (non-parametric layer norm, SwiGLU, tied embeddings like OLMo-1B) with the real OLMo
+embedding rows (50304) and small widths. One torch thread per rank.
 """
 
 from __future__ import annotations
@@ -31,18 +31,34 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-MODEL = dict(vocab_size=50304, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4)
+#: (width, layers): OLMo proportions (MLP = 2.6875 x width as in OLMo-1B/7B: 8192/2048 ~ 11008/4096), 64-wide heads
+MEM_MODEL = (768, 8)  # ~96M parameters: model states dominate the process memory
+TP_MODEL = (256, 4)  # ~16M parameters: quick steps on a small CPU
+
+
+def model_spec(width: int, layers: int) -> dict:
+    return dict(vocab_size=50304, hidden_size=width, intermediate_size=int(width * 2.6875) // 16 * 16,
+                num_hidden_layers=layers, num_attention_heads=max(width // 64, 1))
 
 
 def _rss_mib() -> float:
+    """Resident memory now, after giving freed heap pages back to the system (so it is a steady-state figure)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def _olmo_config():
+def _olmo_config(width: int, layers: int):
     from transformers import OlmoConfig
 
-    return OlmoConfig(**MODEL, max_position_embeddings=512, tie_word_embeddings=True, pad_token_id=1, eos_token_id=0,
+    return OlmoConfig(**model_spec(width, layers), max_position_embeddings=512, tie_word_embeddings=True, pad_token_id=1, eos_token_id=0,
                       bos_token_id=None)
 
 
@@ -115,7 +131,7 @@ def worker(args) -> None:
     tcfg = TrainConfig(steps=args.steps, batch_size=args.batch, micro_batch_size=args.micro, context_len=args.seq,
                        log_every=10**6, ckpt_every=0)
     ocfg = OptimConfig(lr=1e-3, weight_decay=0.01)
-    hf = _olmo_config()
+    hf = _olmo_config(args.width, args.layers)
     rss0 = _rss_mib()
     if args.worker == "deepspeed":
         from s2t2_dist.engines.deepspeed_engine import (DeepSpeedEngine, build_model_zero3, partitioned_numel,
@@ -160,11 +176,13 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(kind: str, world: int, out: Path, steps: int, batch: int, micro: int, seq: int) -> list[dict]:
+def _launch(kind: str, world: int, out: Path, steps: int, batch: int, micro: int, seq: int,
+            model: tuple[int, int]) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     bindir = Path(sys.executable).parent
     args = [str(Path(__file__).resolve()), "--worker", kind, "--out", str(out), "--steps", str(steps),
-            "--batch", str(batch), "--micro", str(micro), "--seq", str(seq)]
+            "--batch", str(batch), "--micro", str(micro), "--seq", str(seq), "--width", str(model[0]),
+            "--layers", str(model[1])]
     if kind == "deepspeed":
         cmd = [str(bindir / "deepspeed"), "--num_gpus", str(world), "--master_port", str(_port()), *args]
     else:
@@ -178,6 +196,7 @@ def _launch(kind: str, world: int, out: Path, steps: int, batch: int, micro: int
     rs = [json.loads((out / f"{kind}_{world}_rank{r}.json").read_text()) for r in range(world)]
     for r in rs:
         r["launch_wall_s"] = wall
+        r["loadavg_1min_after"] = os.getloadavg()[0]
     return rs
 
 
@@ -191,20 +210,29 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--micro", type=int, default=1)
     ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--width", type=int, default=TP_MODEL[0])
+    ap.add_argument("--layers", type=int, default=TP_MODEL[1])
+    ap.add_argument("--mem_model", type=int, nargs=2, default=list(MEM_MODEL), metavar=("WIDTH", "LAYERS"))
+    ap.add_argument("--tp_model", type=int, nargs=2, default=list(TP_MODEL), metavar=("WIDTH", "LAYERS"))
     ap.add_argument("--out", default=str(ROOT / "bench" / "out_engines"))
     args = ap.parse_args()
     if args.worker:
         return worker(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = {"model": MODEL, "torch_threads_per_rank": 1, "cpu_cores": os.cpu_count(), "memory": [], "throughput": []}
+    report = {"memory_model": model_spec(*args.mem_model), "throughput_model": model_spec(*args.tp_model),
+              "torch_threads_per_rank": 1, "cpu_cores": os.cpu_count(), "loadavg_1min_at_start": os.getloadavg()[0],
+              "memory": [], "throughput": []}
+    print(f"cpu cores {os.cpu_count()}, 1-min load average at start {os.getloadavg()[0]:.1f}")
 
     if args.part in ("memory", "all"):
-        print("ZeRO-3 per-rank memory (configs/ds_zero3.json; elements and MiB at 4 bytes/element)")
-        print("| ranks | params/rank | of total | params+grads+master+m+v per rank (MiB) | RSS growth rank 0 (MiB) | peak RSS rank 0 (MiB) |")
+        print(f"ZeRO-3 per-rank memory (configs/ds_zero3.json), model {model_spec(*args.mem_model)}; "
+              "model states counted from the tensors at 4 bytes/element; RSS growth = resident memory after 3 "
+              "steps minus before the model was built (mean over ranks)")
+        print("| ranks | params/rank | of total | params+grads+master+m+v per rank (MiB) | RSS growth per rank (MiB) | peak RSS per rank (MiB) |")
         print("|---|---|---|---|---|---|")
         for w in args.ranks:
-            rs = _launch("deepspeed", w, out, steps=4, batch=args.batch, micro=args.micro, seq=args.seq)
+            rs = _launch("deepspeed", w, out, steps=3, batch=args.batch, micro=args.micro, seq=64, model=args.mem_model)
             r0 = rs[0]
             se = r0["state_elements"]
             states_mib = 4 * (se["params"] + se["grads"] + se["fp32_master"] + se["adam_m_v"]) / 2**20
@@ -215,15 +243,18 @@ def main() -> None:
                    "peak_rss_mib": [r["peak_rss_mib"] for r in rs]}
             report["memory"].append(row)
             print(f"| {w} | {r0['local_param_elements']:,} | {r0['local_param_elements'] / r0['total_param_elements']:.3f} "
-                  f"| {states_mib:.1f} | {row['rss_growth_mib'][0]:.0f} | {row['peak_rss_mib'][0]:.0f} |", flush=True)
+                  f"| {states_mib:.1f} | {statistics.mean(row['rss_growth_mib']):.0f} "
+                  f"| {statistics.mean(row['peak_rss_mib']):.0f} |", flush=True)
 
     if args.part in ("throughput", "all"):
-        print("\nFSDP2 vs ZeRO-3, 2 ranks, same model/batch/data (median step time after 2 warm-up steps)")
-        print("| engine | launcher | median step (s) | min..max (s) | tokens/s (global) | launch wall (s) | final loss |")
-        print("|---|---|---|---|---|---|---|")
+        print(f"\nFSDP2 vs ZeRO-3, 2 ranks, model {model_spec(*args.tp_model)}, batch {args.batch} x {args.seq} tokens, "
+              f"micro {args.micro}, {args.steps} steps (median step time after 2 warm-up steps), alternating runs")
+        print("| engine | launcher | median step (s) | min..max (s) | tokens/s (global) | launch wall (s) | final loss | load avg after |")
+        print("|---|---|---|---|---|---|---|---|")
         for kind, launcher in (("fsdp", "torchrun"), ("deepspeed", "deepspeed"), ("fsdp", "torchrun"),
                                ("deepspeed", "deepspeed")):
-            rs = _launch(kind, 2, out, steps=args.steps, batch=args.batch, micro=args.micro, seq=args.seq)
+            rs = _launch(kind, 2, out, steps=args.steps, batch=args.batch, micro=args.micro, seq=args.seq,
+                         model=args.tp_model)
             dts = rs[0]["step_times_s"]
             med = statistics.median(dts)
             row = {"engine": kind, "ranks": 2, "median_step_s": med, "step_times_s": dts,
@@ -231,7 +262,8 @@ def main() -> None:
                    "final_loss": rs[0]["final_loss"]}
             report["throughput"].append(row)
             print(f"| {'ZeRO-3' if kind == 'deepspeed' else 'FSDP2'} | {launcher} | {med:.3f} | {min(dts):.3f}..{max(dts):.3f} "
-                  f"| {row['tokens_per_s']:.0f} | {row['launch_wall_s']:.1f} | {row['final_loss']:.4f} |", flush=True)
+                  f"| {row['tokens_per_s']:.0f} | {row['launch_wall_s']:.1f} | {row['final_loss']:.4f} "
+                  f"| {rs[0]['loadavg_1min_after']:.1f} |", flush=True)
     (out / "results_engines.json").write_text(json.dumps(report, indent=1))
     print(f"\nwrote {out / 'results_engines.json'}")
 

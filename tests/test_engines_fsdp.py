@@ -69,3 +69,19 @@ def test_consolidated_export_loads_in_plain_transformers(fsdp):
     with torch.no_grad():
         logits = model(input_ids=ref["probe"]).logits
     torch.testing.assert_close(logits, ref["logits"], rtol=0, atol=1e-5)
+
+
+def test_tied_embeddings_train_and_export(tmp_path):
+    """OLMo-1B ties the embedding and the LM head: one shared parameter in the root FSDP unit."""
+    from transformers import AutoModelForCausalLM
+
+    rs = launch_torchrun(["--engine", "fsdp", "--steps", "3", "--tie", "1", "--run_dir", str(tmp_path / "run"),
+                          "--export", str(tmp_path / "export")], tmp_path / "out")
+    losses = [l for _, l in rs[0]["losses"]]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    ref = torch.load(tmp_path / "out" / "logits.pt", weights_only=True)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32).eval()
+    assert model.config.tie_word_embeddings
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ref["probe"]).logits, ref["logits"], rtol=0, atol=1e-5)
