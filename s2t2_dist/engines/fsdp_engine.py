@@ -109,7 +109,8 @@ class FSDP2Engine(Engine):
     def step(self) -> tuple[float, bool]:
         params = [p for p in self.model.parameters() if p.requires_grad and p.grad is not None]
         max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else float("inf")
-        total = torch.nn.utils.clip_grad_norm_(params, max_norm, error_if_nonfinite=False, foreach=False)
+        total = torch.nn.utils.clip_grad_norm_(params, max_norm, error_if_nonfinite=False,
+                                               foreach=None if self._device.type == "cuda" else False)
         if hasattr(total, "full_tensor"):
             total = total.full_tensor()  # reduce the per-shard partial norms: the same value on every rank
         norm = float(total)
