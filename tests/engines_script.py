@@ -113,18 +113,17 @@ def main(argv=None):
         hf_cfg = AutoConfig.from_pretrained(args.init_from)
 
     if args.engine == "deepspeed":
-        from s2t2_dist.engines.deepspeed_engine import (DeepSpeedEngine, merge_config, build_model_zero3, partitioned_numel,
-                                                        resolve_ds_config)
+        from s2t2_dist.engines.build import EngineConfig, build_model_and_engine
+        from s2t2_dist.engines.deepspeed_engine import merge_config, partitioned_numel
 
         if launcher.ds_config is None:
             raise SystemExit("--ds_config is required for --engine deepspeed")
         over = {"zero_optimization": {"stage3_param_persistence_threshold": 0}} if args.persistence0 else {}
         over = merge_config(over, json.loads(args.ds_override))
-        ds_cfg = resolve_ds_config(launcher.ds_config, train_cfg=tcfg, optim_cfg=ocfg, world_size=world,
-                                   hidden_size=hf_cfg.hidden_size, overrides=over)
-        model = build_model_zero3(args.init_from or hf_cfg, ds_cfg, seed=0)
-        engine = DeepSpeedEngine(model, optim_cfg=ocfg, train_cfg=tcfg, ds_config=ds_cfg, resolved=True,
-                                 activation_checkpointing=args.act_ckpt)
+        ecfg = EngineConfig(kind="deepspeed", ds_config=launcher.ds_config, ds_overrides=over,
+                            activation_checkpointing=args.act_ckpt)
+        # the finetune stage's call: a checkpoint directory or a config, built straight into ZeRO-3 partitions
+        model, engine = build_model_and_engine(ecfg, args.init_from or hf_cfg, ocfg, tcfg)
         local, total = partitioned_numel(engine.model)
     elif args.engine == "fsdp":
         from s2t2_dist.engines.fsdp_engine import FSDP2Engine, local_numel

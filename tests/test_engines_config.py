@@ -210,3 +210,14 @@ def test_weight_decay_groups_use_zero3_shapes():
     assert groups[1]["params"] == [b] and groups[1]["weight_decay"] == 0.0
     opt = build_adamw(groups, 1e-3, 0.1, (0.9, 0.95), 1e-5)
     assert opt.defaults["eps"] == 1e-5 and opt.defaults["betas"] == (0.9, 0.95)
+
+
+def test_build_model_and_engine_plain_from_config():
+    from engines_tiny import tiny_olmo_config
+
+    from s2t2_dist.engines.build import build_model_and_engine
+    from s2t2_dist.engines.torch_engine import TorchEngine
+
+    model, eng = build_model_and_engine(EngineConfig(), tiny_olmo_config(tie=False), OptimConfig(), TrainConfig(steps=5))
+    assert isinstance(eng, TorchEngine) and eng.module is model and eng.device == torch.device("cpu")
+    assert type(model).__name__ == "OlmoForCausalLM"
