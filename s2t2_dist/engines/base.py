@@ -36,6 +36,13 @@ class Engine(abc.ABC):
     def load(self, directory: Path) -> None:
         """Restore what save() wrote (collective). Errors name the directory and what does not match."""
 
+    @property
+    def device(self) -> torch.device:
+        """Where batches must go before `self.module(...)`."""
+        for p in self.module.parameters():
+            return p.device
+        return torch.device("cpu")
+
     def train(self) -> None:
         self.module.train()
 

@@ -19,14 +19,30 @@ def cosine_lr_factor(step: int, total_steps: int, warmup_frac: float = 0.2, fina
     return final_frac + (1.0 - final_frac) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_adamw(params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float, betas, eps: float):
+def _ndim(p: torch.nn.Parameter) -> int:
+    # Under DeepSpeed ZeRO-3 a parameter's data is an empty placeholder; its real shape is ds_shape.
+    shape = getattr(p, "ds_shape", None)
+    return len(shape) if shape is not None else p.ndim
+
+
+def param_groups(params: Iterable[torch.nn.Parameter], weight_decay: float) -> list[dict]:
+    """AdamW parameter groups: weight decay only where it means something (matrices); norms and biases are
+    excluded, as is usual. Empty groups are left out."""
     params = [p for p in params if p.requires_grad]
-    # Weight decay only where it means something (matrices); norms and biases are excluded, as is usual.
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": weight_decay}]
+    decay = [p for p in params if _ndim(p) >= 2]
+    no_decay = [p for p in params if _ndim(p) < 2]
+    groups = []
+    if decay:
+        groups.append({"params": decay, "weight_decay": weight_decay})
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def build_adamw(params, lr: float, weight_decay: float, betas, eps: float):
+    """torch AdamW over `params` (parameters, grouped by param_groups(), or ready-made groups)."""
+    params = list(params)
+    groups = params if params and isinstance(params[0], dict) else param_groups(params, weight_decay)
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, foreach=False)
 
 

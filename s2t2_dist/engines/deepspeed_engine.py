@@ -1,0 +1,484 @@
+"""DeepSpeed ZeRO (stage 1, 2, 3, with or without offload) behind the Engine interface.
+
+The DeepSpeed JSON config is the user's (given by path, e.g. `configs/ds_zero3.json`), but everything the run config
+already decides is taken from the run config, so the two can never disagree:
+
+- batch keys: `train_batch_size` = train.batch_size, `train_micro_batch_size_per_gpu` = train.micro_batch_size,
+  `gradient_accumulation_steps` = train.batch_size / (micro_batch_size x ranks);
+- `gradient_clipping` = optim.grad_clip; `bf16.enabled` = (GPU and train.precision in bf16/auto);
+- optimiser and schedule: always the paper's torch AdamW + cosine/warm-up (train.optim), given to DeepSpeed as a
+  client optimiser and a client scheduler; an "optimizer" or "scheduler" section in the JSON is an error.
+
+A key that is missing or "auto" is filled; an explicit value that disagrees raises ConfigError naming the key, the
+file's value and the run config's value.
+
+On machines without a GPU DeepSpeed runs on its CPU accelerator with gloo; `prepare_deepspeed()` is the one place
+that arranges it (and skips the slow JIT build of the shared-memory communication op).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from s2t2_dist.config import ConfigError
+from s2t2_dist.engines._common import raise_if_any_failed
+from s2t2_dist.engines.base import Engine
+from s2t2_dist.train.optim import build_adamw, build_scheduler, param_groups
+
+#: subdirectory (DeepSpeed "tag") of a loop checkpoint directory that holds DeepSpeed's own files
+DS_TAG = "deepspeed"
+
+_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# environment
+
+
+def prepare_deepspeed():
+    """Import deepspeed the way this project needs it; idempotent; returns the module.
+
+    Without CUDA: the CPU accelerator (DS_ACCELERATOR=cpu, set before the first import) and no JIT build of
+    `deepspeed_shm_comm` (36-87 s on a small machine; gloo does the collectives instead)."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    import deepspeed.ops
+
+    ops = deepspeed.ops.__compatible_ops__
+    if not torch.cuda.is_available() and ops.get("deepspeed_shm_comm", False):
+        ops["deepspeed_shm_comm"] = False
+    return deepspeed
+
+
+def init_deepspeed_distributed(timeout_s: float = 1800.0):
+    """torch.distributed from whatever launcher started us (s2t2_dist.dist.env), then DeepSpeed's comm layer on top of
+    the same process group. Returns the DistEnv."""
+    from s2t2_dist.dist.env import init_distributed
+
+    deepspeed = prepare_deepspeed()
+    denv = init_distributed(timeout_s=timeout_s)
+    if denv.world_size > 1 or dist.is_initialized():
+        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    return denv
+
+
+def _world_size() -> int:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# config
+
+
+def load_ds_config(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"DeepSpeed config file not found: {path}")
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as e:
+        raise ConfigError(f"DeepSpeed config {path}: not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"DeepSpeed config {path}: the top level must be a JSON object")
+    return data
+
+
+def merge_config(base: dict, over: dict) -> dict:
+    """`over` merged into a copy of `base`, nested objects key by key."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge_config(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _is_auto(v: Any) -> bool:
+    return isinstance(v, str) and v.lower() == "auto"
+
+
+def _fill(cfg: dict, key: str, value: Any, source: str, why: str, dotted: str | None = None) -> None:
+    """Fill cfg[key] if missing/"auto"; an explicit different value is a ConfigError."""
+    dotted = dotted or key
+    cur = cfg.get(key, "auto")
+    if _is_auto(cur) or cur is None:
+        cfg[key] = value
+        return
+    same = (
+        math.isclose(float(cur), float(value), rel_tol=0, abs_tol=1e-12)
+        if isinstance(cur, (int, float)) and not isinstance(cur, bool) and isinstance(value, (int, float))
+        else cur == value
+    )
+    if not same:
+        raise ConfigError(
+            f"DeepSpeed config {source}: {dotted}={cur!r} disagrees with the run config, which gives {value!r} "
+            f"({why}); set it to \"auto\" or remove it"
+        )
+    cfg[key] = value
+
+
+def zero_stage(ds_cfg: dict) -> int:
+    z = ds_cfg.get("zero_optimization") or {}
+    return int(z.get("stage", 0))
+
+
+def _static_check(cfg: dict, source: str) -> int:
+    """What can be checked without the run config; returns the ZeRO stage."""
+    for section in ("optimizer", "scheduler"):
+        if section in cfg:
+            raise ConfigError(
+                f"DeepSpeed config {source}: remove the {section!r} section; the optimiser and lr schedule come from "
+                "the run config (optim.*: torch AdamW with the paper's cosine/warm-up schedule)"
+            )
+    if (cfg.get("fp16") or {}).get("enabled") in (True, "true"):
+        raise ConfigError(
+            f"DeepSpeed config {source}: fp16.enabled=true is not supported (the paper trains in bfloat16); "
+            "remove the fp16 section and use train.precision=bf16 or auto"
+        )
+    zero = cfg.get("zero_optimization") or {}
+    if not isinstance(zero, dict):
+        raise ConfigError(f"DeepSpeed config {source}: zero_optimization must be an object")
+    try:
+        stage = int(zero.get("stage", 0))
+    except (TypeError, ValueError):
+        raise ConfigError(f"DeepSpeed config {source}: zero_optimization.stage={zero.get('stage')!r} is not 1, 2 or 3") from None
+    if stage not in (1, 2, 3):
+        raise ConfigError(
+            f"DeepSpeed config {source}: zero_optimization.stage must be 1, 2 or 3 (got {stage}); "
+            "for no sharding use engine.kind=plain"
+        )
+    return stage
+
+
+def check_ds_config_file(path: str | Path, overrides: dict | None = None) -> int:
+    """Early check of a DeepSpeed config file (exists, JSON, no optimizer/scheduler/fp16, ZeRO 1-3): its stage."""
+    return _static_check(merge_config(load_ds_config(path), overrides or {}), str(path))
+
+
+def resolve_ds_config(
+    raw: dict | str | Path,
+    *,
+    train_cfg,
+    optim_cfg,
+    world_size: int | None = None,
+    on_gpu: bool | None = None,
+    hidden_size: int | None = None,
+    offload: bool = False,
+    overrides: dict | None = None,
+    source: str | None = None,
+) -> dict:
+    """The DeepSpeed config this run uses: the file (or dict) with `overrides` merged in, every run-config-owned key
+    filled or checked, "auto" bucket sizes derived from the model width (as the HF Trainer does).
+
+    `offload=True` asks for ZeRO-Offload (optimizer states and, under ZeRO-3, parameters on CPU) when the file does
+    not already say where to put them."""
+    if isinstance(raw, (str, Path)):
+        source = source or str(raw)
+        raw = load_ds_config(raw)
+    source = source or "<dict>"
+    cfg = merge_config(raw, overrides or {})
+    world = world_size if world_size is not None else _world_size()
+    gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
+
+    _static_check(cfg, source)
+    # --- batch layout, all from the run config
+    accum = train_cfg.grad_accum(world)  # raises ConfigError for an impossible layout
+    why_b = f"train.batch_size={train_cfg.batch_size}, train.micro_batch_size={train_cfg.micro_batch_size}, {world} ranks"
+    _fill(cfg, "train_batch_size", int(train_cfg.batch_size), source, why_b)
+    _fill(cfg, "train_micro_batch_size_per_gpu", int(train_cfg.micro_batch_size), source, why_b)
+    _fill(cfg, "gradient_accumulation_steps", int(accum), source, why_b)
+    _fill(cfg, "gradient_clipping", float(optim_cfg.grad_clip or 0.0), source, f"optim.grad_clip={optim_cfg.grad_clip}")
+
+    # --- precision
+    cfg.pop("fp16", None)
+    if train_cfg.precision == "bf16" and not gpu:
+        warnings.warn("train.precision=bf16 without a GPU: DeepSpeed runs in float32 on CPU", stacklevel=2)
+    want_bf16 = gpu and train_cfg.precision in ("bf16", "auto")
+    bf16 = dict(cfg.get("bf16") or {})
+    _fill(bf16, "enabled", bool(want_bf16), source,
+          f"train.precision={train_cfg.precision} on {'GPU' if gpu else 'CPU'}", "bf16.enabled")
+    cfg["bf16"] = bf16
+
+    # --- ZeRO
+    zero = dict(cfg.get("zero_optimization") or {})
+    stage = int(zero.get("stage", 0))
+    h = hidden_size
+    autos = {
+        "reduce_bucket_size": (h * h) if h else None,
+        "stage3_prefetch_bucket_size": int(0.9 * h * h) if h else None,
+        "stage3_param_persistence_threshold": (10 * h) if h else None,
+    }
+    for k, v in autos.items():
+        if _is_auto(zero.get(k)):
+            if v is None:
+                zero.pop(k)  # DeepSpeed's default
+            else:
+                zero[k] = v
+    if stage < 3:
+        for k in [k for k in zero if k.startswith("stage3_")]:
+            zero.pop(k)
+    if offload:
+        opt_dev = (zero.get("offload_optimizer") or {}).get("device", "none")
+        if opt_dev in (None, "none"):
+            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": gpu}
+        if stage == 3 and (zero.get("offload_param") or {}).get("device", "none") in (None, "none"):
+            zero["offload_param"] = {"device": "cpu", "pin_memory": gpu}
+    if not gpu:
+        for k in ("offload_optimizer", "offload_param"):
+            if isinstance(zero.get(k), dict):
+                zero[k] = {**zero[k], "pin_memory": False}  # no pinned memory without CUDA
+    if stage < 3 and (zero.get("offload_param") or {}).get("device", "none") not in (None, "none"):
+        raise ConfigError(f"DeepSpeed config {source}: zero_optimization.offload_param needs stage 3 (stage={stage})")
+    cfg["zero_optimization"] = zero
+    cfg.setdefault("steps_per_print", 10**9)  # the loop logs; keep DeepSpeed's own progress lines out
+    cfg.setdefault("wall_clock_breakdown", False)
+    leftover = _find_auto(cfg)
+    if leftover:
+        raise ConfigError(f"DeepSpeed config {source}: no value could be derived for {leftover} = \"auto\"")
+    return cfg
+
+
+def _find_auto(d: dict, prefix: str = "") -> str | None:
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else k
+        if isinstance(v, dict):
+            found = _find_auto(v, key)
+            if found:
+                return found
+        elif _is_auto(v):
+            return key
+    return None
+
+
+def offloads_optimizer(ds_cfg: dict) -> bool:
+    dev = ((ds_cfg.get("zero_optimization") or {}).get("offload_optimizer") or {}).get("device", "none")
+    return dev not in (None, "none")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# model construction under ZeRO-3
+
+_KEEP_ALIVE: list = []
+
+
+def build_model_zero3(model_path_or_config, ds_cfg: dict, *, dtype: torch.dtype | None = None, seed: int | None = None,
+                      **hf_kwargs):
+    """Build a Hugging Face causal LM so that no rank ever holds the whole model under ZeRO-3.
+
+    `HfDeepSpeedConfig(ds_cfg)` is created first and kept alive (transformers holds it only by weakref); with it,
+    `from_pretrained` / `from_config` construct the model inside `deepspeed.zero.Init` and load or initialise each
+    parameter partition by partition (a raw `deepspeed.zero.Init()` around an HF constructor crashes or skips HF's
+    weight initialisation). `ds_cfg` must be the resolved config (no "auto"). For ZeRO-1/2 this is a plain build.
+
+    `model_path_or_config`: a directory / hub id (from_pretrained) or a transformers PretrainedConfig (from_config,
+    random init; seed it with `seed`)."""
+    prepare_deepspeed()
+    from transformers import AutoModelForCausalLM, PretrainedConfig
+    from transformers.integrations import HfDeepSpeedConfig
+
+    hf_ds = HfDeepSpeedConfig(ds_cfg)
+    _KEEP_ALIVE.clear()  # only the newest config is the one transformers sees
+    _KEEP_ALIVE.append(hf_ds)
+    if seed is not None:
+        torch.manual_seed(seed)
+    if isinstance(model_path_or_config, PretrainedConfig):
+        kw = {"dtype": dtype} if dtype is not None else {}
+        model = AutoModelForCausalLM.from_config(model_path_or_config, **kw, **hf_kwargs)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(model_path_or_config), dtype=dtype or torch.float32,
+                                                     **hf_kwargs)
+    return model
+
+
+def release_hf_deepspeed_config() -> None:
+    """Forget the HfDeepSpeedConfig so later from_pretrained calls in this process build ordinary models."""
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    _KEEP_ALIVE.clear()
+    unset_hf_deepspeed_config()
+
+
+def partitioned_numel(model: torch.nn.Module) -> tuple[int, int]:
+    """(elements this rank holds, elements of the whole model): under ZeRO-3 the first is about 1/ranks of the second."""
+    local = total = 0
+    for p in model.parameters():
+        if hasattr(p, "ds_tensor"):
+            local += p.ds_tensor.numel()
+            total += p.ds_numel
+        else:
+            local += p.numel()
+            total += p.numel()
+    return local, total
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the engine
+
+
+class DeepSpeedEngine(Engine):
+    """`deepspeed.initialize` with the paper's AdamW + schedule; one `step()` per optimiser step of the loop.
+
+    The loop calls backward(loss / accum) `accum` times then step(); DeepSpeed's own accumulation counter is driven
+    accordingly (its intermediate step() calls only count micro-batches), so its gradient-accumulation boundary —
+    where ZeRO reduces and partitions gradients — is the loop's last micro-batch."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        optim_cfg,
+        train_cfg,
+        ds_config: dict | str | Path,
+        ds_overrides: dict | None = None,
+        offload: bool = False,
+        activation_checkpointing: bool = False,
+        resolved: bool = False,
+    ):
+        deepspeed = prepare_deepspeed()
+        self._deepspeed = deepspeed
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+        if resolved:
+            if not isinstance(ds_config, dict):
+                raise TypeError("resolved=True needs the resolved DeepSpeed config as a dict")
+            self.ds_config = copy.deepcopy(ds_config)
+        else:
+            self.ds_config = resolve_ds_config(ds_config, train_cfg=train_cfg, optim_cfg=optim_cfg, world_size=self.world,
+                                               hidden_size=hidden, offload=offload, overrides=ds_overrides)
+        if activation_checkpointing:
+            if not hasattr(model, "gradient_checkpointing_enable"):
+                raise ConfigError("engine.activation_checkpointing needs a transformers model (gradient_checkpointing_enable)")
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.gas = int(self.ds_config["gradient_accumulation_steps"])
+        self.stage = zero_stage(self.ds_config)
+
+        groups = param_groups([p for p in model.parameters() if p.requires_grad], optim_cfg.weight_decay)
+        if not groups:
+            raise ValueError("DeepSpeedEngine: the model has no trainable parameters")
+        if offloads_optimizer(self.ds_config) and self.ds_config.get("zero_force_ds_cpu_optimizer", True):
+            # ZeRO-Offload steps the optimiser on CPU: DeepSpeed's CPU Adam in AdamW mode is the same update rule.
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            optimizer = DeepSpeedCPUAdam(groups, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps,
+                                         weight_decay=optim_cfg.weight_decay, adamw_mode=True)
+        else:
+            optimizer = build_adamw(groups, optim_cfg.lr, optim_cfg.weight_decay, optim_cfg.betas, optim_cfg.eps)
+        total, warm, final = train_cfg.steps, optim_cfg.warmup_frac, optim_cfg.final_lr_frac
+        self.ds, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model,
+            optimizer=optimizer,
+            lr_scheduler=lambda opt: build_scheduler(opt, total, warm, final),
+            config=self.ds_config,
+        )
+        self.module = self.ds  # the task calls engine.module(...): DeepSpeed's forward gathers ZeRO-3 params
+        self.model = self.ds.module  # the underlying transformers model
+        self._managed = bool(getattr(self.ds, "managed_gradient_accumulation", lambda: True)())
+        self._micro = 0
+
+    # ---- training
+    def backward(self, loss: torch.Tensor) -> None:
+        if self._micro >= self.gas:
+            raise RuntimeError(
+                f"DeepSpeedEngine: {self._micro + 1} backward() calls before step(), but gradient_accumulation_steps="
+                f"{self.gas}; the loop and the DeepSpeed config disagree"
+            )
+        self.ds.backward(loss, scale_wrt_gas=False)  # the loop already divided by the accumulation steps
+        self._micro += 1
+        if self._managed and self._micro < self.gas:
+            self.ds.step()  # not a boundary: DeepSpeed only counts the micro-batch
+
+    def step(self) -> tuple[float, bool]:
+        if self._micro != self.gas:
+            raise RuntimeError(
+                f"DeepSpeedEngine.step() after {self._micro} backward() calls; gradient_accumulation_steps={self.gas}"
+            )
+        self.ds.step()
+        self._micro = 0
+        applied = bool(self.ds.was_step_applied())
+        norm = self.ds.get_global_grad_norm()
+        norm = float(norm) if norm is not None else float("nan")
+        if not applied:
+            # DeepSpeed skipped the update (non-finite gradients on some rank: its norm is inf/nan on every rank and
+            # the gradients were dropped) but does not advance the schedule; keep lr a function of the loop's step.
+            self.scheduler.step()
+        elif not math.isfinite(norm):
+            raise RuntimeError(f"DeepSpeed applied a step with gradient norm {norm}; refusing to continue")
+        return norm, applied
+
+    def lr(self) -> float:
+        return float(self.ds.get_lr()[0])
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.ds.device)
+
+    # ---- checkpoints
+    def save(self, directory: Path) -> None:
+        ok = self.ds.save_checkpoint(str(directory), tag=DS_TAG, client_state={"s2t2_world_size": self.world},
+                                     save_latest=False)
+        if ok is False:
+            raise RuntimeError(f"DeepSpeed could not save a checkpoint into {directory}")
+
+    def load(self, directory: Path) -> None:
+        d = Path(directory) / DS_TAG
+        if not d.is_dir():
+            raise FileNotFoundError(f"checkpoint {directory}: no DeepSpeed state ({d.name}/ is missing)")
+        path, client = self.ds.load_checkpoint(str(directory), tag=DS_TAG, load_module_strict=True,
+                                               load_optimizer_states=True, load_lr_scheduler_states=True)
+        if path is None:
+            raise RuntimeError(f"checkpoint {directory}: DeepSpeed could not load {d}")
+        w = (client or {}).get("s2t2_world_size")
+        if w is not None and w != self.world:
+            raise RuntimeError(f"checkpoint {directory} was written by {w} ranks, this run has {self.world}")
+
+    # ---- export
+    def consolidated_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full float32 weights (the optimiser's master copy), gathered parameter by parameter; collective: every
+        rank must call it; rank 0 gets the dict, other ranks an empty one. Peak extra memory on a GPU: one parameter."""
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        model = self.model
+        persistent = set(model.state_dict().keys())
+        out: dict[str, torch.Tensor] = {}
+        for name, p in model.named_parameters():
+            full = safe_get_full_fp32_param(p) if p.requires_grad else None
+            if full is None:
+                with self._deepspeed.zero.GatheredParameters([p], modifier_rank=None, enabled=hasattr(p, "ds_id")):
+                    full = p.data.detach().float().clone()
+            if self.rank == 0:
+                out[name] = full.detach().float().cpu().clone()
+            del full
+        for name, b in model.named_buffers():
+            if name in persistent and self.rank == 0:
+                out[name] = b.detach().cpu().clone()
+        return out
+
+    def export_consolidated(self, out_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> Path | None:
+        """Write a plain transformers checkpoint (`save_pretrained`: config + safetensors) of the current weights into
+        out_dir, loadable with `AutoModelForCausalLM.from_pretrained(out_dir)` without DeepSpeed. Collective."""
+        out_dir = Path(out_dir)
+        sd = self.consolidated_state_dict()
+        err = None
+        if self.rank == 0:
+            try:
+                sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
+                self.model.save_pretrained(str(out_dir), state_dict=sd, safe_serialization=True)
+            except BaseException as e:  # noqa: BLE001 - reported on every rank below
+                err = e
+        raise_if_any_failed(err, f"exporting {out_dir}")
+        return out_dir if self.rank == 0 else None
+

@@ -1,0 +1,184 @@
+"""FSDP2 (`torch.distributed.fsdp.fully_shard`) behind the Engine interface.
+
+Each transformer block is its own FSDP unit, then the root (embeddings, final norm, LM head, tied or not). The
+optimiser and schedule are the paper's (train.optim); gradients are clipped with `clip_grad_norm_` on the sharded
+DTensor gradients (the norm is global); a step whose global norm is not finite is skipped on every rank. Checkpoints
+are torch.distributed.checkpoint (DCP) directories of the sharded model + optimiser state; resume is bit-identical on
+CPU float32. bf16 mixed precision (bf16 compute, float32 master weights and gradient reduction) on GPU only.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from s2t2_dist.engines._common import raise_if_any_failed
+from s2t2_dist.engines.base import Engine
+from s2t2_dist.train.optim import build_adamw, build_scheduler
+
+try:  # torch >= 2.6
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+except ImportError:  # pragma: no cover - torch 2.4/2.5
+    from torch.distributed._composable.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+FSDP_DIR = "fsdp"
+
+
+def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks to shard one by one: the classes a transformers model lists in `_no_split_modules`
+    (e.g. OlmoDecoderLayer), else the children of a ModuleList called layers / h / blocks."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if blocks:
+        return blocks
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.ModuleList) and name.split(".")[-1] in ("layers", "h", "blocks"):
+            return list(m)
+    raise ValueError(f"FSDP2Engine: cannot find the transformer blocks of {type(model).__name__}")
+
+
+def local_numel(model: torch.nn.Module) -> tuple[int, int]:
+    """(elements this rank holds, elements of the whole model)."""
+    local = total = 0
+    for p in model.parameters():
+        if hasattr(p, "to_local"):
+            local += p.to_local().numel()
+        else:
+            local += p.numel()
+        total += p.numel()
+    return local, total
+
+
+class FSDP2Engine(Engine):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        optim_cfg,
+        train_cfg,
+        activation_checkpointing: bool = False,
+        offload: bool = False,
+        reshard_after_forward: bool = True,
+        mixed_precision: bool | None = None,
+    ):
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("FSDP2Engine needs torch.distributed initialised (run under torchrun)")
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        gpu = torch.cuda.is_available()
+        device_type = "cuda" if gpu else "cpu"
+        self.mesh = init_device_mesh(device_type, (self.world,))
+        self._device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+        if mixed_precision is None:
+            mixed_precision = gpu and train_cfg.precision in ("bf16", "auto")
+        if mixed_precision and not gpu:
+            warnings.warn("FSDP2Engine: bf16 mixed precision needs a GPU; running in float32", stacklevel=2)
+            mixed_precision = False
+        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision
+              else MixedPrecisionPolicy())
+        kw = {"mesh": self.mesh, "mp_policy": mp, "reshard_after_forward": reshard_after_forward}
+        if offload:
+            if gpu:
+                kw["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
+            else:
+                warnings.warn("FSDP2Engine: offload ignored without a GPU (everything is on CPU already)", stacklevel=2)
+        if activation_checkpointing:
+            if not hasattr(model, "gradient_checkpointing_enable"):
+                raise ValueError("engine.activation_checkpointing needs a transformers model (gradient_checkpointing_enable)")
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        for block in transformer_blocks(model):
+            fully_shard(block, **kw)
+        fully_shard(model, **kw)
+        self.model = model
+        self.module = model
+        self.mixed_precision = mixed_precision
+        self.optimizer = build_adamw([p for p in model.parameters() if p.requires_grad], optim_cfg.lr,
+                                     optim_cfg.weight_decay, optim_cfg.betas, optim_cfg.eps)
+        self.scheduler = build_scheduler(self.optimizer, train_cfg.steps, optim_cfg.warmup_frac, optim_cfg.final_lr_frac)
+        self.grad_clip = optim_cfg.grad_clip
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # Gradients are reduce-scattered after every micro-batch and accumulate sharded (memory-light).
+        loss.backward()
+
+    def step(self) -> tuple[float, bool]:
+        params = [p for p in self.model.parameters() if p.requires_grad and p.grad is not None]
+        max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else float("inf")
+        total = torch.nn.utils.clip_grad_norm_(params, max_norm, error_if_nonfinite=False,
+                                               foreach=None if self._device.type == "cuda" else False)
+        if hasattr(total, "full_tensor"):
+            total = total.full_tensor()  # reduce the per-shard partial norms: the same value on every rank
+        norm = float(total)
+        if not math.isfinite(norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scheduler.step()
+            return norm, False
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return norm, True
+
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    # ---- checkpoints (DCP)
+    def _sched_file(self, directory: Path) -> Path:
+        return Path(directory) / f"fsdp_sched_rank{self.rank:05d}.pt"
+
+    def save(self, directory: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        msd, osd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(Path(directory) / FSDP_DIR))
+        torch.save({"world_size": self.world, "scheduler": self.scheduler.state_dict()}, self._sched_file(directory))
+
+    def load(self, directory: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        d = Path(directory) / FSDP_DIR
+        f = self._sched_file(directory)
+        if not d.is_dir() or not f.is_file():
+            raise FileNotFoundError(f"checkpoint {directory}: no FSDP2 state ({FSDP_DIR}/ or {f.name} is missing)")
+        extra = torch.load(f, map_location="cpu", weights_only=True)
+        if extra["world_size"] != self.world:
+            raise RuntimeError(f"checkpoint {directory} was written by {extra['world_size']} ranks, this run has {self.world}")
+        msd, osd = get_state_dict(self.model, self.optimizer)
+        state = {"model": msd, "optim": osd}
+        try:
+            dcp.load(state, checkpoint_id=str(d))
+        except Exception as e:
+            raise RuntimeError(f"checkpoint {directory}: the FSDP2 state does not match this model/optimiser: {e}") from e
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        self.scheduler.load_state_dict(extra["scheduler"])
+
+    # ---- export
+    def consolidated_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full float32 state dict on rank 0 (CPU), empty on the others. Collective."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def export_consolidated(self, out_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> Path | None:
+        """Plain transformers checkpoint (save_pretrained) of the current weights; loadable without FSDP. Collective."""
+        out_dir = Path(out_dir)
+        sd = self.consolidated_state_dict()
+        err = None
+        if self.rank == 0:
+            try:
+                sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
+                self.model.save_pretrained(str(out_dir), state_dict=sd, safe_serialization=True)
+            except BaseException as e:  # noqa: BLE001
+                err = e
+        raise_if_any_failed(err, f"exporting {out_dir}")
+        return out_dir if self.rank == 0 else None
