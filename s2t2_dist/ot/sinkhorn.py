@@ -394,7 +394,9 @@ def sparse_sinkhorn(
 def softmax_sinkhorn(C: Tensor, mu: Tensor, nu: Tensor, n_iter: int = 3, *, validate: bool = True) -> Tensor:
     """The paper's dense baseline: Algorithm 1 with ``mu_i * softmax(row i)`` and ``nu_j * softmax(column j)``.
 
-    Every entry of the result is positive (no sparsity). Autograd through the softmaxes.
+    Every entry of the result is positive (no sparsity); columns sum exactly to ``nu``. The softmax maps are not
+    projections, so unlike the sparse version the rows are not guaranteed to converge to ``mu`` with more
+    iterations. Autograd through the softmaxes.
     """
     if validate:
         validate_plan_inputs(C, mu, nu)
