@@ -500,11 +500,20 @@ class SimplexProjector:
         tau = tau64.to(cdt)
         counts_f = counts.to(cdt)
         full = counts == n_total
-        # ---- adapt for the next call (decisions on global values: identical on every rank)
         nfull = int(full.sum())
+        support = self._build_support(z3, tau, counts, counts_f, full, nfull, covered, vals, fidx, pieces,
+                                      need_extract)
+        # ---- adapt for the next call (decisions on reduced values: identical on every rank)
         self._full_first = nfull * 4 > S
-        cmax = int(counts[~full].max()) if nfull < S else 0
-        self._k = min(max(self.k, _next_pow2(cmax + cmax // 4 + 1)), max(self.k, self._k_cap(n_total)))
+        if nfull == S:
+            need = 0
+        elif support.kind in ("sparse", "mixed") and comm.world_size > 1:
+            # candidates needed per RANK: the largest local support of a non-full slice, over all ranks
+            loc = torch.bincount(support.sid, minlength=S)[~full].max() if support.sid.numel() else counts.new_zeros(())
+            need = int(comm.all_reduce(loc.reshape(1).double(), "max"))
+        else:
+            need = int(counts[~full].max())
+        self._k = min(max(self.k, _next_pow2(need + need // 4 + 1)), max(self.k, self._k_cap(n_total)))
         if inplace_ok:
             g = _pad_rows(fidx, self._k, -1)[: self._k]
             if "Rs" in new_guess:
@@ -512,11 +521,18 @@ class SimplexProjector:
                 g = g.clone()
                 g[:, Rs_] = _pad_rows(f2o, self._k, -1)[: self._k]
             self._guess, self._guess_shape = g, shp3
+        return tau, support
+
+    def _build_support(self, z3, tau, counts, counts_f, full, nfull, covered, vals, fidx, pieces, need_extract):
+        O, n, I = z3.shape
+        S = O * I
+        dev = z3.device
+        n_total = self.n_total if self.n_total is not None else n
         if nfull == S:
-            return tau, Support("full", counts_f)
+            return Support("full", counts_f)
         nonfull_nnz = float(counts[~full].sum()) * n / max(n_total, 1)
         if nonfull_nnz > self.sparse_density * z3.numel():
-            return tau, Support("mask", counts_f, mask=z3 > tau.view(O, 1, I))
+            return Support("mask", counts_f, mask=z3 > tau.view(O, 1, I))
         # sparse pieces: covered non-full slices from the first candidates
         c_nf = (covered & ~full).nonzero().squeeze(1)
         if c_nf.numel() and vals.numel():
@@ -542,8 +558,8 @@ class SimplexProjector:
             idx = torch.empty(0, dtype=torch.int64, device=dev)
             sid = torch.empty(0, dtype=torch.int64, device=dev)
         if nfull:
-            return tau, Support("mixed", counts_f, idx, sid, full=full)
-        return tau, Support("sparse", counts_f, idx, sid)
+            return Support("mixed", counts_f, idx, sid, full=full)
+        return Support("sparse", counts_f, idx, sid)
 
     def _k_cap(self, n_total: int) -> int:
         if self.max_k2 is not None:
