@@ -81,13 +81,15 @@ class LocalComm:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def threshold_from_sorted_candidates(cands: Tensor, scale: Union[Tensor, float], dim: int = 0) -> Tuple[Tensor, Tensor]:
+def threshold_from_sorted_candidates(cands: Tensor, scale: Union[Tensor, float], dim: int = 0,
+                                     with_count: bool = True) -> Tuple[Tensor, Optional[Tensor]]:
     """Threshold of the simplex projection restricted to the given candidates.
 
     ``cands`` holds the largest values of each slice, sorted decreasingly along ``dim`` (``-inf`` padding allowed at
     the end). Returns ``(tau, count)`` with ``tau = max_j (cands_1 + ... + cands_j - scale) / j`` (computed in
     float64, shape of ``cands`` without ``dim``) and ``count`` the maximising ``j`` (int64). ``tau`` is a lower bound
     of the threshold of the full slice, and is exact when every element outside the candidates is ``<= tau``.
+    (``with_count=False``: ``count`` is None, one reduction less.)
     """
     c = cands.double()
     n = c.shape[dim]
@@ -100,7 +102,7 @@ def threshold_from_sorted_candidates(cands: Tensor, scale: Union[Tensor, float],
     s = scale if not isinstance(scale, Tensor) else scale.double().unsqueeze(dim)
     t = (cs - s) / j
     # (amax + argmax: max(dim) with indices was pathologically slow on small tensors with 2 busy threads)
-    return t.amax(dim), t.argmax(dim) + 1
+    return t.amax(dim), (t.argmax(dim) + 1 if with_count else None)
 
 
 def michelot_partials(z: Tensor, tau: Tensor, dim: int) -> Tuple[Tensor, Tensor]:
@@ -331,21 +333,19 @@ class SimplexProjector:
         S = O * I
         zf = z3.view(-1)
         valid = guess >= 0
-        gi = guess.clamp(min=0)
-        gv = torch.where(valid, _gather(zf, gi), NEG_INF)
+        gv = torch.where(valid, _gather(zf, guess.clamp(min=0)), NEG_INF)
         if n == 0:
             rest = torch.full((S,), NEG_INF, dtype=z3.dtype, device=z3.device)
         else:
             gflat = guess[valid]
-            saved = zf.index_select(0, gflat)
             zf.index_fill_(0, gflat, NEG_INF)
             rest = z3.amax(1).reshape(-1)
-            zf.index_copy_(0, gflat, saved)
+            zf.index_copy_(0, gflat, gv[valid])
         vals, order = gv.sort(dim=0, descending=True)
         return vals, torch.where(valid, guess, -1).gather(0, order), rest
 
     def _combine(self, vals: Tensor, rest: Tensor, kk: int, scale64: Tensor):
-        """Thresholds from local candidates of every rank: (tau64, counts, covered, jstar).
+        """Thresholds from local candidates of every rank: (tau64, counts, covered).
 
         ``vals`` (kl <= kk, S) sorted local candidates, ``rest`` bounds every local non-candidate. ``tau`` is a lower
         bound, exact (``covered``) when every non-candidate on every rank is <= it."""
@@ -359,12 +359,12 @@ class SimplexProjector:
             rest = g[:, kk].amax(0)
         else:
             cand = vals_p
-        tau64, jstar = threshold_from_sorted_candidates(cand, scale64, dim=0)
+        tau64, _ = threshold_from_sorted_candidates(cand, scale64, dim=0, with_count=False)
         tau = tau64.to(cdt)
-        return tau64, (cand > tau).sum(0), rest <= tau, jstar
+        return tau64, (cand > tau).sum(0), rest <= tau
 
     def _candidates(self, z3: Tensor, k: int, scale64: Tensor, n_total: int):
-        """Cold top-k candidates (all ranks): (tau64, counts, covered, jstar, local values, local flat idx)."""
+        """Cold top-k candidates (all ranks): (tau64, counts, covered, local values, local flat idx)."""
         kk = min(k, n_total)
         vals, fidx, rest = self._cold_candidates(z3, kk)
         return (*self._combine(vals, rest, kk, scale64), vals, fidx)
@@ -412,25 +412,25 @@ class SimplexProjector:
               "full": 0, "second_round": 0, "michelot": 0}
         self.stats = st
         full0 = None
+        guess = self._guess if (inplace_ok and self._guess is not None and self._guess_shape == shp3) else None
         if self._full_first:  # most slices had full support last time (e.g. the paper's init): test that first
             tfull_all, full0 = self._sums_mins(z3, None, n_total, scale)
             if bool(full0.all()):
                 st["full"] = S
                 return tfull_all.to(cdt), Support("full", torch.full((S,), float(n_total), dtype=cdt, device=dev))
         skip = full0 if full0 is not None else torch.zeros(S, dtype=torch.bool, device=dev)
-        guess = self._guess if (inplace_ok and self._guess is not None and self._guess_shape == shp3) else None
         cold = True
         if guess is not None:
             st["warm"] = True
             kg = guess.shape[0]
             vals, fidx, rest = self._guess_candidates(z3, guess)
-            tau64, counts, covered, jstar = self._combine(vals, rest, kg, scale)
+            tau64, counts, covered = self._combine(vals, rest, kg, scale)
             U = (~covered & ~skip).nonzero().squeeze(1)
             cold = U.numel() * 4 > S
             if U.numel() and not cold:  # cold candidates for the few slices the guess missed
                 zU, rdU = _slices_2d(z3, U)
                 zU3 = _as3(zU, rdU)
-                tU, cU, covU, jU, vU, fU = self._candidates(zU3, self._k, scale[U], n_total)
+                tU, cU, covU, vU, fU = self._candidates(zU3, self._k, scale[U], n_total)
                 if fU.numel():
                     fU = _flat_to_orig(fU, tuple(zU3.shape), U, shp3)[0]
                 K = max(kg, vU.shape[0])
@@ -438,9 +438,9 @@ class SimplexProjector:
                 fidx = _pad_rows(fidx, K, -1)
                 vals[:, U] = _pad_rows(vU, K, NEG_INF)
                 fidx[:, U] = _pad_rows(fU.view(vU.shape), K, -1)
-                tau64[U], counts[U], covered[U], jstar[U] = tU, cU, covU, jU
+                tau64[U], counts[U], covered[U] = tU, cU, covU
         if cold:
-            tau64, counts, covered, jstar, vals, fidx = self._candidates(z3, self._k, scale, n_total)
+            tau64, counts, covered, vals, fidx = self._candidates(z3, self._k, scale, n_total)
         pieces = []  # (flat idx, slice id) of support elements of non-full slices, local
         need_extract = None  # slices whose support must be extracted by a pass (Michelot results)
         new_guess = {}  # slice ids -> better candidate positions found below
@@ -464,7 +464,8 @@ class SimplexProjector:
         st["uncovered"] = int(F.numel())
         if Rs.numel():
             t0 = torch.maximum(tau64[Rs], tfR)
-            prev = torch.where(tfR >= tau64[Rs], torch.full_like(jstar[Rs], n_total), jstar[Rs])
+            # count of the set whose threshold t0 is (n_total if the full-support bound won, unknown otherwise)
+            prev = torch.where(tfR >= tau64[Rs], n_total, -1).long()
             zR, rdR = _slices_2d(z3, Rs)
             ssum, c0 = michelot_partials(zR, t0.to(cdt).unsqueeze(rdR), rdR)
             c0 = comm.all_reduce(c0.double(), "sum").long()
@@ -474,7 +475,7 @@ class SimplexProjector:
                 # second round: the top kmax + 1 candidates contain {z > t0} (a superset of the support) and one
                 # element <= t0 <= tau, so the candidate threshold is exact (covered)
                 st["second_round"] = int(Rs.numel())
-                t2, c2, cov2, _, v2, f2 = self._candidates(zR3, kmax + 1, scale[Rs], n_total)
+                t2, c2, cov2, v2, f2 = self._candidates(zR3, kmax + 1, scale[Rs], n_total)
                 tau64[Rs] = t2
                 counts[Rs] = c2
                 if v2.numel():
