@@ -1,0 +1,212 @@
+"""Benchmark of the fused sparse Sinkhorn at OLMo shapes (CPU), against autograd through a sort-based sparsemax.
+
+    PYTHONPATH=. python bench/bench_sinkhorn.py --u 512
+    PYTHONPATH=. python bench/bench_sinkhorn.py --u 4096 --naive-rows 6288
+
+Per state of C ("init": every entry 1/v, the paper's initialisation, all ties; "moved": 1/v + N(0, 1e-3)):
+
+* time of forward and backward (3 Dykstra iterations, float32), best of ``--repeats``: "cold" = a fresh solver each
+  call, "warm" = a persistent solver (as the TokenTranslator uses from one training step to the next);
+* the naive reference in the same run: autograd through a sort-based scaled sparsemax (torch.sort + cumsum),
+  measured once; with ``--naive-rows R`` on the first R rows only and scaled by v/R (its column sorts are then
+  shorter, so the scaled figure UNDERestimates the naive time: the speed-up is conservative);
+* a memory-traffic floor: ``t_copy`` = best time of ``B.copy_(C)`` into an existing buffer, in the same run. Full
+  passes over C-sized data that ANY exact implementation must make: each of the 2 * n_iter projections reads its
+  whole input once, the forward writes P once, the backward reads the upstream gradient once and writes dC once:
+  ``2 * n_iter + 3`` passes (9 for n_iter = 3). Each pass is charged a whole copy (a copy reads AND writes C, a
+  pass does one of the two, so this floor is generous, up to 2x above the pure byte count);
+* peak extra memory of one forward + backward, in a child process: the kernel's peak RSS (VmHWM, reset through
+  /proc/self/clear_refs just before the call) minus the RSS before it, with C and the upstream gradient already
+  allocated. It includes the result P and dC (2 x C by themselves).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import torch
+
+from s2t2_dist.ot.sinkhorn import SparseSinkhorn, dykstra
+
+
+def naive_sparsemax(Z: torch.Tensor, scale: torch.Tensor, dim: int) -> torch.Tensor:
+    """Scaled sparsemax by a full sort, differentiated by autograd (the reference the targets compare with)."""
+    Zm = Z.movedim(dim, -1)
+    zs = Zm.sort(-1, descending=True).values
+    cs = zs.cumsum(-1)
+    j = torch.arange(1, Zm.shape[-1] + 1, dtype=Z.dtype)
+    tau = ((cs - scale.unsqueeze(-1)) / j).amax(-1, keepdim=True)
+    return (Zm - tau).clamp(min=0).movedim(-1, dim)
+
+
+def naive_sinkhorn(C, mu, nu, n_iter):
+    return dykstra(C, lambda Z: naive_sparsemax(Z, mu, 1), lambda Z: naive_sparsemax(Z, nu, 0), n_iter)
+
+
+def make_C(v, u, state, seed=0):
+    C = torch.empty(v, u)
+    if state == "init":
+        C.fill_(1.0 / v)
+    else:
+        C.normal_(1.0 / v, 1e-3, generator=torch.Generator().manual_seed(seed))
+    return C
+
+
+def best(fn, repeats):
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return min(ts)
+
+
+def fwd_bwd(solver_fn, C, G):
+    Cg = C.detach().requires_grad_(True)
+    t0 = time.perf_counter()
+    P = solver_fn(Cg)
+    t1 = time.perf_counter()
+    P.backward(G)
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t1, P, Cg.grad
+
+
+def _status(key):
+    return int(re.search(rf"{key}:\s+(\d+)", open("/proc/self/status").read()).group(1)) * 1024
+
+
+def memory_child(args):
+    v, u = args.v, args.u
+    torch.manual_seed(0)
+    C = make_C(v, u, args.state)
+    G = torch.empty(v, u).normal_(generator=torch.Generator().manual_seed(1))
+    mu, nu = torch.full((v,), 1.0 / v), torch.full((u,), 1.0 / u)
+    if args.impl == "naive":
+        rows = args.naive_rows or v
+        C, G, mu = C[:rows].clone(), G[:rows].clone(), torch.full((rows,), 1.0 / rows)
+        fn = lambda c: naive_sinkhorn(c, mu, nu, args.iters)  # noqa: E731
+    else:
+        solver = SparseSinkhorn(mu, nu)
+        fn = lambda c: solver(c, args.iters)  # noqa: E731
+        fwd_bwd(fn, C, G)  # warm the solver; the measured call is a steady-state training step
+    import gc
+
+    gc.collect()
+    base = _status("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    fwd_bwd(fn, C, G)
+    peak = _status("VmHWM")
+    print(json.dumps({"extra_bytes": peak - base, "C_bytes": C.numel() * 4}))
+
+
+def run_memory(args, impl, state):
+    cmd = [sys.executable, __file__, "--child-memory", "--impl", impl, "--state", state, "--v", str(args.v),
+           "--u", str(args.u), "--iters", str(args.iters), "--naive-rows", str(args.naive_rows or 0)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
+    if out.returncode != 0:
+        return {"error": out.stderr[-2000:]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--v", type=int, default=50304)
+    ap.add_argument("--u", type=int, default=512)
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--states", default="init,moved")
+    ap.add_argument("--naive-rows", type=int, default=0, help="naive reference on the first R rows, scaled by v/R")
+    ap.add_argument("--skip-naive", action="store_true")
+    ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--json", default="", help="also write the results here")
+    ap.add_argument("--child-memory", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--impl", default="fused", help=argparse.SUPPRESS)
+    ap.add_argument("--state", default="moved", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child_memory:
+        return memory_child(args)
+    v, u, n = args.v, args.u, args.iters
+    print(f"# sparse Sinkhorn benchmark: C = {v} x {u} float32, {n} Dykstra iterations, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads")
+    mu, nu = torch.full((v,), 1.0 / v), torch.full((u,), 1.0 / u)
+    results = {"v": v, "u": u, "iters": n, "threads": torch.get_num_threads(), "states": {}}
+    passes = 2 * n + 3
+    for state in args.states.split(","):
+        C = make_C(v, u, state)
+        G = torch.empty(v, u).normal_(generator=torch.Generator().manual_seed(1))
+        B = torch.empty_like(C)
+        t_copy = best(lambda: B.copy_(C), 7)
+        del B
+        r = {"t_copy": t_copy}
+        # cold: a fresh solver every call
+        cold = [fwd_bwd(lambda c: SparseSinkhorn(mu, nu)(c, n), C, G)[:2] for _ in range(args.repeats)]
+        # warm: one persistent solver, as in training
+        solver = SparseSinkhorn(mu, nu)
+        fwd_bwd(lambda c: solver(c, n), C, G)
+        warm = [fwd_bwd(lambda c: solver(c, n), C, G)[:2] for _ in range(args.repeats)]
+        _, _, P, dC = fwd_bwd(lambda c: solver(c, n), C, G)
+        r["cold_fwd"], r["cold_bwd"] = min(c[0] for c in cold), min(c[1] for c in cold)
+        r["warm_fwd"], r["warm_bwd"] = min(w[0] for w in warm), min(w[1] for w in warm)
+        r["kinds"] = [s for s in getattr(P.grad_fn, "stats", [])]
+        r["density"] = float((P > 0).float().mean())
+        r["row_err"] = float((P.double().sum(1) - mu.double()).abs().max())
+        r["floor"] = passes * t_copy
+        if not args.skip_naive:
+            rows = args.naive_rows or v
+            Cs, Gs = C[:rows].clone(), G[:rows].clone()
+            mus = torch.full((rows,), 1.0 / rows)
+            f, b, Pn, dCn = fwd_bwd(lambda c: naive_sinkhorn(c, mus, nu, n), Cs, Gs)
+            scale = v / rows
+            r["naive_fwd"], r["naive_bwd"], r["naive_rows"] = f * scale, b * scale, rows
+            if rows == v:  # same problem: check that both agree
+                r["naive_max_abs_diff_P"] = float((Pn - P).abs().max())
+                r["naive_max_abs_diff_grad"] = float((dCn - dC).abs().max())
+            del Pn, dCn, Cs, Gs
+        del P, dC
+        if not args.skip_memory:
+            r["mem_fused"] = run_memory(args, "fused", state)
+            if not args.skip_naive:
+                r["mem_naive"] = run_memory(args, "naive", state)
+        results["states"][state] = r
+        _report(state, r, passes, v, u)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+def _report(state, r, passes, v, u):
+    tot_w = r["warm_fwd"] + r["warm_bwd"]
+    tot_c = r["cold_fwd"] + r["cold_bwd"]
+    print(f"\n## C state: {state}  (P density {r['density']:.3f}, max |P1 - mu| after the iterations "
+          f"{r['row_err']:.3g} = {r['row_err'] * v:.3g} mu_i)")
+    print(f"- copy of C: {r['t_copy'] * 1e3:.1f} ms; floor = {passes} passes x copy = {r['floor']:.3f} s")
+    print(f"- fused, warm solver: forward {r['warm_fwd']:.3f} s + backward {r['warm_bwd']:.3f} s = {tot_w:.3f} s "
+          f"({tot_w / r['floor']:.2f} x floor)")
+    print(f"- fused, cold solver: forward {r['cold_fwd']:.3f} s + backward {r['cold_bwd']:.3f} s = {tot_c:.3f} s "
+          f"({tot_c / r['floor']:.2f} x floor)")
+    print(f"- supports per projection (kind, nnz): {r['kinds']}")
+    if "naive_fwd" in r:
+        tn = r["naive_fwd"] + r["naive_bwd"]
+        how = "" if r["naive_rows"] == v else f" (measured on {r['naive_rows']} rows, scaled x{v / r['naive_rows']:.2f})"
+        print(f"- naive (autograd through sort): forward {r['naive_fwd']:.2f} s + backward {r['naive_bwd']:.2f} s = "
+              f"{tn:.2f} s{how}; speed-up {tn / tot_w:.1f} x warm, {tn / tot_c:.1f} x cold")
+        if "naive_max_abs_diff_P" in r:
+            print(f"  naive vs fused: max |dP| = {r['naive_max_abs_diff_P']:.2g}, "
+                  f"max |d grad| = {r['naive_max_abs_diff_grad']:.2g}")
+    for k in ("mem_fused", "mem_naive"):
+        m = r.get(k)
+        if m and "extra_bytes" in m:
+            print(f"- peak extra memory, {k[4:]}: {m['extra_bytes'] / 2**20:.0f} MiB = "
+                  f"{m['extra_bytes'] / m['C_bytes']:.2f} x size of its C ({m['C_bytes'] / 2**20:.0f} MiB)")
+        elif m:
+            print(f"- {k}: failed: {m.get('error', '')[-300:]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,413 @@
+"""Dykstra's alternating projections (the paper's Algorithm 1) and the transport plans built on it.
+
+Pure math: no torch.distributed, no I/O. ``C`` is (v, u): source tokens x target tokens; ``mu`` (v) and ``nu`` (u)
+are the row and column marginals (non-negative, each summing to one).
+
+* :func:`dykstra` -- Algorithm 1 with both correction terms, generic in the two projections.
+* :func:`sparse_sinkhorn` -- row sparsemax (scale ``mu_i``) then column sparsemax (scale ``nu_j``); with many
+  iterations it converges to ``argmin ||P - C||_F^2`` s.t. ``P >= 0, P 1 = mu, P^T 1 = nu``. Implemented by a fused
+  autograd Function that saves only the supports of the 2 * n_iter projections and runs the adjoint recursion of
+  Dykstra in closed form (see :class:`_ThresholdDykstra`).
+* :func:`softmax_sinkhorn` -- the paper's dense baseline: scaled softmax in place of sparsemax.
+* :func:`unconstrained_plan` -- ``P = C * nu`` so that the normalised weights ``P / nu`` equal ``C``.
+
+``n_iter`` counts full (row, column) iterations: ``n_iter=3`` is the paper's "iterating 3 times" (its loop
+``for k = 0..n`` runs ``n + 1`` iterations).
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from .sparsemax import SimplexProjector, Support, _gather, compute_dtype, sparsemax
+
+__all__ = [
+    "dykstra",
+    "SparseSinkhorn",
+    "sparse_sinkhorn",
+    "softmax_sinkhorn",
+    "unconstrained_plan",
+    "validate_plan_inputs",
+    "DEFAULT_ROW_K",
+    "DEFAULT_COL_K",
+]
+
+DEFAULT_ROW_K = 8
+DEFAULT_COL_K = 32
+
+Projection = Union[SimplexProjector, Callable[[Tensor], Tensor]]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# validation
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _first_bad(t: Tensor, bad: Tensor) -> str:
+    pos = bad.nonzero()[0].tolist()
+    return f"{t[tuple(pos)].item()} at index {tuple(pos) if len(pos) > 1 else pos[0]}"
+
+
+def validate_plan_inputs(
+    C: Tensor,
+    mu: Tensor,
+    nu: Tensor,
+    atol: float = 1e-4,
+    nu_total: Optional[float] = None,
+    check_C: bool = True,
+) -> None:
+    """Raise ``ValueError`` naming the argument and the offending value/shape if the inputs are not usable.
+
+    ``C`` must be 2-D (v, u) and finite; ``mu`` 1-D of length v, ``nu`` 1-D of length u, both finite and >= 0;
+    ``sum(mu)`` and ``sum(nu)`` must be 1 within ``atol`` (hence equal). ``nu_total``: the sum of the whole ``nu``
+    when ``nu`` is only a column shard (checked instead of ``sum(nu)``).
+    """
+    if not isinstance(C, Tensor) or C.dim() != 2:
+        raise ValueError(f"C must be a 2-D tensor (v x u), got shape {tuple(getattr(C, 'shape', ()))}")
+    if not C.dtype.is_floating_point:
+        raise ValueError(f"C must be a floating point tensor, got dtype {C.dtype}")
+    v, u = C.shape
+    for name, m, n in (("mu", mu, v), ("nu", nu, u)):
+        if not isinstance(m, Tensor) or m.dim() != 1 or m.shape[0] != n:
+            raise ValueError(
+                f"{name} must be a 1-D tensor of length {n} to match C of shape {tuple(C.shape)}, "
+                f"got shape {tuple(getattr(m, 'shape', ()))}")
+        bad = ~torch.isfinite(m)
+        if bool(bad.any()):
+            raise ValueError(f"{name} must be finite, got {_first_bad(m, bad)}")
+        neg = m < 0
+        if bool(neg.any()):
+            raise ValueError(f"{name} must be non-negative, got {_first_bad(m, neg)}")
+    smu = float(mu.double().sum())
+    snu = float(nu.double().sum()) if nu_total is None else float(nu_total)
+    if abs(smu - 1.0) > atol:
+        raise ValueError(f"mu must sum to 1 (within {atol}), got sum(mu) = {smu!r}")
+    if abs(snu - 1.0) > atol:
+        raise ValueError(f"nu must sum to 1 (within {atol}), got sum(nu) = {snu!r}")
+    if check_C and not bool(torch.isfinite(C.detach().sum())):  # one reduction; details only on failure
+        bad = ~torch.isfinite(C.detach())
+        if bool(bad.any()):
+            raise ValueError(f"C must be finite (no NaN/inf), got {_first_bad(C.detach(), bad)}")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# generic Dykstra (autograd through the given projections)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def dykstra(C: Tensor, row_proj: Projection, col_proj: Projection, n_iter: int = 3) -> Tensor:
+    """Algorithm 1: Dykstra's projections onto C1 (rows) and C2 (columns) with both correction terms.
+
+    ::
+
+        X_0 = C, P_0 = Q_0 = 0
+        for k in range(n_iter):
+            Y_k     = row_proj(X_k + P_k);   P_{k+1} = X_k + P_k - Y_k
+            X_{k+1} = col_proj(Y_k + Q_k);   Q_{k+1} = Y_k + Q_k - X_{k+1}
+        return X_{n_iter}
+
+    ``row_proj`` / ``col_proj``: callables on the whole (v, u) matrix (differentiated by autograd), or
+    :class:`~s2t2_dist.ot.sparsemax.SimplexProjector` objects for rows (scale per row) and columns (scale per
+    column); when both are projectors the fused threshold implementation is used (same result, far less memory and
+    time, gradients by the closed-form adjoint recursion).
+    """
+    if n_iter < 1:
+        raise ValueError(f"n_iter must be >= 1, got {n_iter}")
+    if isinstance(row_proj, SimplexProjector) and isinstance(col_proj, SimplexProjector):
+        return _ThresholdDykstra.apply(C, row_proj, col_proj, int(n_iter))
+    X, P, Q = C, None, None
+    for _ in range(n_iter):
+        A = X if P is None else X + P
+        Y = row_proj(A)
+        P = A - Y
+        B = Y if Q is None else Y + Q
+        X = col_proj(B)
+        Q = B - X
+    return X
+
+
+# --------------------------------------------------------------------------------------------------------------
+# fused threshold Dykstra
+# --------------------------------------------------------------------------------------------------------------
+
+
+class _Iterate:
+    """A projected iterate (Y_k or X_k): dense buffer, or sparse (flat idx, values)."""
+
+    __slots__ = ("dense", "idx", "vals")
+
+    def __init__(self, dense=None, idx=None, vals=None):
+        self.dense, self.idx, self.vals = dense, idx, vals
+
+    def add_into(self, buf: Tensor) -> Optional[Tensor]:
+        """buf += self; returns the dense buffer that is free afterwards (or None)."""
+        if self.dense is not None:
+            buf.add_(self.dense)
+            return self.dense
+        buf.view(-1).index_add_(0, self.idx, self.vals)
+        return None
+
+    def to_dense(self, like: Tensor) -> Tensor:
+        if self.dense is not None:
+            return self.dense
+        out = torch.zeros_like(like)
+        out.view(-1).index_copy_(0, self.idx, self.vals)
+        return out
+
+
+def _project_inplace(z: Tensor, shp3: Tuple[int, int, int], tau: Tensor, sup: Support,
+                     spare: Optional[Tensor]) -> Tuple[_Iterate, bool]:
+    """Output ``max(z - tau, 0)``; ``z`` becomes the correction ``z - output = min(z, tau)`` in place.
+
+    ``z`` is a contiguous buffer, seen as ``shp3`` = (O, n, I) with slices along dim 1. Returns (iterate, whether
+    the dense buffer ``spare`` (same shape as ``z``) was used for the output). Off the support ``z <= tau``
+    already, so only support entries of ``z`` change (to ``tau``).
+    """
+    O, n, I = shp3
+    zf = z.view(-1)
+    if sup.kind == "sparse":
+        t = tau.index_select(0, sup.sid)
+        vals = zf.index_select(0, sup.idx) - t
+        zf.index_copy_(0, sup.idx, t)
+        return _Iterate(idx=sup.idx, vals=vals), False
+    z3 = z.view(shp3)
+    t = tau.view(O, 1, I)
+    out = spare if spare is not None else torch.empty_like(z)
+    out3 = out.view(shp3)
+    if sup.kind == "full":
+        torch.sub(z3, t, out=out3)
+        z3.copy_(t.expand_as(z3))
+    elif sup.kind == "mask":
+        torch.sub(z3, t, out=out3)
+        out3.clamp_(min=0)
+        z3.clamp_(max=t)
+    else:  # mixed: whole full slices + sparse entries of the others
+        f = sup.full.view(O, 1, I)
+        ff = f.to(z.dtype)
+        t_s = tau.index_select(0, sup.sid)
+        vals = zf.index_select(0, sup.idx) - t_s
+        torch.addcmul(-t * ff, z3, ff, out=out3)
+        torch.where(f, t, z3, out=z3)
+        out.view(-1).index_copy_(0, sup.idx, vals)
+        zf.index_copy_(0, sup.idx, t_s)
+    return _Iterate(dense=out), spare is not None
+
+
+def _bwd_step(gin: Tensor, gcorr: Optional[Tensor], sup: Support, proj: SimplexProjector,
+              shp3: Tuple[int, int, int]) -> Tensor:
+    """Adjoint of one projection + correction update: ``where(S, gin - m, gcorr)``, ``m = mean_S(gin - gcorr)``.
+
+    (``gcorr`` None means zero.) Writes into ``gcorr`` when given and returns it.
+    """
+    O, n, I = shp3
+    cnt = sup.counts.clamp(min=1)
+    kind = sup.kind
+    g3 = gin.view(shp3)
+    c3 = None if gcorr is None else gcorr.view(shp3)
+    if kind in ("sparse", "mixed"):
+        gi = _gather(gin, sup.idx)
+        hv = gi if gcorr is None else gi - _gather(gcorr, sup.idx)
+        dense_sums = None
+        if kind == "mixed":
+            dense_sums = g3.sum(1).reshape(-1)
+            if c3 is not None:
+                dense_sums = dense_sums - c3.sum(1).reshape(-1)
+        m = proj.slice_sums(shp3, sup, hvals=hv, dense_sums=dense_sums) / cnt
+        if kind == "sparse":
+            if gcorr is None:
+                gcorr = torch.zeros_like(gin)
+        else:
+            f = sup.full.view(O, 1, I)
+            mf = m.view(O, 1, I) * f
+            if gcorr is None:
+                gcorr = torch.addcmul(-mf, g3, f.to(gin.dtype)).view(gin.shape)
+            else:
+                torch.where(f, g3, c3, out=c3)
+                c3.sub_(mf)
+        gcorr.view(-1).index_copy_(0, sup.idx, gi - m.index_select(0, sup.sid))
+        return gcorr
+    if kind == "full":
+        s = g3.sum(1).reshape(-1)
+        if c3 is not None:
+            s = s - c3.sum(1).reshape(-1)
+        m = proj.comm.all_reduce(s, "sum") / cnt
+        if gcorr is None:
+            gcorr = torch.empty_like(gin)
+        torch.sub(g3, m.view(O, 1, I), out=gcorr.view(shp3))
+        return gcorr
+    h = g3.clone() if c3 is None else g3 - c3
+    h.mul_(sup.mask)
+    m = proj.comm.all_reduce(h.sum(1).reshape(-1), "sum") / cnt
+    torch.sub(g3, m.view(O, 1, I), out=h)
+    if gcorr is None:
+        return h.mul_(sup.mask).view(gin.shape)
+    torch.where(sup.mask, h, c3, out=c3)
+    return gcorr
+
+
+class _ThresholdDykstra(torch.autograd.Function):
+    """Dykstra with simplex projections, forward in place on three (v, u) buffers, backward in closed form.
+
+    Forward buffers: ``P`` (holds A_k = X_k + P_k, then P_{k+1} = min(A_k, tau_row)), ``Q`` (B_k, then Q_{k+1}),
+    and the projected iterates (sparse index/value lists when the support is small). Saved for backward: only the
+    2 * n_iter supports (indices, a bool mask, or nothing when the support is full) and per-slice counts.
+
+    Backward (adjoint of ``A = X + P; Y = R(A); P' = A - Y; B = Y + Q; X' = K(B); Q' = B - X'``, with R, K the
+    symmetric Jacobians ``J h = S * (h - mean_S h)``)::
+
+        gB = where(S_K, gX' - mean_S_K(gX' - gQ'), gQ');  gQ = gY = gB
+        gA = where(S_R, gB  - mean_S_R(gB  - gP'), gP');  gP = gX = gA
+    starting from gX = grad_output, gP = gQ = 0; the gradient of C is gA of the first iteration.
+    """
+
+    @staticmethod
+    def forward(ctx, C: Tensor, row_proj: SimplexProjector, col_proj: SimplexProjector, n_iter: int):
+        cdt = compute_dtype(C.dtype)
+        v, u = C.shape
+        r3, c3 = (v, u, 1), (1, v, u)
+        P = C.detach().to(cdt, copy=True).contiguous()  # A_0 = X_0 + P_0 = C
+        Q: Optional[Tensor] = None
+        X: Optional[_Iterate] = None
+        spare: Optional[Tensor] = None
+        sups: List[Support] = []
+        for _ in range(n_iter):
+            if X is not None:
+                freed = X.add_into(P)
+                spare = freed if freed is not None else spare
+            tau, sup = row_proj.threshold(P.view(r3), inplace_ok=True)
+            Y, used = _project_inplace(P, r3, tau, sup, spare)
+            if used:
+                spare = None
+            sups.append(sup)
+            if Q is None:
+                if Y.dense is not None:
+                    Q = Y.dense
+                else:
+                    Q = torch.zeros_like(P)
+                    Q.view(-1).index_copy_(0, Y.idx, Y.vals)
+            else:
+                freed = Y.add_into(Q)
+                spare = freed if freed is not None else spare
+            tau, sup = col_proj.threshold(Q.view(c3), inplace_ok=True)
+            X, used = _project_inplace(Q, c3, tau, sup, spare)
+            if used:
+                spare = None
+            sups.append(sup)
+        out = X.to_dense(P).view(v, u)
+        del P, Q, spare
+        ctx.kinds = [s.kind for s in sups]
+        ctx.row_proj, ctx.col_proj = row_proj, col_proj
+        ctx.shape = (v, u)
+        ctx.in_dtype = C.dtype
+        flat = []
+        for s in sups:
+            flat += s.tensors()
+        ctx.save_for_backward(*flat)
+        ctx.stats = [(s.kind, s.nnz()) for s in sups]
+        return out.to(C.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g: Tensor):
+        saved = ctx.saved_tensors
+        sups = [Support(kind, *saved[5 * i: 5 * i + 5]) for i, kind in enumerate(ctx.kinds)]
+        v, u = ctx.shape
+        cdt = sups[0].counts.dtype
+        gX = g.to(cdt).contiguous()
+        gP: Optional[Tensor] = None
+        gQ: Optional[Tensor] = None
+        for it in reversed(range(len(sups) // 2)):
+            gQ = _bwd_step(gX, gQ, sups[2 * it + 1], ctx.col_proj, (1, v, u))
+            gP = _bwd_step(gQ, gP, sups[2 * it], ctx.row_proj, (v, u, 1))
+            gX = gP
+        return gP.to(ctx.in_dtype), None, None, None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# public plans
+# --------------------------------------------------------------------------------------------------------------
+
+
+class SparseSinkhorn:
+    """Sparse Sinkhorn with persistent projectors: call it every training step for warm starts.
+
+    The projectors remember the candidate positions, candidate count and full-support pattern of their last call;
+    the result never depends on that state (exact thresholds, supports in canonical order), only the time does.
+    ``P = SparseSinkhorn(mu, nu)(C, n_iter)``.
+    """
+
+    def __init__(self, mu: Tensor, nu: Tensor, row_k: int = DEFAULT_ROW_K, col_k: int = DEFAULT_COL_K,
+                 validate: bool = True):
+        self.mu, self.nu = mu, nu
+        self.validate = validate
+        cdt = compute_dtype(mu.dtype) if mu.dtype.is_floating_point else torch.float32
+        self.rows = SimplexProjector(mu.detach().to(cdt), k=row_k)
+        self.cols = SimplexProjector(nu.detach().to(cdt), k=col_k)
+
+    def __call__(self, C: Tensor, n_iter: int = 3) -> Tensor:
+        if self.validate:
+            validate_plan_inputs(C, self.mu, self.nu)
+        cdt = compute_dtype(C.dtype)
+        for p, m in ((self.rows, self.mu), (self.cols, self.nu)):
+            if p.scale.dtype != cdt or p.scale.device != C.device:
+                p.scale = m.detach().to(device=C.device, dtype=cdt)
+        return dykstra(C, self.rows, self.cols, n_iter)
+
+
+def sparse_sinkhorn(
+    C: Tensor,
+    mu: Tensor,
+    nu: Tensor,
+    n_iter: int = 3,
+    *,
+    row_k: int = DEFAULT_ROW_K,
+    col_k: int = DEFAULT_COL_K,
+    validate: bool = True,
+    implementation: str = "fused",
+) -> Tensor:
+    """Sparse Sinkhorn (Algorithm 1 with scaled sparsemax): ``P`` (v, u) with rows ~ ``mu``, columns = ``nu``.
+
+    Differentiable in ``C`` (``mu`` and ``nu`` are constants). After the last (column) projection the column sums
+    are exact; the row sums converge as ``n_iter`` grows. ``implementation``: ``"fused"`` (default; in-place
+    buffers, closed-form backward) or ``"autograd"`` (generic :func:`dykstra` with :func:`sparsemax` callables; for
+    checking). ``row_k`` / ``col_k``: threshold candidates per row / column (speed only).
+    """
+    if validate:
+        validate_plan_inputs(C, mu, nu)
+    cdt = compute_dtype(C.dtype)
+    mu_c = mu.detach().to(device=C.device, dtype=cdt)
+    nu_c = nu.detach().to(device=C.device, dtype=cdt)
+    if implementation == "fused":
+        return SparseSinkhorn(mu_c, nu_c, row_k, col_k, validate=False)(C, n_iter)
+    if implementation == "autograd":
+        return dykstra(
+            C,
+            lambda Z: sparsemax(Z, mu_c.to(Z.dtype).unsqueeze(1), dim=1, k=row_k),
+            lambda Z: sparsemax(Z, nu_c.to(Z.dtype).unsqueeze(0), dim=0, k=col_k),
+            n_iter,
+        )
+    raise ValueError(f"implementation must be 'fused' or 'autograd', got {implementation!r}")
+
+
+def softmax_sinkhorn(C: Tensor, mu: Tensor, nu: Tensor, n_iter: int = 3, *, validate: bool = True) -> Tensor:
+    """The paper's dense baseline: Algorithm 1 with ``mu_i * softmax(row i)`` and ``nu_j * softmax(column j)``.
+
+    Every entry of the result is positive (no sparsity); columns sum exactly to ``nu``. The softmax maps are not
+    projections, so unlike the sparse version the rows are not guaranteed to converge to ``mu`` with more
+    iterations. Autograd through the softmaxes.
+    """
+    if validate:
+        validate_plan_inputs(C, mu, nu)
+    mu_c = mu.detach().to(device=C.device, dtype=C.dtype).unsqueeze(1)
+    nu_c = nu.detach().to(device=C.device, dtype=C.dtype).unsqueeze(0)
+    return dykstra(C, lambda Z: mu_c * torch.softmax(Z, 1), lambda Z: nu_c * torch.softmax(Z, 0), n_iter)
+
+
+def unconstrained_plan(C: Tensor, nu: Tensor) -> Tensor:
+    """The unconstrained baseline ``P = C * nu[None, :]``: its normalised weights ``P / nu`` are ``C`` itself
+    (convex combinations only while the columns of ``C`` stay on the simplex, e.g. at the init ``C = 1/v``)."""
+    if nu.dim() != 1 or nu.shape[0] != C.shape[-1]:
+        raise ValueError(f"nu must be a 1-D tensor of length {C.shape[-1]}, got shape {tuple(nu.shape)}")
+    return C * nu.to(device=C.device, dtype=C.dtype).unsqueeze(0)

@@ -1,0 +1,373 @@
+"""TokenTranslator: the trainable translation C -> P -> (E', L'), optionally column-sharded across ranks.
+
+Shapes (see docs/DESIGN.md): C is v x u (source tokens x target tokens); rank r holds the columns
+``[col_start, col_end)`` (:func:`~s2t2_dist.dist.sharded_sinkhorn.shard_bounds`: the first ``u % R`` ranks get one
+extra column). ``P = sinkhorn(C)`` has rows summing (approximately, after ``n_iter`` iterations) to ``mu`` and
+columns summing exactly to ``nu``.
+
+Normalisations (``E'[j] = sum_i W_E[i, j] E[src_ids[i]]``, ``L'[j] = sum_i W_L[i, j] L[src_ids[i]]``):
+
+* ``"convex"`` (default): ``W_E = W_L = P / nu``; every column of W sums to one (exactly, since the last Dykstra
+  step is the column projection), so E'_j and L'_j are convex combinations of source rows.
+* ``"paper"``: the literal formulas of the paper, ``E' = (P^T (1/mu)) E`` i.e. ``W_E = P_ij / mu_i`` (columns do
+  NOT sum to one in general) and ``L' = (P (1/nu))^T L`` i.e. ``W_L = P / nu``.
+
+Gradient convention when sharded: :meth:`embed_and_head` returns the FULL E' and L' on every rank (all-gather of
+the local rows); in backward the gradient reaching rank r's rows is the MEAN over ranks of their upstream
+gradients. So the gradient on each C shard is the gradient of ``(1/R) sum_q loss_q``: equal to the single-process
+gradient when every rank computes the same loss, and to the DDP-averaged gradient when each rank computes the loss
+of its own micro-batch. Regularisers: add ``alpha * entropy_local()`` on every rank (its local share; no
+collective; the shares sum to H over ranks and their gradients are not averaged), or ``alpha * entropy()`` (the
+global H on every rank, mean convention); both give the objective ``mean_q ce_q + alpha * H``.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from s2t2_dist.dist.sharded_sinkhorn import (
+    DEFAULT_COL_K,
+    DEFAULT_ROW_K,
+    GroupComm,
+    ShardedSparseSinkhorn,
+    all_reduce_sum_mean_grad,
+    gather_rows_mean_grad,
+    shard_bounds,
+    sharded_softmax_sinkhorn,
+    world_of,
+)
+from s2t2_dist.ot.entropy import entropy as _entropy
+from s2t2_dist.ot.sinkhorn import SparseSinkhorn, softmax_sinkhorn, unconstrained_plan, validate_plan_inputs
+
+__all__ = ["TokenTranslator", "KINDS", "NORMALIZATIONS"]
+
+KINDS = ("sparse", "softmax", "unconstrained")
+NORMALIZATIONS = ("convex", "paper")
+
+
+def _safe_inv(x: Tensor) -> Tensor:
+    """1/x where x > 0, 0 elsewhere (a zero marginal has an all-zero row/column of P)."""
+    return torch.where(x > 0, 1.0 / x.clamp(min=torch.finfo(x.dtype).tiny), torch.zeros_like(x))
+
+
+class TokenTranslator(nn.Module):
+    """Trainable translation from ``v`` source tokens to ``u`` target tokens.
+
+    Args:
+        v, u: numbers of source and target tokens.
+        kind: ``"sparse"`` (paper's S2T2: sparse Sinkhorn), ``"softmax"`` (dense Sinkhorn baseline) or
+            ``"unconstrained"`` (``P = C * nu``, so that the weights ``P / nu`` are ``C`` itself).
+        n_iter: Dykstra iterations (paper: 3).
+        normalization: ``"convex"`` or ``"paper"`` (see module docstring).
+        mu, nu: marginals (v), (u); uniform by default; see :meth:`from_frequencies`.
+        group: a torch.distributed process group to shard the columns of C over (None: not sharded).
+        sharded_method: row projection across ranks, ``"threshold"`` or ``"alltoall"``.
+        row_k, col_k: threshold candidates per row / column (speed only).
+        dtype, device: of C (float32 by default).
+
+    ``C`` (parameter, v x u_local) starts at ``1/v``. ``mu`` and ``nu`` (full) are buffers.
+    """
+
+    def __init__(
+        self,
+        v: int,
+        u: int,
+        *,
+        kind: str = "sparse",
+        n_iter: int = 3,
+        normalization: str = "convex",
+        mu: Optional[Tensor] = None,
+        nu: Optional[Tensor] = None,
+        group=None,
+        sharded_method: str = "threshold",
+        row_k: int = DEFAULT_ROW_K,
+        col_k: int = DEFAULT_COL_K,
+        dtype: torch.dtype = torch.float32,
+        device=None,
+    ):
+        super().__init__()
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        if normalization not in NORMALIZATIONS:
+            raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+        if n_iter < 1:
+            raise ValueError(f"n_iter must be >= 1, got {n_iter}")
+        if v < 1 or u < 1:
+            raise ValueError(f"v and u must be >= 1, got v={v}, u={u}")
+        self.v, self.u = int(v), int(u)
+        self.kind, self.n_iter, self.normalization = kind, int(n_iter), normalization
+        self.sharded_method, self.row_k, self.col_k = sharded_method, int(row_k), int(col_k)
+        self.group = group
+        self.rank, self.world_size = world_of(group) if group is not None else (0, 1)
+        self.col_start, self.col_end = shard_bounds(self.u, self.world_size, self.rank)
+        self.col_sizes = [b - a for a, b in (shard_bounds(self.u, self.world_size, r) for r in range(self.world_size))]
+        mu = torch.full((self.v,), 1.0 / self.v, dtype=torch.float64) if mu is None else mu.detach()
+        nu = torch.full((self.u,), 1.0 / self.u, dtype=torch.float64) if nu is None else nu.detach()
+        validate_plan_inputs(torch.empty(self.v, self.u, device="meta"), mu.reshape(-1) if mu.dim() else mu,
+                             nu.reshape(-1) if nu.dim() else nu, check_C=False)
+        self.register_buffer("mu", mu.to(device=device, dtype=dtype).clone())
+        self.register_buffer("nu", nu.to(device=device, dtype=dtype).clone())
+        self.C = nn.Parameter(torch.full((self.v, self.col_end - self.col_start), 1.0 / self.v, dtype=dtype,
+                                         device=device))
+        self._solver = None
+        self._solver_key = None
+        self._comm = None
+        self._cache_grad: Optional[Tuple[int, Tensor]] = None
+        self._cache_val: Optional[Tuple[int, Tensor]] = None
+        self.C.register_post_accumulate_grad_hook(lambda p: self._drop_grad_cache())
+
+    # ------------------------------------------------------------------ construction helpers
+    @classmethod
+    def from_frequencies(cls, source_counts: Tensor, target_counts: Tensor, smoothing: float = 0.0,
+                         **kwargs) -> "TokenTranslator":
+        """Marginals from token counts: ``mu = (source_counts + smoothing) / sum``, same for ``nu``.
+
+        A token with zero mass gets an all-zero row/column of P (its E'/L' row is then zero)."""
+        sc = source_counts.detach().double().reshape(-1) + smoothing
+        tc = target_counts.detach().double().reshape(-1) + smoothing
+        for name, c in (("source_counts", sc), ("target_counts", tc)):
+            if bool((c < 0).any()) or not bool(torch.isfinite(c).all()):
+                raise ValueError(f"{name} must be finite and >= 0")
+            if float(c.sum()) <= 0:
+                raise ValueError(f"{name} sum to zero: no marginal")
+        return cls(sc.numel(), tc.numel(), mu=sc / sc.sum(), nu=tc / tc.sum(), **kwargs)
+
+    @torch.no_grad()
+    def init_from_dense(self, P: Tensor) -> None:
+        """Set C so that the plan starts at (approximately) the given full ``P`` (v x u), e.g. a transferred P.
+
+        sparse: ``C = P`` (a feasible P is its own projection); softmax: ``C = log P`` (tiny floor);
+        unconstrained: ``C = P / nu``."""
+        if tuple(P.shape) != (self.v, self.u):
+            raise ValueError(f"P must be {self.v} x {self.u}, got {tuple(P.shape)}")
+        Pl = P[:, self.col_start: self.col_end].to(device=self.C.device, dtype=torch.float64)
+        if self.kind == "sparse":
+            C = Pl
+        elif self.kind == "softmax":
+            C = Pl.clamp(min=1e-30).log()
+        else:
+            C = Pl * _safe_inv(self.nu_local.double()).unsqueeze(0)
+        self.C.copy_(C.to(self.C.dtype))
+
+    # ------------------------------------------------------------------ plumbing
+    @property
+    def nu_local(self) -> Tensor:
+        return self.nu[self.col_start: self.col_end]
+
+    @property
+    def sharded(self) -> bool:
+        return self.world_size > 1
+
+    def comm(self) -> GroupComm:
+        if self._comm is None:
+            self._comm = GroupComm(self.group)
+        return self._comm
+
+    def _sparse_solver(self):
+        key = (self.C.device, self.C.dtype)
+        if self._solver is None or self._solver_key != key:
+            if self.sharded:
+                self._solver = ShardedSparseSinkhorn(self.mu, self.nu_local, self.u, self.group, self.sharded_method,
+                                                     self.row_k, self.col_k)
+            else:
+                self._solver = SparseSinkhorn(self.mu, self.nu, self.row_k, self.col_k)
+            self._solver_key = key
+        return self._solver
+
+    def _drop_grad_cache(self) -> None:
+        self._cache_grad = None
+
+    def _compute_P(self) -> Tensor:
+        C = self.C
+        if self.kind == "sparse":
+            return self._sparse_solver()(C, self.n_iter)
+        if self.kind == "softmax":
+            if self.sharded:
+                return sharded_softmax_sinkhorn(C, self.mu, self.nu_local, n_iter=self.n_iter, comm=self.comm())
+            return softmax_sinkhorn(C, self.mu, self.nu, self.n_iter)
+        return unconstrained_plan(C, self.nu_local)
+
+    # ------------------------------------------------------------------ the plan
+    def P(self) -> Tensor:
+        """This rank's (v x u_local) block of P (the whole P when not sharded).
+
+        Recomputed only when C has changed: within one step (same C, before backward) the same differentiable
+        tensor is returned, e.g. to both :meth:`embed_and_head` and :meth:`entropy_local`. Under ``no_grad`` a
+        detached cached value is returned while C is unchanged."""
+        ver = self.C._version
+        if torch.is_grad_enabled() and self.C.requires_grad:
+            if self._cache_grad is not None and self._cache_grad[0] == ver:
+                return self._cache_grad[1]
+            P = self._compute_P()
+            self._cache_grad = (ver, P)
+            self._cache_val = (ver, P.detach())
+            return P
+        if self._cache_val is not None and self._cache_val[0] == ver:
+            return self._cache_val[1]
+        with torch.no_grad():
+            P = self._compute_P()
+        self._cache_val = (ver, P)
+        return P
+
+    def weights(self, P: Optional[Tensor] = None, part: str = "embed") -> Tensor:
+        """Normalised local weights W (v x u_local) of ``part`` in {"embed", "head"} (equal for "convex")."""
+        if part not in ("embed", "head"):
+            raise ValueError(f"part must be 'embed' or 'head', got {part!r}")
+        P = self.P() if P is None else P
+        if self.normalization == "paper" and part == "embed":
+            return P * _safe_inv(self.mu).to(P.dtype).unsqueeze(1)
+        return P * _safe_inv(self.nu_local).to(P.dtype).unsqueeze(0)
+
+    def embed_and_head(self, E: Tensor, L: Optional[Tensor] = None, src_ids: Optional[Tensor] = None
+                       ) -> Tuple[Tensor, Tensor]:
+        """(E', L'), both u x d and FULL on every rank.
+
+        ``E``, ``L``: the source model's embedding and head (frozen; ``L`` None or ``L is E`` for tied models);
+        ``src_ids`` (v): the rows of E/L that are the v source tokens (e.g. OLMo's 50280 real tokens of its 50304
+        padded rows); None: E has exactly v rows. Computed in float32 (or C's dtype); cast as needed."""
+        tied = L is None or L is E
+        L = E if L is None else L
+        for name, M in (("E", E), ("L", L)):
+            if M.dim() != 2:
+                raise ValueError(f"{name} must be 2-D (tokens x d), got shape {tuple(M.shape)}")
+        if src_ids is not None:
+            if src_ids.dim() != 1 or src_ids.numel() != self.v:
+                raise ValueError(f"src_ids must be 1-D with v={self.v} entries, got shape {tuple(src_ids.shape)}")
+            E_src = E.index_select(0, src_ids.to(E.device))
+            L_src = E_src if tied else L.index_select(0, src_ids.to(L.device))
+        else:
+            if E.shape[0] != self.v or L.shape[0] != self.v:
+                raise ValueError(f"without src_ids E and L must have v={self.v} rows, got {E.shape[0]}, {L.shape[0]}")
+            E_src, L_src = E, L
+        if E_src.shape[1] != L_src.shape[1]:
+            raise ValueError(f"E and L widths differ: {E_src.shape[1]} vs {L_src.shape[1]}")
+        P = self.P()
+        W_E = self.weights(P, "embed")
+        same_w = self.normalization == "convex"
+        W_L = W_E if same_w else self.weights(P, "head")
+        E_loc = W_E.t() @ E_src.to(P.dtype)
+        L_loc = E_loc if (tied and same_w) else W_L.t() @ L_src.to(P.dtype)
+        if self.sharded:
+            E_full = gather_rows_mean_grad(E_loc, self.col_sizes, self.comm())
+            L_full = E_full if L_loc is E_loc else gather_rows_mean_grad(L_loc, self.col_sizes, self.comm())
+            return E_full, L_full
+        return E_loc, L_loc
+
+    def forward(self, E: Tensor, L: Optional[Tensor] = None, src_ids: Optional[Tensor] = None):
+        return self.embed_and_head(E, L, src_ids)
+
+    # ------------------------------------------------------------------ regularisers and statistics
+    def entropy_local(self) -> Tensor:
+        """This rank's share ``-sum_{local block} P log P`` (differentiable; the shares sum to H over ranks)."""
+        return _entropy(self.P())
+
+    def entropy(self) -> Tensor:
+        """H(P) of the global P on every rank (differentiable, mean-over-ranks gradient convention)."""
+        h = _entropy(self.P())
+        return all_reduce_sum_mean_grad(h.reshape(1), self.comm()).reshape(()) if self.sharded else h
+
+    @torch.no_grad()
+    def nnz_per_row_and_col(self, P: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        """Global non-zeros of P per source row (v) and per target column (u), on every rank."""
+        P = self.P() if P is None else P.detach()
+        nz = P != 0
+        rows = nz.sum(1)
+        cols = nz.sum(0)
+        if self.sharded:
+            c = self.comm()
+            rows = c.all_reduce(rows, "sum")
+            cols = c.all_gather_rows(cols, self.col_sizes)
+        return rows, cols
+
+    @torch.no_grad()
+    def density_stats(self, P: Optional[Tensor] = None) -> Dict[str, float]:
+        """Summary of the non-zeros of the global P (floats, identical on every rank)."""
+        rows, cols = self.nnz_per_row_and_col(P)
+        nnz = int(rows.sum())
+        return {
+            "nnz": float(nnz),
+            "density": nnz / float(self.v * self.u),
+            "row_nnz_mean": float(rows.double().mean()),
+            "row_nnz_max": float(rows.max()),
+            "rows_empty": float((rows == 0).sum()),
+            "col_nnz_mean": float(cols.double().mean()),
+            "col_nnz_min": float(cols.min()),
+            "col_nnz_max": float(cols.max()),
+        }
+
+    @torch.no_grad()
+    def marginal_errors(self, P: Optional[Tensor] = None) -> Dict[str, float]:
+        """Max abs error of the row sums (vs mu) and column sums (vs nu) of the global P after n_iter."""
+        P = self.P() if P is None else P.detach()
+        rs = P.double().sum(1)
+        col_err = (P.double().sum(0) - self.nu_local.double()).abs().max() if P.shape[1] else P.new_zeros(())
+        col_err = col_err.double().reshape(1)
+        if self.sharded:
+            c = self.comm()
+            rs = c.all_reduce(rs, "sum")
+            col_err = c.all_reduce(col_err, "max")
+        row_err = (rs - self.mu.double()).abs().max()
+        return {"row_err": float(row_err), "col_err": float(col_err)}
+
+    # ------------------------------------------------------------------ export
+    @torch.no_grad()
+    def export_sparse(self, P: Optional[Tensor] = None) -> Dict[str, object]:
+        """The local block as COO: ``indices`` (2 x nnz: row, LOCAL column), ``values``, ``col_offset`` (add it to
+        get global columns), ``shape`` (v, u) and ``local_shape``."""
+        P = self.P() if P is None else P.detach()
+        idx = (P != 0).nonzero().t().contiguous()
+        return {"indices": idx, "values": P[idx[0], idx[1]], "col_offset": self.col_start,
+                "shape": (self.v, self.u), "local_shape": tuple(P.shape)}
+
+    @torch.no_grad()
+    def gather_sparse(self, P: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        """The global P as COO on every rank: (indices 2 x nnz with GLOBAL columns, values), row-major order."""
+        ex = self.export_sparse(P)
+        idx = ex["indices"].clone()
+        idx[1] += self.col_start
+        vals = ex["values"]
+        if not self.sharded:
+            return idx, vals
+        c = self.comm()
+        sizes = [int(s) for s in c.all_gather(torch.tensor([vals.numel()], device=vals.device)).reshape(-1)]
+        all_idx = c.all_gather_rows(idx.t().contiguous(), sizes).t()
+        all_vals = c.all_gather_rows(vals, sizes)
+        order = (all_idx[0] * self.u + all_idx[1]).argsort()
+        return all_idx[:, order].contiguous(), all_vals[order]
+
+    @torch.no_grad()
+    def gather_block(self, rows: int, cols: int, P: Optional[Tensor] = None) -> Tensor:
+        """The dense top-left ``rows x cols`` block of the global P (every rank; for heatmaps)."""
+        P = self.P() if P is None else P.detach()
+        rows, cols = min(rows, self.v), min(cols, self.u)
+        a, b = self.col_start, min(self.col_end, cols)
+        mine = P[:rows, : max(b - a, 0)]
+        if not self.sharded:
+            return mine.clone()
+        sizes = [max(min(e, cols) - s, 0) for s, e in (shard_bounds(self.u, self.world_size, r)
+                                                       for r in range(self.world_size))]
+        return self.comm().all_gather_rows(mine.t().contiguous(), sizes).t().contiguous()
+
+    @torch.no_grad()
+    def top_translations(self, k: int = 3, P: Optional[Tensor] = None) -> Dict[int, List[Tuple[int, float]]]:
+        """For every target token j (global id): its ``k`` largest source weights ``(i, W_L[i, j])`` (W = P/nu),
+        zero weights left out. Identical on every rank."""
+        P = self.P() if P is None else P.detach()
+        W = self.weights(P, "head")
+        kk = min(k, self.v)
+        vals, idx = W.t().topk(kk, dim=1) if W.shape[1] else (W.new_zeros(0, kk), W.new_zeros(0, kk).long())
+        if self.sharded:
+            c = self.comm()
+            vals = c.all_gather_rows(vals.contiguous(), self.col_sizes)
+            idx = c.all_gather_rows(idx.contiguous(), self.col_sizes)
+        out = {}
+        for j in range(vals.shape[0]):
+            out[j] = [(int(i), float(w)) for i, w in zip(idx[j].tolist(), vals[j].tolist()) if w > 0]
+        return out
+
+    def extra_repr(self) -> str:
+        return (f"v={self.v}, u={self.u}, kind={self.kind}, n_iter={self.n_iter}, normalization={self.normalization}, "
+                f"columns=[{self.col_start}, {self.col_end}) of {self.u} on rank {self.rank}/{self.world_size}")

@@ -1,0 +1,219 @@
+"""Dykstra / sparse Sinkhorn: fused vs autograd, gradcheck, convergence to the true projection (KKT), baselines,
+validation, warm-start invariance, memory discipline."""
+import pytest
+import torch
+
+from s2t2_dist.ot.entropy import entropy
+from s2t2_dist.ot.sinkhorn import (
+    SparseSinkhorn,
+    dykstra,
+    softmax_sinkhorn,
+    sparse_sinkhorn,
+    unconstrained_plan,
+    validate_plan_inputs,
+)
+from s2t2_dist.ot.sparsemax import sparsemax
+
+
+def _problem(v, u, noise, seed=0, dtype=torch.float64, nonuniform=False):
+    g = torch.Generator().manual_seed(seed)
+    C = (torch.full((v, u), 1.0 / v, dtype=torch.float64) + noise * torch.randn(v, u, generator=g, dtype=torch.float64))
+    if nonuniform:
+        mu = torch.rand(v, generator=g, dtype=torch.float64) + 0.1
+        nu = torch.rand(u, generator=g, dtype=torch.float64) + 0.1
+    else:
+        mu = torch.ones(v, dtype=torch.float64)
+        nu = torch.ones(u, dtype=torch.float64)
+    return C.to(dtype), (mu / mu.sum()).to(dtype), (nu / nu.sum()).to(dtype)
+
+
+def _sort_sparsemax(Z, scale, dim):
+    """Independent reference projection (plain sort, autograd through torch ops)."""
+    Zm = Z.movedim(dim, -1)
+    s = scale.reshape(-1, 1) if scale.dim() else scale
+    zs = Zm.sort(-1, descending=True).values
+    cs = zs.cumsum(-1)
+    j = torch.arange(1, Zm.shape[-1] + 1, dtype=Z.dtype)
+    tau = ((cs - s) / j).max(-1, keepdim=True).values
+    return (Zm - tau).clamp(min=0).movedim(-1, dim)
+
+
+CASES = [(30, 7, 1e-2, False), (200, 40, 1e-2, True), (120, 33, 0.0, False), (500, 64, 1e-3, False),
+         (50, 300, 1.0, True), (64, 9, 1e-4, True)]
+
+
+@pytest.mark.parametrize("v,u,noise,nonuni", CASES)
+def test_fused_equals_autograd_and_sort_reference(v, u, noise, nonuni):
+    C, mu, nu = _problem(v, u, noise, seed=v + u, nonuniform=nonuni)
+    up = torch.randn(v, u, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    grads, outs = [], []
+    for impl in ("fused", "autograd", "sort"):
+        Cg = C.clone().requires_grad_(True)
+        if impl == "sort":
+            P = dykstra(Cg, lambda Z: _sort_sparsemax(Z, mu, 1), lambda Z: _sort_sparsemax(Z, nu, 0), 3)
+        else:
+            P = sparse_sinkhorn(Cg, mu, nu, 3, implementation=impl)
+        (P * up).sum().backward()
+        outs.append(P.detach())
+        grads.append(Cg.grad)
+    for o, g_ in zip(outs[1:], grads[1:]):
+        assert torch.allclose(outs[0], o, atol=1e-14, rtol=0)
+        assert torch.allclose(grads[0], g_, atol=1e-12, rtol=0)
+    P = outs[0]
+    assert (P >= 0).all()
+    assert torch.allclose(P.sum(0), nu, atol=1e-14)  # the last projection is the column one: exact
+
+
+def test_gradcheck_sparse_sinkhorn():
+    for v, u, noise, seed in ((9, 5, 0.05, 0), (6, 8, 0.3, 1), (7, 4, 0.0, 2)):
+        C, mu, nu = _problem(v, u, noise, seed=seed, nonuniform=True)
+        C = C.requires_grad_(True)
+        assert torch.autograd.gradcheck(lambda c: sparse_sinkhorn(c, mu, nu, 3), (C,))
+        assert torch.autograd.gradcheck(lambda c: sparse_sinkhorn(c, mu, nu, 2, implementation="autograd"), (C,))
+
+
+def _kkt_residuals(C, P, mu, nu):
+    """P = max(C - a_i - b_j, 0) for some duals (a, b): fit a, b on the support, check the complementarity."""
+    v, u = C.shape
+    S = P > 1e-12
+    ii, jj = S.nonzero(as_tuple=True)
+    A = torch.zeros(ii.numel(), v + u, dtype=torch.float64)
+    A[torch.arange(ii.numel()), ii] = 1
+    A[torch.arange(ii.numel()), v + jj] = 1
+    rhs = (C - P)[ii, jj]
+    sol = torch.linalg.lstsq(A, rhs.unsqueeze(1)).solution.squeeze(1)
+    a, b = sol[:v], sol[v:]
+    D = C - a[:, None] - b[None, :]
+    on = (D - P)[S].abs().max()
+    off = D[~S].max() if (~S).any() else torch.tensor(-1.0)
+    return float(on), float(off), float((P.sum(1) - mu).abs().max()), float((P.sum(0) - nu).abs().max())
+
+
+@pytest.mark.parametrize("v,u,noise,seed", [(12, 7, 0.05, 0), (20, 10, 0.2, 1), (8, 8, 0.01, 2)])
+def test_converges_to_true_projection(v, u, noise, seed):
+    C, mu, nu = _problem(v, u, noise, seed=seed, nonuniform=True)
+    with torch.no_grad():
+        P = sparse_sinkhorn(C, mu, nu, 1000)
+    on, off, row_err, col_err = _kkt_residuals(C, P, mu, nu)
+    assert row_err < 1e-9 and col_err < 1e-12, (row_err, col_err)
+    assert on < 1e-8, on  # P = C - a - b on the support
+    assert off < 1e-8, off  # C - a - b <= 0 off the support
+    # and it is the minimiser: no feasible perturbation along the KKT directions improves ||P - C||
+    with torch.no_grad():
+        P3 = sparse_sinkhorn(C, mu, nu, 3)
+    assert (P - C).norm() <= (P3 - C).norm() + 1e-12 or float((P3.sum(1) - mu).abs().max()) > 1e-9
+
+
+def test_report_feasibility_of_three_iterations():
+    print()
+    for v, u, noise in ((2000, 64, 1e-3), (2000, 64, 1e-2), (2000, 256, 1e-3)):
+        C, mu, nu = _problem(v, u, noise, seed=3, dtype=torch.float32)
+        for n in (1, 3, 10):
+            with torch.no_grad():
+                P = sparse_sinkhorn(C, mu, nu, n)
+            re = float((P.double().sum(1) - mu.double()).abs().max())
+            ce = float((P.double().sum(0) - nu.double()).abs().max())
+            print(f"v={v} u={u} noise={noise} n_iter={n}: max|P1-mu| = {re:.3g} ({re / float(mu[0]):.3g} x mu_i), "
+                  f"max|P^T1-nu| = {ce:.3g}, density {float((P > 0).float().mean()):.3f}")
+            assert ce < 1e-6
+            if n == 10:
+                assert re < float(mu[0])  # rows within one mu_i after 10 iterations
+
+
+def test_paper_init_is_exact_and_uniform():
+    v, u = 300, 20
+    C = torch.full((v, u), 1.0 / v)
+    mu, nu = torch.full((v,), 1.0 / v), torch.full((u,), 1.0 / u)
+    P = sparse_sinkhorn(C, mu, nu, 3)
+    assert torch.allclose(P, torch.full_like(P, 1.0 / (u * v)), rtol=1e-6, atol=0)
+    Ps = softmax_sinkhorn(C, mu, nu, 3)
+    assert torch.allclose(Ps, torch.full_like(P, 1.0 / (u * v)), rtol=1e-6, atol=0)
+
+
+def test_softmax_and_unconstrained_baselines():
+    C, mu, nu = _problem(40, 9, 0.5, seed=4, nonuniform=True)
+    C.requires_grad_(True)
+    P = softmax_sinkhorn(C, mu, nu, 3)
+    assert (P > 0).all()  # dense
+    assert torch.allclose(P.sum(0), nu, atol=1e-14)
+    P.square().sum().backward()
+    assert torch.isfinite(C.grad).all()
+    # (the softmax maps are not projections: Dykstra gives no row-feasibility guarantee for this baseline)
+    U = unconstrained_plan(C.detach(), nu)
+    assert torch.allclose(U / nu, C.detach())
+
+
+def test_float32_bf16_dtypes_and_warm_start_bit_identical():
+    C, mu, nu = _problem(700, 48, 1e-3, seed=5, dtype=torch.float32)
+    solver = SparseSinkhorn(mu, nu)
+    up = torch.randn(700, 48, generator=torch.Generator().manual_seed(2))
+    res = []
+    for call in range(3):
+        Cg = (C + call * 1e-4 * up).requires_grad_(True)
+        Pw = solver(Cg, 3)  # warm after the first call
+        (Pw * up).sum().backward()
+        Cc = Cg.detach().clone().requires_grad_(True)
+        Pc = sparse_sinkhorn(Cc, mu, nu, 3)  # cold
+        (Pc * up).sum().backward()
+        assert torch.equal(Pw, Pc) and torch.equal(Cg.grad, Cc.grad)
+        res.append(solver.rows.stats["warm"])
+    assert all(res)  # every call ended warm (the first one after its first iteration)
+    Pb = sparse_sinkhorn(C.bfloat16(), mu, nu, 3)
+    assert Pb.dtype == torch.bfloat16 and torch.isfinite(Pb.float()).all()
+
+
+def test_saved_for_backward_is_only_supports():
+    """The fused Function keeps no float tensor of C's size for backward (peak-memory discipline)."""
+    C, mu, nu = _problem(600, 50, 1e-3, seed=6, dtype=torch.float32)
+    C0 = torch.full_like(C, 1.0 / 600)
+    for Cx in (C, C0):
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((t.dtype, t.numel())) or t, lambda t: t):
+            sparse_sinkhorn(Cx.clone().requires_grad_(True), mu, nu, 3)
+        assert not [s for s in saved if s[0].is_floating_point and s[1] >= C.numel()], saved
+
+
+def test_validation_messages():
+    C, mu, nu = _problem(10, 4, 0.1, seed=7)
+    bad = C.clone()
+    bad[3, 2] = float("nan")
+    with pytest.raises(ValueError, match=r"C must be finite.*nan.*\(3, 2\)"):
+        sparse_sinkhorn(bad, mu, nu)
+    bad[3, 2] = float("inf")
+    with pytest.raises(ValueError, match="C must be finite"):
+        softmax_sinkhorn(bad, mu, nu)
+    m2 = mu.clone()
+    m2[1] = -0.1
+    with pytest.raises(ValueError, match=r"mu must be non-negative.*-0.1.*index 1"):
+        sparse_sinkhorn(C, m2, nu)
+    with pytest.raises(ValueError, match=r"nu must sum to 1.*2\.0"):
+        sparse_sinkhorn(C, mu, nu * 2)
+    with pytest.raises(ValueError, match=r"mu must be a 1-D tensor of length 10.*\(9,\)"):
+        sparse_sinkhorn(C, mu[:9], nu)
+    with pytest.raises(ValueError, match=r"nu must be a 1-D tensor of length 4"):
+        sparse_sinkhorn(C, mu, torch.ones(5, dtype=torch.float64) / 5)
+    with pytest.raises(ValueError, match="C must be a 2-D"):
+        validate_plan_inputs(C[0], mu, nu)
+    with pytest.raises(ValueError, match="n_iter"):
+        sparse_sinkhorn(C, mu, nu, 0)
+
+
+def test_entropy_finite_gradient_at_zeros():
+    C, mu, nu = _problem(80, 10, 1e-2, seed=8)
+    C.requires_grad_(True)
+    P = sparse_sinkhorn(C, mu, nu, 3)
+    assert (P == 0).any()
+    H = entropy(P)
+    Pd = P.detach()
+    ref = -(Pd[Pd > 0] * Pd[Pd > 0].log()).sum()
+    assert torch.allclose(H, ref)
+    H.backward()
+    assert torch.isfinite(C.grad).all()
+    Z = torch.zeros(3, 3, requires_grad=True)
+    entropy(Z).backward()
+    assert torch.equal(Z.grad, torch.zeros(3, 3))
+    # gradient matches finite differences where P > 0
+    X = torch.rand(4, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(entropy, (X,))
+    # sparsemax output: zeros exactly where off-support
+    assert (sparsemax(torch.randn(4, 30), 1.0, 1) == 0).any()
