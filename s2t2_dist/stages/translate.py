@@ -124,10 +124,11 @@ class TranslateTask:
         stats = {f"P/{k}": v for k, v in tr.density_stats().items()}
         stats.update({f"P/{k}": v for k, v in tr.marginal_errors().items()})
         stats["P/entropy"] = float(tr.entropy())
+        # both are collectives when C is sharded: every rank takes part, rank 0 writes
         top = tr.top_translations(k=3)
+        block = tr.gather_block(*self.cfg.translator.heatmap)
         if self.rt.env.is_main:
-            rows, cols = self.cfg.translator.heatmap
-            logger.heatmap(step, "P/heatmap", tr.gather_block(rows, cols))
+            logger.heatmap(step, "P/heatmap", block)
             lines = ["| target | top source tokens (P / nu) |", "|---|---|"]
             for j, pairs in list(top.items())[:64]:
                 srcs = ", ".join(f"`{self.source_vocab[i]!r}` {w:.2f}" for i, w in pairs)
@@ -156,8 +157,7 @@ def _take(it, n):
         yield x
 
 
-def _vocab_strings(tok, ids=None) -> list[str]:
-    ids = range(len(tok)) if ids is None else ids
+def _vocab_strings(tok, ids) -> list[str]:
     return [tok.convert_ids_to_tokens(int(i)) or str(int(i)) for i in ids]
 
 
@@ -176,12 +176,12 @@ def build(cfg: TranslateConfig, rt: Runtime):
     src_tok = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     E, L, tied = get_embedding_and_head(model)
     src_ids = source_token_ids(src_tok, cfg.model.source_vocab, num_embeddings=E.shape[0]).to(rt.device)
-    tgt_tok = load_tokenizer(cfg.data.tokenizer)
-    u, v = len(tgt_tok), src_ids.numel()
+    tgt = load_tokenizer(cfg.data.tokenizer)
+    u, v = tgt.vocab_size, src_ids.numel()
     group = dist.group.WORLD if env.distributed else None
     translator = TokenTranslator(v, u, kind=cfg.translator.kind, n_iter=cfg.translator.n_iter,
                                  normalization=cfg.translator.normalization, group=group).to(rt.device)
-    hashes = {"source": tokenizer_hash(src_tok), "target": tokenizer_hash(cfg.data.tokenizer)}
+    hashes = {"source": tokenizer_hash(src_tok.backend_tokenizer), "target": tgt.hash}
     if cfg.translator.init_p:
         from s2t2_dist.pfile import load_p
 
@@ -202,7 +202,8 @@ def build(cfg: TranslateConfig, rt: Runtime):
         raise ConfigError(f"train.context_len={cfg.train.context_len} but the shards in {cfg.data.train} hold "
                           f"blocks of {loader.manifest.get('context_len')} tokens")
     eval_docs = EvalDocs(cfg.data.eval, rank=env.rank, world_size=env.world_size) if cfg.data.eval else None
-    task = TranslateTask(lm, translator, E, L, src_ids, cfg, rt, _vocab_strings(tgt_tok),
+    task = TranslateTask(lm, translator, E, L, src_ids, cfg, rt,
+                         [tgt.tokenizer.id_to_token(i) or str(i) for i in range(u)],
                          _vocab_strings(src_tok, src_ids.tolist()), eval_docs)
     return task, engine, loader, hashes
 
