@@ -117,15 +117,22 @@ def detect(env: dict | None = None) -> DistEnv:
             local_world_size=local_world,
             node_rank=_int(env, "SLURM_NODEID", 0),
             num_nodes=nnodes,
-            master_addr=slurm_first_host_addr(env),
+            # The batch script (slurm/common.sh) or submit.py exports MASTER_ADDR once for the whole job; asking
+            # scontrol from every rank of a large job would flood slurmctld.
+            master_addr=env.get("S2T2_MASTER_ADDR") or env.get("MASTER_ADDR") or slurm_first_host_addr(env),
             master_port=slurm_port(env),
             launcher="slurm",
         )
     return DistEnv()
 
 
+def use_cuda() -> bool:
+    """GPUs are used when present, unless S2T2_DEVICE=cpu (tests, or CPU-only runs on a GPU node)."""
+    return torch.cuda.is_available() and os.environ.get("S2T2_DEVICE", "").lower() != "cpu"
+
+
 def default_backend() -> str:
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    return "nccl" if use_cuda() else "gloo"
 
 
 def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> DistEnv:
@@ -133,7 +140,7 @@ def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> D
     import torch.distributed as dist
 
     denv = detect()
-    if torch.cuda.is_available():
+    if use_cuda():
         torch.cuda.set_device(denv.local_rank % torch.cuda.device_count())
     if denv.world_size == 1 or dist.is_initialized():
         return denv
@@ -153,6 +160,6 @@ def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> D
 
 
 def device_for(denv: DistEnv) -> torch.device:
-    if torch.cuda.is_available():
+    if use_cuda():
         return torch.device("cuda", denv.local_rank % torch.cuda.device_count())
     return torch.device("cpu")
