@@ -134,6 +134,16 @@ def test_detect_srun_prefers_exported_master_addr():
     assert (d.rank, d.node_rank, d.num_nodes, d.master_port) == (2, 1, 2, 29555)
 
 
+def test_detect_deepspeed_launcher_node_layout():
+    # what deepspeed.launcher.launch gives rank 2 of 2 nodes x 2 (inside an srun task: SLURM_* of that task too)
+    env = {"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_SIZE": "2", "CROSS_RANK": "1",
+           "CROSS_SIZE": "2", "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "29600", "SLURM_PROCID": "1",
+           "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0"}
+    d = detect(env)
+    assert (d.rank, d.world_size, d.local_rank, d.local_world_size, d.node_rank, d.num_nodes, d.launcher) == \
+        (2, 4, 0, 2, 1, 2, "deepspeed")
+
+
 def test_cpu_device_forces_gloo(monkeypatch):
     monkeypatch.setenv("S2T2_DEVICE", "cpu")
     assert default_backend() == "gloo"
