@@ -97,7 +97,7 @@ s2t2_srun() {
     local extra=(${S2T2_SRUN_ARGS:-})
     trap _s2t2_on_usr1 USR1
     trap _s2t2_on_term TERM
-    s2t2_log "srun ${srun_opts[*]} ${extra[*]} $*"
+    s2t2_log "srun ${srun_opts[*]} ${extra[*]} ${S2T2_STEP_DESC:-$*}"
     srun --kill-on-bad-exit=1 "${srun_opts[@]}" "${extra[@]}" "$@" &
     _S2T2_STEP_PID=$!
     local rc
@@ -178,6 +178,7 @@ s2t2_srun_deepspeed() {
             --num_nodes "$S2T2_DS_NNODES" --num_gpus "$S2T2_DS_PER_NODE" \
             --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" "$@"'
     export S2T2_DS_PER_NODE=$per_node S2T2_DS_NNODES=$nnodes S2T2_DS_PYTHON=$py
+    S2T2_STEP_DESC="deepspeed --no_ssh --num_nodes $nnodes --num_gpus $per_node ${mode[*]} $script $*" \
     SLURM_CPUS_PER_TASK=$cpus s2t2_srun --ntasks-per-node=1 --ntasks="$nnodes" -- \
         bash -c "$body" s2t2-deepspeed "${mode[@]}" "$script" "$@"
 }

@@ -157,6 +157,27 @@ def test_sbatch_time_limit_warning_checkpoints_requeues_and_resumes(cluster, tmp
     assert [s for s, _ in g["train/loss"]] == list(range(1, 13))
 
 
+@pytest.mark.slow
+def test_sbatch_finetune_script_with_deepspeed_launchers(cluster, tmp_path):
+    """S2T2_LAUNCHER=deepspeed: one `deepspeed` launcher per node, each starting that node's 2 ranks."""
+    run = tmp_path / "run"
+    job = cluster.sbatch(REPO / "slurm" / "finetune_7b.sh", "--out", str(run), "--steps", "2",
+                         sbatch_args=["--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=2", "--cpus-per-task=1",
+                                      "--time=5"],
+                         env=_script_env(S2T2_LAUNCHER="deepspeed", DS_ACCELERATOR="cpu",
+                                         PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]),
+                         cwd=tmp_path)
+    state = cluster.wait(job, timeout_s=150)
+    log = (tmp_path / f"s2t2-finetune-7b-{job}.out").read_text()
+    assert state == "COMPLETED", log
+    assert "deepspeed --no_ssh --num_nodes 2 --num_gpus 2 --module s2t2_dist.launch.probe" in log
+    ranks = _ranks(run, 0)
+    assert [(r["rank"], r["node"], r["node_rank"], r["local_rank"], r["local_world_size"]) for r in ranks] == \
+        [(0, "n1", 0, 0, 2), (1, "n1", 0, 1, 2), (2, "n2", 1, 0, 2), (3, "n2", 1, 1, 2)]
+    assert all(r["launcher"] == "deepspeed" and r["allreduce_sum"] == 10.0 and r["finished"] for r in ranks)
+    assert sorted(p.name for p in (run / "tb").iterdir()) == ["global", "node_000", "node_001"]
+
+
 def _probe_stage(tmp_path: Path, steps: int, step_time: float, nodes: int = 2):
     from s2t2_dist.launch.submit import SlurmConfig, submit_stage
 
