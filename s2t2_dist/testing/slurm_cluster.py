@@ -18,8 +18,8 @@ By hand::
     python -m s2t2_dist.testing.slurm_cluster stop --dir /tmp/s2t2-slurm
 
 Needs the Debian packages `slurmctld slurmd slurm-client munge` (and `slurmdbd mariadb-server` for
-accounting); see .ci/install_slurm.sh. Settings chosen for fast tests: a requeued job starts again in ~12 s
-(`cred_expire=10`, `sched_interval=2`), finished jobs stay visible to scontrol for a day (`MinJobAge`), job ids
+accounting); see .ci/install_slurm.sh. Settings chosen for fast tests: a requeued job starts again in ~7 s
+(`cred_expire=5`, `sched_interval=1`), finished jobs stay visible to scontrol for a day (`MinJobAge`), job ids
 start from the clock (`FirstJobId`) so a new cluster never reuses an old job's id (and its output files).
 """
 
@@ -222,6 +222,7 @@ class LocalSlurmCluster:
 
     def _write_files(self) -> None:
         r = self.root
+        r.mkdir(parents=True, exist_ok=True)
         self._check_root_reachable()
         # The MariaDB server drops to the mysql user: it must be able to reach its datadir.
         os.chmod(r, 0o755)
@@ -240,7 +241,7 @@ class LocalSlurmCluster:
             self.ports[n] = free_port()
         self.db_password = secrets.token_hex(12)
         first_job_id = int(time.time()) % 50_000_000 + 1_000_000
-        auth = f"AuthType=auth/munge\nAuthInfo=socket={self.munge_socket},cred_expire=10\n"
+        auth = f"AuthType=auth/munge\nAuthInfo=socket={self.munge_socket},cred_expire=5\n"
         slurm_user = "root" if self.is_root else self.user
         lines = [
             f"ClusterName={self.cluster_name}",
@@ -265,7 +266,7 @@ class LocalSlurmCluster:
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
             "SchedulerType=sched/backfill",
-            "SchedulerParameters=sched_interval=2,bf_interval=2",
+            "SchedulerParameters=sched_interval=1,bf_interval=1",
             "SlurmdParameters=config_overrides",
             "ReturnToService=2",
             "MinJobAge=86400",
@@ -274,6 +275,7 @@ class LocalSlurmCluster:
             "InactiveLimit=0",
             "Waittime=0",
             "JobRequeue=1",
+            "MailProg=/bin/true",
             "SlurmctldTimeout=30",
             "SlurmdTimeout=60",
             # Preemption is available for experiments: a job in `urgent` requeues jobs in `debug`.
@@ -412,12 +414,14 @@ class LocalSlurmCluster:
         datadir = self.path("db", "data")
         sock = self.path("db", "mysqld.sock")
         user_args = ["--user=mysql"] if self.is_root else []
+        # mariadb-install-db lets root, and the OS user who ran it, in through the socket (unix_socket auth)
+        db_admin = "root" if self.is_root else self.user
         if self.is_root:
             shutil.chown(self.path("db"), "mysql", "mysql")
         if not datadir.exists():
             res = subprocess.run(
                 [which("mariadb-install-db"), "--no-defaults", *user_args, f"--datadir={datadir}",
-                 "--auth-root-authentication-method=socket", "--skip-test-db"],
+                 "--auth-root-authentication-method=socket", f"--auth-root-socket-user={db_admin}", "--skip-test-db"],
                 capture_output=True, text=True, timeout=120)
             if res.returncode != 0:
                 raise SlurmClusterError(f"mariadb-install-db failed: {res.stdout[-2000:]}{res.stderr[-2000:]}")
@@ -433,7 +437,7 @@ class LocalSlurmCluster:
                "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"
                "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';"
                "CREATE DATABASE IF NOT EXISTS slurm_acct_db; FLUSH PRIVILEGES;")
-        res = subprocess.run([which("mariadb"), "--no-defaults", f"--socket={sock}", "-uroot", "-e", sql],
+        res = subprocess.run([which("mariadb"), "--no-defaults", f"--socket={sock}", f"-u{db_admin}", "-e", sql],
                              capture_output=True, text=True, timeout=30)
         if res.returncode != 0:
             raise SlurmClusterError(f"creating the slurm database user failed: {res.stderr.strip()}")
