@@ -10,8 +10,8 @@
 # --config FILE). Submit from the repository root, or set S2T2_HOME. See slurm/common.sh and docs/slurm.md.
 #SBATCH --job-name=s2t2-translate-1b
 #SBATCH --nodes=1
-#SBATCH --ntasks-per-node=4
-#SBATCH --gpus-per-node=4
+#SBATCH --ntasks-per-node=8
+#SBATCH --gpus-per-node=8
 #SBATCH --cpus-per-task=8
 #SBATCH --time=08:00:00
 #SBATCH --output=%x-%j.out
