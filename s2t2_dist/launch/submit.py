@@ -31,6 +31,7 @@ import re
 import shlex
 import signal
 import sys
+import threading
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,9 @@ class StageJob:
 
         # Every signal that reaches a Python handler (the loop's, submitit's or ours) also writes its number to
         # this pipe: the only way to learn, after main() returns, that the stage stopped early for a signal.
+        if threading.current_thread() is not threading.main_thread():  # e.g. submitit's "debug" executor
+            rc = main(list(self.argv))
+            return self._result(rc, rdv)
         r, w = os.pipe()
         os.set_blocking(r, False)
         os.set_blocking(w, False)
@@ -207,6 +211,9 @@ class StageJob:
                 submitit_usr2(signal.SIGUSR2, None)
             # SIGTERM: SLURM requeues (preemption, scontrol requeue) or ends (scancel) the job itself.
             raise SystemExit(0)
+        return self._result(rc, rdv)
+
+    def _result(self, rc, rdv: dict) -> dict:
         if rc:
             raise RuntimeError(f"stage {self.stage} exited with code {rc} on rank {rdv['RANK']}")
         return {"stage": self.stage, "rank": int(rdv["RANK"]), "world_size": int(rdv["WORLD_SIZE"]), "rc": rc or 0}
