@@ -169,14 +169,25 @@ s2t2_srun_deepspeed() {
     local cpus=$(( ${SLURM_CPUS_PER_TASK:-1} * tpn ))
     local mode=()
     if [ "$script" = "-m" ]; then mode=(--module); script=$1; shift; fi
-    # The hostfile is written by each node's task (node-local TMPDIR), from the allocation's node list.
+    # Each node's task writes the hostfile (node-local TMPDIR) from the allocation's node list, starts the
+    # launcher with SIGUSR1 ignored, waits for it through SIGTERM (which reaches the launcher directly) and removes
+    # the hostfile.
     # shellcheck disable=SC2016
     local body='hf=${TMPDIR:-/tmp}/s2t2-hostfile-$SLURM_JOB_ID-$SLURM_NODEID
         scontrol show hostnames "$SLURM_JOB_NODELIST" | sed "s/\$/ slots=$S2T2_DS_PER_NODE/" > "$hf"
         trap "" USR1
-        exec "$S2T2_DS_PYTHON" -m deepspeed.launcher.runner --hostfile "$hf" --no_ssh --node_rank "$SLURM_NODEID" \
+        trap : TERM
+        "$S2T2_DS_PYTHON" -m deepspeed.launcher.runner --hostfile "$hf" --no_ssh --node_rank "$SLURM_NODEID" \
             --num_nodes "$S2T2_DS_NNODES" --num_gpus "$S2T2_DS_PER_NODE" \
-            --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" "$@"'
+            --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" "$@" &
+        pid=$!
+        while :; do
+            wait "$pid"; rc=$?
+            if [ "$rc" -gt 128 ] && kill -0 "$pid" 2>/dev/null; then continue; fi
+            break
+        done
+        rm -f "$hf"
+        exit "$rc"'
     export S2T2_DS_PER_NODE=$per_node S2T2_DS_NNODES=$nnodes S2T2_DS_PYTHON=$py
     S2T2_STEP_DESC="deepspeed --no_ssh --num_nodes $nnodes --num_gpus $per_node ${mode[*]} $script $*" \
     SLURM_CPUS_PER_TASK=$cpus s2t2_srun --ntasks-per-node=1 --ntasks="$nnodes" -- \
