@@ -324,7 +324,9 @@ def resolve_slurm_config(stage_argv: list[str], slurm_config: str | None, flags:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="s2t2 submit", description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(prog="s2t2 submit", allow_abbrev=False,  # the stage's options pass through
+                                description="Submit a stage to SLURM with submitit; requeued on preemption and "
+                                            "time-out, it resumes from its latest checkpoint.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Other arguments (--config FILE, dotted.key=value) go to the stage.")
     p.add_argument("stage", choices=sorted(STAGES))
