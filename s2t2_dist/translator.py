@@ -102,6 +102,9 @@ class TokenTranslator(nn.Module):
         self.sharded_method, self.row_k, self.col_k = sharded_method, int(row_k), int(col_k)
         self.group = group
         self.rank, self.world_size = world_of(group) if group is not None else (0, 1)
+        if self.u < self.world_size:
+            raise ValueError(f"u={u} target tokens cannot be column-sharded over {self.world_size} ranks "
+                             "(every rank needs a column)")
         self.col_start, self.col_end = shard_bounds(self.u, self.world_size, self.rank)
         self.col_sizes = [b - a for a, b in (shard_bounds(self.u, self.world_size, r) for r in range(self.world_size))]
         mu = torch.full((self.v,), 1.0 / self.v, dtype=torch.float64) if mu is None else mu.detach()
