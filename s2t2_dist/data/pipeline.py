@@ -14,7 +14,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ._io import write_json_atomic
+from s2t2_dist.utils.io import atomic_write_json
+
 from .bpe import train_tokenizer
 from .config import DataConfig
 from .records import RecordPolicy
@@ -75,7 +76,7 @@ def prepare(cfg: DataConfig, *, progress: bool = True, steps: tuple[str, ...] = 
                                  shard_size=cfg.shard_size, num_workers=cfg.num_workers, progress=progress)
                 summary["shards"][f"{name}/{split}"] = {"shards": len(m["shards"]), **m["totals"]}
     summary["seconds"] = round(time.time() - t0, 3)
-    write_json_atomic(out / "prepare_summary.json", summary)
+    atomic_write_json(out / "prepare_summary.json", summary)
     if progress:
         print(format_summary(summary))
     return summary

@@ -29,7 +29,9 @@ from typing import Iterator
 
 import numpy as np
 
-from ._io import append_journal, fingerprint, read_journal, read_json, rewrite_journal, write_json_atomic
+from s2t2_dist.utils.io import (
+    append_json_line, atomic_write_json, json_sha256, load_json, read_json_lines, sha256_file, write_json_lines)
+
 from .bpe import TokenizerInfo, load_tokenizer
 from .errors import ManifestError, ShardError
 from .split import iter_split_lines, load_split, split_manifest_hash
@@ -261,17 +263,17 @@ def write_shards(
     job = {"split": split, "kind": kind, "context_len": context_len, "shard_size": shard_size,
            "tokenizer_hash": info.hash, "bos_id": info.bos_id, "eos_id": info.eos_id, "dtype": dtype.name,
            "split_hash": split_manifest_hash(split_dir)}
-    jhash = fingerprint(job)
+    jhash = json_sha256(job)
     mpath = out / "manifest.json"
     if mpath.exists():
-        m = read_json(mpath, "manifest")
+        m = load_json(mpath, "manifest", ManifestError)
         if m.get("job_hash") == jhash:
             return m
         raise ManifestError(f"{mpath}: this directory holds shards of another job (different split, tokenizer or "
                             "settings); choose another output_dir or delete it")
 
     journal = out / f"_journal-{split}.jsonl"
-    entries = read_journal(journal)
+    entries = read_json_lines(journal)
     if entries and entries[0].get("job_hash") != jhash:
         raise ManifestError(f"{journal}: a half-finished job with different inputs or settings is in {out}; "
                             "choose another output_dir or delete it")
@@ -282,7 +284,7 @@ def write_shards(
             done.append(e)
         else:
             break
-    rewrite_journal(journal, [{"job_hash": jhash, "job": job}] + done)
+    write_json_lines(journal, [{"job_hash": jhash, "job": job}] + done)
     state = done[-1]["resume"] if done else {"doc": 0, "offset": 0, "sample": 0, "docs_before": 0,
                                              "bytes_before": 0, "chars_before": 0, "tokens_before": 0}
     shards = [e["shard"] for e in done]
@@ -324,7 +326,7 @@ def write_shards(
         "summary": {**split_m["summary"], f"{split}_shards": len(shards), f"{split}_samples": totals["n_samples"],
                     f"{split}_tokens": totals["n_tokens"], "seconds_this_run": round(time.time() - t0, 3)},
     }
-    write_json_atomic(mpath, manifest)
+    atomic_write_json(mpath, manifest)
     return manifest
 
 
@@ -356,7 +358,7 @@ class _WriterBase:
         if self.cur_bytes:
             info["text_bytes"] = self.cur_bytes
         self.shards.append(info)
-        append_journal(self.journal, {"shard": info, "resume": resume})
+        append_json_line(self.journal, {"shard": info, "resume": resume})
         self.cur = None
 
     def abort(self) -> None:
@@ -475,7 +477,7 @@ def load_manifest(path: str | os.PathLike, *, check_files: bool = True, verify_c
     p = Path(path)
     if p.is_dir():
         p = p / "manifest.json"
-    m = read_json(p, "shard manifest (run the tokenize step first)")
+    m = load_json(p, "shard manifest (run the tokenize step first)", ManifestError)
     if m.get("format") != MANIFEST_FORMAT:
         raise ManifestError(f"{p}: not a shard manifest (format {m.get('format')!r})")
     if m.get("version") != MANIFEST_VERSION:
@@ -500,9 +502,6 @@ def load_manifest(path: str | os.PathLike, *, check_files: bool = True, verify_c
             size = f.stat().st_size
             if size != s["file_bytes"]:
                 raise ShardError(f"shard {f} has {size} bytes but {p} says {s['file_bytes']}: truncated or replaced")
-            if verify_checksums:
-                from ._io import sha256_file
-
-                if sha256_file(f) != s["sha256"]:
-                    raise ShardError(f"shard {f}: sha256 differs from {p}: the shard is corrupt or was replaced")
+            if verify_checksums and sha256_file(f) != s["sha256"]:
+                raise ShardError(f"shard {f}: sha256 differs from {p}: the shard is corrupt or was replaced")
     return m
