@@ -88,8 +88,9 @@ for name in ("__init__", "write", "commit"):
     setattr(shards.ShardFile, name, timed(getattr(shards.ShardFile, name)))
 c0, w0, n, sha = time.process_time(), time.perf_counter(), 0, []
 for split in ("train", "eval"):
-    m = shards.write_shards(split_dir={splits!r}, split=split, tokenizer={tok!r}, output_dir=os.path.join({out!r}, split),
-                            context_len={T}, shard_size={S}, num_workers=0, progress=False)
+    m = shards.write_shards(split_dir={splits!r}, split=split, tokenizer={tok!r},
+                            output_dir=os.path.join({out!r}, split), context_len={T}, shard_size={S}, num_workers=0,
+                            progress=False)
     n += m["totals"]["n_samples"]
     sha += [s["sha256"] for s in m["shards"]]
 print(json.dumps({{"wall_s": time.perf_counter() - w0, "cpu_s": time.process_time() - c0, "writer_cpu_s": acc[0],

@@ -24,7 +24,7 @@ OLMO_TOKENIZER = asset_path("olmo", "allenai_gpt-neox-olmo-dolma-v1_5.json")  # 
 SHAKESPEARE = asset_path("english", "tinyshakespeare_head.txt")  # 100 KB, speeches separated by blank lines
 
 SHARED = Path(os.environ.get("S2T2_SHARED_DATA", "/work/shared/data"))
-DISPROT = SHARED / "protein" / "bio_embeddings_disprot_disordercdhit.fasta"  # 1,162 sequences with U and X, one of 34,350
+DISPROT = SHARED / "protein" / "bio_embeddings_disprot_disordercdhit.fasta"  # 1,162 sequences, U and X, one 34,350 long
 C4_FILES = sorted((SHARED / "english").glob("olmo_c4-sample.0*.json.gz"))  # 30 C4 documents (ODC-BY, not shipped)
 needs_disprot = pytest.mark.skipif(not DISPROT.is_file(), reason=f"{DISPROT} is not present (not shipped)")
 needs_c4 = pytest.mark.skipif(not C4_FILES, reason=f"C4 samples not present under {SHARED / 'english'} (not shipped)")
