@@ -158,3 +158,88 @@ def world(tmp_path_factory) -> World:
     if not FASTA.is_file():
         pytest.skip(f"real protein data not found at {FASTA}")
     return build_world(tmp_path_factory.getbasetemp() / "ft_world")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# real launchers (deepspeed, torchrun) started as subprocesses
+
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", DS_ACCELERATOR="cpu")
+    return env
+
+
+class Launch:
+    """A launcher command running in the background; `wait()` raises with its output if it failed."""
+
+    def __init__(self, cmd: list[str], log: Path, timeout: float = 900):
+        self.cmd, self.log, self.timeout = cmd, log, timeout
+        self._f = open(log, "w")
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=launch_env(), stdout=self._f, stderr=subprocess.STDOUT)
+
+    def wait(self) -> None:
+        try:
+            rc = self.proc.wait(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = "timeout"
+        self._f.close()
+        if rc != 0:
+            raise AssertionError(f"{' '.join(self.cmd)} failed ({rc}):\n{self.log.read_text()[-6000:]}")
+
+
+def deepspeed(script: str, args: list[str], log: Path, nproc: int = 2) -> Launch:
+    return Launch([str(BIN / "deepspeed"), "--num_gpus", str(nproc), "--master_port", str(free_port()), script, *args],
+                  log)
+
+
+def torchrun(script: str, args: list[str], log: Path, nproc: int = 2) -> Launch:
+    return Launch([str(BIN / "torchrun"), "--nproc_per_node", str(nproc), "--master_port", str(free_port()), script,
+                   *args], log)
+
+
+#: loads an export with nothing but transformers (run as `python -c` from /, without this package on the path),
+#: compares its logits with the trained model's (export_probe.pt) and generates from a protein prompt
+EXPORT_CHECK = r"""
+import json, sys, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+d, probe = sys.argv[1], sys.argv[2]
+m = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+tok = AutoTokenizer.from_pretrained(d)
+p = torch.load(probe, weights_only=True)
+with torch.no_grad():
+    diff = (m(input_ids=p["input_ids"]).logits - p["logits"]).abs().max().item()
+enc = tok("MKTAYIAKQRQISFVKSHFSRQ", return_tensors="pt")
+out = m.generate(**enc, max_new_tokens=6, do_sample=False, pad_token_id=tok.pad_token_id)
+print("RESULT " + json.dumps({"diff": diff, "vocab": m.config.vocab_size, "tied": m.config.tie_word_embeddings,
+      "model": type(m).__name__, "prompt_ids": enc["input_ids"][0].tolist(),
+      "new_tokens": out.shape[1] - enc["input_ids"].shape[1], "text": tok.decode(out[0], skip_special_tokens=True),
+      "s2t2_modules": sorted(k for k in sys.modules if k.startswith("s2t2"))}))
+"""
+
+
+def check_export_plain(export_dir: Path, probe: Path) -> dict:
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    p = subprocess.run([sys.executable, "-c", EXPORT_CHECK, str(export_dir), str(probe)], cwd="/", env=env,
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout + p.stderr
+    line = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])

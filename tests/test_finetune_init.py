@@ -181,3 +181,36 @@ def test_shards_of_the_wrong_tokenizer_are_refused(world, tmp_path):
     cfg = _cfg(world, tmp_path, "init.kind=new_tok_truncate", f"data.train={world.src_train}")
     with pytest.raises(InitError, match="new-tokenizer shards"):
         run(cfg)
+
+
+def test_p_file_with_the_transformers_rebuilt_source_hash_is_accepted(world, tmp_path):
+    """A model directory holding the hub's OLMo tokenizer.json (class GPTNeoXTokenizer): transformers rebuilds
+    it, so `AutoTokenizer(...).backend_tokenizer` hashes differently from the file; a P file recording either is
+    accepted, anything else is an error naming the P file's hash and the model's."""
+    import shutil
+
+    from finetune_fixtures import SHARED
+    from s2t2_dist.stages.init_model import transformers_tokenizer_hash
+
+    d = tmp_path / "hubtok_model"
+    d.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        shutil.copyfile(world.model_a / f, d / f)
+    shutil.copyfile(SHARED / "olmo" / "allenai_gpt-neox-olmo-dolma-v1_5.json", d / "tokenizer.json")
+    (d / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "GPTNeoXTokenizer", "bos_token": None,
+                                                         "eos_token": "<|endoftext|>", "pad_token": "<|padding|>"}))
+    file_hash, rebuilt = tokenizer_hash(d), transformers_tokenizer_hash(str(d))
+    p = load_p(world.p_a)
+    for h in (file_hash, rebuilt):
+        p.source_tokenizer_hash = h
+        save_p(tmp_path / "p.safetensors", p)
+        plan, _ = resolve_plan(InitConfig(kind="translated", p_file=str(tmp_path / "p.safetensors")), str(d),
+                               str(world.tokenizer), tmp_path / "init")
+        assert plan.source_tokenizer_hash == h
+    p.source_tokenizer_hash = tokenizer_hash(world.model_a)  # the re-saved tokenizer's file: another hash
+    if p.source_tokenizer_hash not in (file_hash, rebuilt):
+        save_p(tmp_path / "p.safetensors", p)
+        with pytest.raises(PFileError) as e:
+            resolve_plan(InitConfig(kind="translated", p_file=str(tmp_path / "p.safetensors")), str(d),
+                         str(world.tokenizer), tmp_path / "init")
+        assert p.source_tokenizer_hash in str(e.value) and file_hash in str(e.value)

@@ -18,8 +18,11 @@ holds all of it on its accelerator. Rank 0's host memory holds the whole float32
 ~28 GB). The directory is written atomically and reused when it already holds the same initialisation (resume).
 
 Tokenizer hashes are `data.tokenizer_hash` of the tokenizer.json files (the model directory's for the source, the
-run's data.tokenizer for the target), the same quantity stage 1 must record in the P file; a mismatch is an error
-naming both hashes.
+run's data.tokenizer for the target), the quantity the data pipeline records in shard manifests and stage 1 should
+record in the P file. For the source, the hash of the tokenizer as transformers rebuilds it
+(`AutoTokenizer(model).backend_tokenizer`) is accepted too: for some classes (GPTNeoXTokenizer, the OLMo hub
+tokenizer's) transformers 5 rebuilds it and its serialisation differs from the file. A mismatch is an error naming
+both hashes.
 """
 
 from __future__ import annotations
@@ -103,6 +106,18 @@ def model_tokenizer_hash(model_path: str) -> str:
         return tokenizer_hash(model_path)
     except DataError as e:
         raise InitError(f"model {model_path}: no tokenizer.json to identify its tokenizer ({e})") from None
+
+
+def transformers_tokenizer_hash(model_path: str, trust_remote_code: bool = False) -> str:
+    """Hash of the tokenizer as transformers rebuilds it (`AutoTokenizer(...).backend_tokenizer`). For some
+    tokenizer classes this differs from the file's hash (transformers 5 rebuilds GPTNeoXTokenizer, the OLMo hub
+    tokenizer's class, from its vocabulary); accepted for the source tokenizer of a P file as an alternative."""
+    from transformers import AutoTokenizer
+
+    from s2t2_dist.data.bpe import tokenizer_hash
+
+    tok = AutoTokenizer.from_pretrained(str(model_path), trust_remote_code=trust_remote_code)
+    return tokenizer_hash(tok.backend_tokenizer)
 
 
 def _tokenizer_info(path: str):
@@ -221,7 +236,17 @@ def resolve_plan(init: InitConfig, model_path: str, tokenizer: str, out_dir: str
         from s2t2_dist.pfile import load_p
 
         p = load_p(init.p_file)
+        if p.source_tokenizer_hash != src_hash:
+            try:
+                alt = transformers_tokenizer_hash(model_path)
+            except Exception:  # noqa: BLE001 - no transformers tokenizer: only the file hash counts
+                alt = None
+            if alt == p.source_tokenizer_hash:
+                log.info("init: %s records the source tokenizer as transformers rebuilds it (%s; file hash %s)",
+                         init.p_file, alt, src_hash)
+                src_hash = alt
         p.check_compatible(src_hash, info.hash, where=f"{init.p_file}: ")
+        plan.source_tokenizer_hash = src_hash
         if p.shape[1] != info.vocab_size:
             raise InitError(f"{init.p_file}: P has {p.shape[1]} target columns but the tokenizer {tok} has "
                             f"{info.vocab_size} tokens")
