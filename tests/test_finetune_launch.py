@@ -7,8 +7,10 @@
   activation checkpointing, as the 7B config says).
 
 For each: an uninterrupted run of 6 steps, and a run stopped after 3 steps (train.stop_after) then resumed; periodic
-and final held-out evaluation; the export checked with plain transformers in a clean process. The four first runs
-start together, then the two resumptions (2 cores: the launchers' start-up overlaps)."""
+and final held-out evaluation; the export checked with plain transformers in a clean process. Plus the evaluation
+stage under ZeRO-3 (`deepspeed launch/evaluate.py ... configs/evaluate_transfer_7b.yaml`, transfer without
+finetuning). The four first runs start together, then the two resumptions and the evaluation (on 2 cores the
+launchers' start-up overlaps)."""
 
 from __future__ import annotations
 
@@ -56,13 +58,19 @@ def runs(world, tmp_path_factory):
         launch.wait()
     for name in ("ds_resumed", "fsdp_resumed"):
         part[name] = json.loads((d / name / "result.json").read_text())
-    second = [ds_run("ds_resumed"), fsdp_run("fsdp_resumed")]
+    # evaluation (c), transfer without finetuning, ZeRO-3 through the deepspeed launcher and the shipped config
+    ev = deepspeed("launch/evaluate.py", [
+        "--ds_config", "configs/ds_zero3.json", "--config", "configs/evaluate_transfer_7b.yaml", f"run_dir={d / 'ev'}",
+        "output=", f"model.path={world.model_b}", f"data.eval={world.new_eval}", f"data.tokenizer={world.tokenizer}",
+        f"init.p_file={world.p_a}", f"eval.context_len={CTX}", "eval.max_docs=0", "eval.batch_size=5"], d / "ev.log")
+    second = [ds_run("ds_resumed"), fsdp_run("fsdp_resumed"), ev]
     for launch in second:
         launch.wait()
     out = {"dir": d}
     for name in ("ds_full", "ds_resumed", "fsdp_full", "fsdp_resumed"):
         out[name] = json.loads((d / name / "result.json").read_text())
     out["part"] = part
+    out["ev"] = json.loads((d / "ev" / "eval.json").read_text())
     return out
 
 
@@ -117,6 +125,23 @@ def test_distributed_eval_equals_single_process_eval_of_the_export(runs, world, 
     assert dist_m["bpb"] < dist_m["random_guess_bpb"]
     export_info = json.loads((d / "final" / "s2t2_export.json").read_text())
     assert export_info["step"] == STEPS and export_info["eval"] == dist_m
+
+
+def test_sharded_transfer_evaluation_equals_single_process(runs, world, tmp_path):
+    """`deepspeed launch/evaluate.py --ds_config configs/ds_zero3.json --config configs/evaluate_transfer_7b.yaml`:
+    model B (ZeRO-3 partitions, 2 ranks) with the P of model A, no finetuning, equals the same evaluation in one
+    plain process."""
+    ev = runs["ev"]
+    assert ev["world_size"] == 2 and ev["engine"] == "deepspeed" and ev["name"] == "s2t2_transfer_1b_to_7b"
+    cfg = load_config(EvaluateConfig, None, [f"run_dir={tmp_path}", f"model.path={world.model_b}",
+                                             "init.kind=translated", f"init.p_file={world.p_a}",
+                                             f"data.tokenizer={world.tokenizer}", f"data.eval={world.new_eval}",
+                                             f"eval.context_len={CTX}"])
+    single = evaluate(cfg)["metrics"]
+    assert ev["metrics"]["docs"] == single["docs"] == 29
+    assert ev["metrics"]["bpb"] == pytest.approx(single["bpb"], rel=1e-6)
+    assert math.isfinite(ev["metrics"]["perplexity"])
+    assert ev["metrics"]["random_guess_bpb"] == pytest.approx(single["random_guess_bpb"])
 
 
 def test_tensorboard_has_train_and_eval_series(runs):
