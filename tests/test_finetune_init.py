@@ -214,3 +214,13 @@ def test_p_file_with_the_transformers_rebuilt_source_hash_is_accepted(world, tmp
             resolve_plan(InitConfig(kind="translated", p_file=str(tmp_path / "p.safetensors")), str(d),
                          str(world.tokenizer), tmp_path / "init")
         assert p.source_tokenizer_hash in str(e.value) and file_hash in str(e.value)
+
+
+def test_a_foreign_directory_is_never_replaced(world, tmp_path):
+    mine = tmp_path / "precious"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(InitError, match="not written by s2t2"):
+        prepare_initial_model(InitConfig(kind="new_tok_truncate"), str(world.model_a), str(world.tokenizer), mine,
+                              is_main=True)
+    assert (mine / "notes.txt").read_text() == "keep me"

@@ -206,12 +206,14 @@ def export_model(engine, model, plan: InitPlan, out_dir: str | Path, *, dtype: t
     """Write the current weights as a standard Hugging Face directory (config, safetensors, the tokenizer files of
     the tokenizer the model speaks), atomically (built in OUT.partial, then renamed). Collective."""
     from s2t2_dist.engines._common import raise_if_any_failed
-    from s2t2_dist.stages.init_model import copy_tokenizer_files
+    from s2t2_dist.stages.init_model import InitError, copy_tokenizer_files, replace_dir
     from s2t2_dist.utils.io import atomic_write_text, fsync_dir
 
     out = Path(out_dir)
     partial = out.with_name(out.name + ".partial")
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    if out.exists() and not (out / EXPORT_INFO).is_file():  # checked on every rank before any collective
+        raise InitError(f"export.dir {out} exists and was not written by s2t2 (no {EXPORT_INFO}); choose another")
     if rank == 0 and partial.exists():
         shutil.rmtree(partial)
     _barrier()
@@ -227,10 +229,7 @@ def export_model(engine, model, plan: InitPlan, out_dir: str | Path, *, dtype: t
             copy_tokenizer_files(plan.tokenizer, partial)
             atomic_write_text(partial / EXPORT_INFO, json.dumps({"init": plan.to_dict(), **(extra or {})}, indent=1))
             fsync_dir(partial)
-            if out.exists():
-                shutil.rmtree(out)
-            partial.rename(out)
-            fsync_dir(out.parent)
+            replace_dir(partial, out, EXPORT_INFO)
         except BaseException as e:  # noqa: BLE001 - raised on every rank
             err = e
     raise_if_any_failed(err, f"exporting {out}")

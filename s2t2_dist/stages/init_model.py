@@ -266,6 +266,20 @@ def _embedding_rows(model_path: str) -> int | None:
     return getattr(cfg, "vocab_size", None)
 
 
+def replace_dir(partial: Path, out: Path, marker: str) -> None:
+    """Move the finished `partial` directory to `out`, replacing an older `out` only if this package wrote it
+    (it holds `marker`): a mistyped init.dir / export.dir never deletes someone's directory."""
+    from s2t2_dist.utils.io import fsync_dir
+
+    if out.exists():
+        if not (out / marker).is_file():
+            raise InitError(f"refusing to replace {out}: it exists and was not written by s2t2 (no {marker}); "
+                            "choose another directory or remove it")
+        shutil.rmtree(out)
+    partial.rename(out)
+    fsync_dir(out.parent)
+
+
 def initial_dir_is_current(out_dir: Path, identity: dict) -> bool:
     f = Path(out_dir) / INFO_FILE
     if not f.is_file():
@@ -289,6 +303,8 @@ def write_initial_model(init: InitConfig, plan: InitPlan, identity: dict, model_
     if initial_dir_is_current(out, identity):
         log.info("init: reusing %s", out)
         return out
+    if out.exists() and not (out / INFO_FILE).is_file():
+        raise InitError(f"init.dir {out} exists and was not written by s2t2 (no {INFO_FILE}); choose another")
     model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32,
                                                  trust_remote_code=trust_remote_code)
     if init.kind == "translated":
@@ -309,10 +325,7 @@ def write_initial_model(init: InitConfig, plan: InitPlan, identity: dict, model_
     copy_tokenizer_files(plan.tokenizer, partial)
     atomic_write_text(partial / INFO_FILE, json.dumps({"identity": identity, "plan": plan.to_dict()}, indent=1))
     fsync_dir(partial)
-    if out.exists():
-        shutil.rmtree(out)
-    partial.rename(out)
-    fsync_dir(out.parent)
+    replace_dir(partial, out, INFO_FILE)
     log.info("init: wrote %s (%s, vocabulary %d)", out, init.kind, plan.vocab_size)
     return out
 
