@@ -194,7 +194,9 @@ def build(cfg: TranslateConfig, rt: Runtime):
     group = dist.group.WORLD if env.distributed else None
     translator = TokenTranslator(v, u, kind=cfg.translator.kind, n_iter=cfg.translator.n_iter,
                                  normalization=cfg.translator.normalization, group=group).to(rt.device)
-    hashes = {"source": tokenizer_hash(src_tok.backend_tokenizer), "target": tgt.hash}
+    # The source tokenizer is hashed from its tokenizer.json file, as the data pipeline hashes it for manifests
+    # (transformers may rebuild a hub tokenizer in memory, which would hash differently).
+    hashes = {"source": tokenizer_hash(cfg.model.path), "target": tgt.hash}
     if cfg.translator.init_p:
         from s2t2_dist.pfile import load_p
 
