@@ -1,7 +1,7 @@
 #!/bin/bash
 # Data preparation (split, train the target BPE tokenizer, write webdataset shards): one CPU task, no GPU.
 #
-#   sbatch slurm/prepare_data.sh                                   # configs/data_uniref50.yaml
+#   sbatch slurm/prepare_data.sh                                   # configs/prepare_uniref50.yaml
 #   sbatch --cpus-per-task=32 slurm/prepare_data.sh --config configs/data_text.yaml
 #
 # Header values are defaults: sbatch command-line options (and SBATCH_* variables) override them. Arguments are
@@ -23,5 +23,5 @@ fi
 # shellcheck source=common.sh
 . "$S2T2_HOME/slurm/common.sh"
 
-: "${S2T2_CONFIG:=configs/data_uniref50.yaml}"
+: "${S2T2_CONFIG:=configs/prepare_uniref50.yaml}"
 s2t2_run_stage prepare "$@"
