@@ -84,6 +84,11 @@ def p_summary(p_file: str | Path, target_tokenizer: str | Path, source_model: st
     cols = p.indices[1].bincount(minlength=u)
     tgt = Tokenizer.from_file(str(Path(target_tokenizer) / "tokenizer.json"))
     src = token_bytes(source_model)
+    src_tok = Tokenizer.from_file(str(Path(source_model) / "tokenizer.json"))
+
+    def name(i: int) -> str:
+        b = src.get(i)
+        return b.decode("utf-8", "replace") if b is not None else (src_tok.id_to_token(i) or f"<{i}>")
     W = p.weights_pair()[1]  # W_L = P / nu: the head weights of each target column
     top = {}
     for ch in show:
@@ -91,8 +96,7 @@ def p_summary(p_file: str | Path, target_tokenizer: str | Path, source_model: st
         if j is None:
             continue
         w, i = W[:, j].topk(min(3, v))
-        top[ch] = [((src.get(int(p.source_ids[k])) or b"?").decode("utf-8", "replace"), round(float(x), 3))
-                   for x, k in zip(w.tolist(), i.tolist()) if x > 0]
+        top[ch] = [(name(int(p.source_ids[k])), round(float(x), 3)) for x, k in zip(w.tolist(), i.tolist()) if x > 0]
     vals = p.values.double()
     H = float(-(vals[vals > 0] * vals[vals > 0].log()).sum())
     return {"v": v, "u": u, "nnz": nnz, "density": nnz / (v * u), "col_nnz_mean": float(cols.double().mean()),
@@ -109,7 +113,8 @@ def parse(argv):
                     help="source LM: the shipped stories260K (default) or a byte-level English LM pretrained here")
     ap.add_argument("--context-len", type=int, default=128, help="tokens per training block (default 128)")
     ap.add_argument("--vocab-size", type=int, default=512, help="target BPE vocabulary (paper: 512)")
-    ap.add_argument("--p-lr", type=float, default=None, help="stage-1 learning rate (default: per source)")
+    ap.add_argument("--p-lr", type=float, default=None,
+                    help="stage-1 learning rate (default: 2e-5 for stories260k, 1e-3 for english-bytes)")
     ap.add_argument("--ft-lr", type=float, default=1e-3, help="stage-2 learning rate (default 1e-3)")
     ap.add_argument("--quiet", action="store_true", help="do not echo the stage processes' output")
     args = ap.parse_args(argv)
@@ -151,7 +156,7 @@ def run(args) -> dict:
     if args.source == "stories260k":
         ph.start("source", "source LM: stories260K (real, pretrained on TinyStories) -> Hugging Face format")
         model = stories260k(cache)
-        p_lr = args.p_lr or 5e-4
+        p_lr = args.p_lr or 2e-5  # the paper's P learning rate of its transfer runs: loss falls below ln u in ~60 steps
         results["source_lm"] = {"path": str(model), "kind": "stories260k (llama2.c, 260K parameters, vocab 512)"}
     else:
         ph.start("source", "source LM: pretrain a byte-level English LM on the shipped Shakespeare text")

@@ -67,7 +67,11 @@ def child_env(ranks: int, extra: dict | None = None) -> dict:
     env.setdefault("S2T2_LOG_LEVEL", "WARNING")
     import torch
 
-    if not torch.cuda.is_available():
+    if torch.cuda.is_available() and torch.cuda.device_count() < ranks:
+        # NCCL cannot put two ranks on one GPU: more ranks than GPUs run on the CPU with gloo
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        env["S2T2_DEVICE"] = "cpu"
+    if not torch.cuda.is_available() or env.get("CUDA_VISIBLE_DEVICES") == "":
         env.setdefault("DS_ACCELERATOR", "cpu")
     env.update(extra or {})
     return env
