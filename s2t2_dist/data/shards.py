@@ -117,6 +117,10 @@ class ShardFile:
         self.n_samples += 1
 
     def commit(self) -> dict:
+        if os.environ.get("S2T2_FAULT"):  # fault injection (tests/faults): e.g. a disk that fills here
+            from s2t2_dist.testing import faults
+
+            faults.point("shards.commit", int(self.path.name.rsplit("-", 1)[-1].split(".")[0]), path=str(self.tmp))
         self._put(bytes(2 * _BLOCK))  # end-of-archive marker
         pad = -self._n % _RECORD
         if pad:

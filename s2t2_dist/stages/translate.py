@@ -197,7 +197,7 @@ def build(cfg: TranslateConfig, rt: Runtime):
                          grad_clip=o.grad_clip, params="sharded")
     loader = TrainLoader(cfg.data.train, batch_size=cfg.train.micro_batch_size, rank=env.rank,
                          world_size=env.world_size, num_workers=cfg.data.num_workers, seed=cfg.train.seed,
-                         shuffle_window=cfg.data.shuffle_window)
+                         shuffle_window=cfg.data.shuffle_window, return_index=True)
     if loader.manifest.get("context_len") not in (None, cfg.train.context_len):
         raise ConfigError(f"train.context_len={cfg.train.context_len} but the shards in {cfg.data.train} hold "
                           f"blocks of {loader.manifest.get('context_len')} tokens")

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from s2t2_dist.testing import faults
 from s2t2_dist.utils.io import atomic_write_text, fsync_dir
 
 _STEP_RE = re.compile(r"^step_(\d{8})$")
@@ -79,7 +80,9 @@ class Checkpointer:
         _barrier()
         err: BaseException | None = None
         try:
+            faults.point("checkpoint.begin", step)
             engine.save(partial)
+            faults.point("checkpoint.after_engine_save", step, path=str(partial))
             torch.save(loop_state, partial / f"loop_rank{rank:05d}.pt")
         except BaseException as e:  # noqa: BLE001 - re-raised below on every rank
             err = e
@@ -94,10 +97,12 @@ class Checkpointer:
                 meta = {"step": step, "world_size": world, "fingerprint": self.fingerprint}
                 atomic_write_text(partial / "meta.json", json.dumps(meta, indent=1))
                 fsync_dir(partial)
+                faults.point("checkpoint.before_rename", step)
                 if final.exists():
                     shutil.rmtree(final)
                 partial.rename(final)
                 fsync_dir(self.root)
+                faults.point("checkpoint.after_rename", step)
                 self._prune()
             except BaseException as e:
                 shutil.rmtree(partial, ignore_errors=True)
