@@ -106,9 +106,10 @@ def train(
     step, bad_steps = 0, 0
     result = LoopResult(step=0, finished=False, preempted=False)
 
-    latest = checkpointer.latest()
-    if latest is not None:
-        state = checkpointer.load(latest, engine)
+    resumed = checkpointer.resume(engine)
+    latest = None
+    if resumed is not None:
+        latest, state = resumed
         step, bad_steps = int(state["step"]), int(state["bad_steps"])
         loader.load_state_dict(state["loader"])
         torch.set_rng_state(state["rng"])
