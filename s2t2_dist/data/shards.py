@@ -134,6 +134,8 @@ class ShardFile:
     def abort(self) -> None:
         try:
             self._f.close()
+        except OSError:  # closing flushes the buffer, which fails again on a full disk: the file is discarded anyway
+            pass
         finally:
             if self.tmp.exists():
                 self.tmp.unlink()
@@ -308,6 +310,9 @@ def write_shards(
             if bar is not None:
                 bar.update(len(lens))
         w.finish()
+    except OSError as e:  # a full disk, a quota, an I/O error: say where, and that re-running continues
+        w.abort()
+        raise _write_error(e, out / shard_name(split, len(w.shards)), len(w.shards)) from e
     except BaseException:
         w.abort()
         raise
@@ -330,6 +335,20 @@ def write_shards(
     }
     write_json_atomic(mpath, manifest)
     return manifest
+
+
+def _write_error(e: OSError, shard: Path, n_done: int) -> OSError:
+    import errno
+    import shutil
+
+    try:
+        free = f"{shutil.disk_usage(shard.parent).free:,} bytes free there"
+    except OSError:
+        free = "free space unknown"
+    full = " -- the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    return OSError(e.errno, f"writing shard {shard} failed: {e.strerror or e}{full} ({free}); the {n_done} shards "
+                            "written before it are complete and kept: free space and run the same command again "
+                            "to continue from them")
 
 
 class _WriterBase:
