@@ -12,6 +12,11 @@ Generates a UniRef50-like FASTA.gz by resampling the real sequences in shared/da
 "per core" figures divide by CPU seconds (user+sys of this process and its children), which is what a dedicated
 core would deliver; wall-clock figures depend on what else runs on the machine.
 
+``--baseline-tree DIR`` (a checkout of another commit, e.g. ``git worktree add /tmp/base HEAD~1``) also times the
+shards step (0 workers) with that checkout's ``s2t2_dist`` and with this one, alternately, ``--ab-reps`` times each,
+in fresh processes on the same splits and tokenizer: before/after figures for a change taken in the same run. It also
+reports the CPU time spent inside the shard writer (``ShardFile``: open, write, commit; thread CPU time).
+
     PYTHONPATH=. python bench/bench_prepare.py --residues 20000000 --workers 0 1 2
 """
 
@@ -58,8 +63,54 @@ def real_sequences(protein_dir: Path) -> list[str]:
     seqs = []
     for f in ("mmseqs2_QUERY_uniprotkb.fasta", "bio_embeddings_disprot_disordercdhit.fasta",
               "esm_some_proteins_uniref50.fasta"):
-        seqs += [r.text for r in read_fasta(protein_dir / f) if r.text]
+        if (protein_dir / f).is_file():  # the shipped sample (s2t2_dist/assets/protein) has the first and the last
+            seqs += [r.text for r in read_fasta(protein_dir / f) if r.text]
     return seqs
+
+
+_AB_CODE = """
+import json, os, sys, time
+sys.path.insert(0, {tree!r})
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+import webdataset  # loaded beforehand, as in `s2t2 prepare` (which has torch loaded): its import is not counted
+from s2t2_dist.data import shards
+assert shards.__file__.startswith({tree!r}), shards.__file__
+acc = [0.0]
+def timed(f):
+    def g(*a, **k):
+        t = time.thread_time()
+        try:
+            return f(*a, **k)
+        finally:
+            acc[0] += time.thread_time() - t
+    return g
+for name in ("__init__", "write", "commit"):
+    setattr(shards.ShardFile, name, timed(getattr(shards.ShardFile, name)))
+c0, w0, n, sha = time.process_time(), time.perf_counter(), 0, []
+for split in ("train", "eval"):
+    m = shards.write_shards(split_dir={splits!r}, split=split, tokenizer={tok!r},
+                            output_dir=os.path.join({out!r}, split), context_len={T}, shard_size={S}, num_workers=0,
+                            progress=False)
+    n += m["totals"]["n_samples"]
+    sha += [s["sha256"] for s in m["shards"]]
+print(json.dumps({{"wall_s": time.perf_counter() - w0, "cpu_s": time.process_time() - c0, "writer_cpu_s": acc[0],
+                  "samples": n, "sha256": sha}}))
+"""
+
+
+def ab_shards(trees: dict[str, Path], work: Path, reps: int, context_len: int, shard_size: int) -> dict:
+    """The shards step (train + eval, 0 workers) with each checkout's package, alternating, ``reps`` times each."""
+    import subprocess
+
+    runs: dict[str, list[dict]] = {name: [] for name in trees}
+    for _ in range(reps):
+        for name, tree in trees.items():
+            out = work / f"ab_{name}"
+            shutil.rmtree(out, ignore_errors=True)
+            code = _AB_CODE.format(tree=str(tree.resolve()), splits=str(work / "splits"), tok=str(work / "tok"),
+                                   out=str(out), T=context_len, S=shard_size)
+            runs[name].append(json.loads(subprocess.check_output([sys.executable, "-c", code]).decode()))
+    return runs
 
 
 def make_fasta(path: Path, seqs: list[str], residues: int, seed: int = 0, mutation_rate: float = 0.05):
@@ -89,7 +140,11 @@ def main() -> None:
     ap.add_argument("--context-len", type=int, default=512)
     ap.add_argument("--shard-size", type=int, default=8192)
     ap.add_argument("--workdir", default="/tmp/s2t2_bench_prepare")
-    ap.add_argument("--protein-dir", default=os.environ.get("S2T2_SHARED_DATA", "/work/shared/data") + "/protein")
+    shared = Path(os.environ.get("S2T2_SHARED_DATA", "/work/shared/data")) / "protein"
+    ap.add_argument("--protein-dir", default=str(shared if shared.is_dir() else
+                                                 Path(__file__).resolve().parents[1] / "s2t2_dist/assets/protein"))
+    ap.add_argument("--baseline-tree", default=None, help="a checkout to compare the shards step with (see above)")
+    ap.add_argument("--ab-reps", type=int, default=3)
     ap.add_argument("--json", default=None, help="also write the results here")
     a = ap.parse_args()
     work = Path(a.workdir)
@@ -173,6 +228,21 @@ def main() -> None:
     res["ratio_prepare_vs_decompress_per_core"] = prep_cpu / res["decompress"]["cpu_s"]
     print(f"\nper core, prepare is {res['ratio_prepare_vs_read_per_core']:.1f}x slower than reading the FASTA "
           f"and {res['ratio_prepare_vs_decompress_per_core']:.1f}x slower than decompressing it (target: 3x)")
+    if a.baseline_tree:
+        trees = {"baseline": Path(a.baseline_tree), "this": Path(__file__).resolve().parents[1]}
+        runs = ab_shards(trees, work, a.ab_reps, a.context_len, a.shard_size)
+        res["ab_shards_workers0"] = runs
+        print(f"\nshards step (train + eval, 0 workers), {a.ab_reps} alternating runs each, fresh processes:\n")
+        print("| checkout | wall s (each run) | CPU s (each run) | shard writer CPU s | writer µs/sample |")
+        print("|---|---|---|---:|---:|")
+        for name, rs in runs.items():
+            wr = sorted(r["writer_cpu_s"] for r in rs)[len(rs) // 2]
+            walls = " / ".join(f"{r['wall_s']:.2f}" for r in rs)
+            cpus = " / ".join(f"{r['cpu_s']:.2f}" for r in rs)
+            print(f"| {name} ({trees[name]}) | {walls} | {cpus} | {wr:.2f} (median) | "
+                  f"{wr / rs[0]['samples'] * 1e6:.1f} |")
+        same = runs["baseline"][0]["sha256"] == runs["this"][0]["sha256"]
+        print(f"\n{runs['this'][0]['samples']:,} samples; all shards byte-identical between the two: {same}")
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
 

@@ -19,6 +19,27 @@ import yaml
 T = TypeVar("T")
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 without sexagesimal numbers: `time: 8:00:00` stays the string SLURM expects, not 28800."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    ch: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for ch, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", __import__("re").compile(r"^[-+]?(0|[1-9][0-9_]*|0x[0-9a-fA-F_]+|0o?[0-7_]+)$"),
+    list("-+0123456789"))
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    __import__("re").compile(r"^[-+]?(\.[0-9]+|[0-9][0-9_]*(\.[0-9_]*)?)([eE][-+]?[0-9]+)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$"),
+    list("-+0123456789."))
+
+
+def yaml_load(text: str):
+    return yaml.load(text, Loader=_Loader)
+
+
 class ConfigError(ValueError):
     """A config key or value is wrong; the message names the dotted key (and the file, when there is one)."""
 
@@ -56,7 +77,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return _build(tp, value, key)
     if origin in (list, tuple):
         if isinstance(value, str):
-            value = yaml.safe_load(value) if value.startswith("[") else [v for v in value.split(",") if v]
+            value = yaml_load(value) if value.startswith("[") else [v for v in value.split(",") if v]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
         inner = args[0] if args else Any
@@ -143,7 +164,7 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
         key = key.strip().lstrip("-")
         # YAML parsing gives numbers, booleans, null and lists their types; the dataclass coercion checks them.
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = yaml_load(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
         out.append((key, value))
@@ -171,7 +192,7 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = yaml_load(path.read_text()) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML: {e}") from None
         if not isinstance(data, dict):

@@ -102,6 +102,9 @@ class TokenTranslator(nn.Module):
         self.sharded_method, self.row_k, self.col_k = sharded_method, int(row_k), int(col_k)
         self.group = group
         self.rank, self.world_size = world_of(group) if group is not None else (0, 1)
+        if self.u < self.world_size:
+            raise ValueError(f"u={u} target tokens cannot be column-sharded over {self.world_size} ranks "
+                             "(every rank needs a column)")
         self.col_start, self.col_end = shard_bounds(self.u, self.world_size, self.rank)
         self.col_sizes = [b - a for a, b in (shard_bounds(self.u, self.world_size, r) for r in range(self.world_size))]
         mu = torch.full((self.v,), 1.0 / self.v, dtype=torch.float64) if mu is None else mu.detach()
@@ -177,8 +180,13 @@ class TokenTranslator(nn.Module):
             self._solver_key = key
         return self._solver
 
+    def _on_P_grad(self, g: Tensor) -> None:
+        self._drop_grad_cache()
+
     def _drop_grad_cache(self) -> None:
+        # after backward the step's P is no longer needed (and C is about to change): free it, values included
         self._cache_grad = None
+        self._cache_val = None
 
     def _compute_P(self) -> Tensor:
         C = self.C
@@ -196,7 +204,9 @@ class TokenTranslator(nn.Module):
 
         Recomputed only when C has changed: within one step (same C, before backward) the same differentiable
         tensor is returned, e.g. to both :meth:`embed_and_head` and :meth:`entropy_local`. Under ``no_grad`` a
-        detached cached value is returned while C is unchanged."""
+        detached cached value is returned while C is unchanged (e.g. for the several statistics of a report).
+        Both caches are dropped when C's gradient is accumulated (end of backward), so no copy of P is held
+        between training steps."""
         ver = self.C._version
         if torch.is_grad_enabled() and self.C.requires_grad:
             if self._cache_grad is not None and self._cache_grad[0] == ver:
@@ -204,6 +214,10 @@ class TokenTranslator(nn.Module):
             P = self._compute_P()
             self._cache_grad = (ver, P)
             self._cache_val = (ver, P.detach())
+            if P.requires_grad:
+                # backward reaching P: the step's P is no longer needed; free it before the Sinkhorn backward
+                # allocates its own buffers (one v x u_local less at the peak)
+                P.register_hook(self._on_P_grad)
             return P
         if self._cache_val is not None and self._cache_val[0] == ver:
             return self._cache_val[1]
@@ -245,11 +259,16 @@ class TokenTranslator(nn.Module):
         if E_src.shape[1] != L_src.shape[1]:
             raise ValueError(f"E and L widths differ: {E_src.shape[1]} vs {L_src.shape[1]}")
         P = self.P()
-        W_E = self.weights(P, "embed")
-        same_w = self.normalization == "convex"
-        W_L = W_E if same_w else self.weights(P, "head")
-        E_loc = W_E.t() @ E_src.to(P.dtype)
-        L_loc = E_loc if (tied and same_w) else W_L.t() @ L_src.to(P.dtype)
+        # W = P / nu and W = P / mu are never formed (they would be v x u temporaries): the 1/nu scales the u x d
+        # result, the 1/mu scales the v x d source rows
+        inv_nu = _safe_inv(self.nu_local).to(P.dtype).unsqueeze(1)
+        L_loc = (P.t() @ L_src.to(P.dtype)) * inv_nu
+        if tied and self.normalization == "convex":
+            E_loc = L_loc
+        elif self.normalization == "convex":
+            E_loc = (P.t() @ E_src.to(P.dtype)) * inv_nu
+        else:
+            E_loc = P.t() @ (E_src.to(P.dtype) * _safe_inv(self.mu).to(P.dtype).unsqueeze(1))
         if self.sharded:
             E_full = gather_rows_mean_grad(E_loc, self.col_sizes, self.comm())
             L_full = E_full if L_loc is E_loc else gather_rows_mean_grad(L_loc, self.col_sizes, self.comm())

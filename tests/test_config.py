@@ -57,3 +57,10 @@ def test_impossible_batch_layout():
 def test_missing_file_named(tmp_path):
     with pytest.raises(ConfigError, match=r"nope.yaml"):
         load_config(Run, tmp_path / "nope.yaml")
+
+
+def test_yaml_numbers_and_times():
+    from s2t2_dist.config import yaml_load
+
+    d = yaml_load("t: 8:00:00\na: 1e-3\nb: 2.0e-5\nc: 12\nd: -3\ne: 1_000\nf: .5\ng: 0x10\nh: 1:30")
+    assert d == {"t": "8:00:00", "a": 1e-3, "b": 2e-5, "c": 12, "d": -3, "e": 1000, "f": 0.5, "g": 16, "h": "1:30"}

@@ -1,37 +1,22 @@
 """Step 2: BPE training, loading with transformers, compression report against OLMo, tokenizer hash."""
 
 import json
-import os
-from pathlib import Path
 
 import pytest
+from data_files import AA, ESM, EXTRA, MMSEQS, OLMO_TOKENIZER as OLMO, split_and_train
 
 from s2t2_dist.data.bpe import (
     build_bpe_tokenizer, compression_report, load_tokenizer, save_tokenizer_dir, tokenizer_hash, train_tokenizer)
 from s2t2_dist.data.errors import DataError
-from s2t2_dist.data.records import RecordPolicy
-from s2t2_dist.data.split import iter_split_texts, split_dataset
+from s2t2_dist.data.split import iter_split_texts
 
-SHARED = Path(os.environ.get("S2T2_SHARED_DATA", "/work/shared/data"))
-PROTEIN = SHARED / "protein"
-OLMO = SHARED / "olmo" / "allenai_gpt-neox-olmo-dolma-v1_5.json"
-needs_data = pytest.mark.skipif(not PROTEIN.is_dir() or not OLMO.is_file(),
-                                reason=f"real test data not present ({SHARED})")
-AA = "ACDEFGHIKLMNPQRSTVWY"
-ALPHA = AA + "UXBZO"
+ALPHA = AA + EXTRA
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    if not PROTEIN.is_dir() or not OLMO.is_file():
-        pytest.skip("real test data not present")
     root = tmp_path_factory.mktemp("bpe")
-    split_dataset(inputs=[str(PROTEIN / "mmseqs2_QUERY_uniprotkb.fasta"),
-                          str(PROTEIN / "bio_embeddings_disprot_disordercdhit.fasta")],
-                  output_dir=root / "splits", policy=RecordPolicy(alphabet=AA, extra_residues="UXBZO"),
-                  eval_fraction=0.1, progress=False)
-    rep = train_tokenizer(split_dir=root / "splits", output_dir=root / "tok", vocab_size=512, kind="char",
-                          alphabet=ALPHA, max_records=600, compare_with={"olmo": str(OLMO)}, progress=False)
+    rep = split_and_train(root, [MMSEQS, ESM], max_records=400, compare_with={"olmo": str(OLMO)})
     return root, rep
 
 
@@ -76,11 +61,11 @@ def test_compression_report_against_bytes_and_olmo(trained):
 def test_training_is_deterministic_and_skipped_when_done(trained, tmp_path):
     root, rep = trained
     again = train_tokenizer(split_dir=root / "splits", output_dir=tmp_path / "tok2", vocab_size=512, kind="char",
-                            alphabet=ALPHA, max_records=600, progress=False)
+                            alphabet=ALPHA, max_records=400, progress=False)
     assert again["tokenizer_hash"] == rep["tokenizer_hash"] == tokenizer_hash(root / "tok")
     mtime = (tmp_path / "tok2" / "tokenizer.json").stat().st_mtime_ns
     train_tokenizer(split_dir=root / "splits", output_dir=tmp_path / "tok2", vocab_size=512, kind="char",
-                    alphabet=ALPHA, max_records=600, progress=False)
+                    alphabet=ALPHA, max_records=400, progress=False)
     assert (tmp_path / "tok2" / "tokenizer.json").stat().st_mtime_ns == mtime
 
 
@@ -100,7 +85,6 @@ def test_tokenizer_hash_is_canonical(trained, tmp_path):
     assert len(h) == 64
 
 
-@needs_data
 def test_olmo_special_tokens_detected():
     info = load_tokenizer(OLMO)
     assert info.vocab_size == 50280

@@ -1,22 +1,14 @@
 """FASTA reading: header styles, wrapped lines, compression, malformed input (FILE:LINE), skip counts, streaming."""
 
 import gzip
-import os
 from collections import Counter
-from pathlib import Path
 
 import pytest
+from data_files import AA, DISPROT, ESM, EXTRA, MMSEQS, needs_disprot
 
 from s2t2_dist.data.errors import DataFormatError
 from s2t2_dist.data.fasta import read_fasta
 from s2t2_dist.data.records import RecordFilter, RecordPolicy, read_raw
-
-SHARED = Path(os.environ.get("S2T2_SHARED_DATA", "/work/shared/data"))
-PROTEIN = SHARED / "protein"
-needs_data = pytest.mark.skipif(not PROTEIN.is_dir(), reason=f"real test data not present ({PROTEIN})")
-
-AA = "ACDEFGHIKLMNPQRSTVWY"
-EXTRA = "UXBZO"
 
 
 def strict(**kw):
@@ -61,25 +53,22 @@ def test_header_styles_wrapped_lines_crlf_blank_lines(tmp_path):
                     ("tr|A7TBS3|A7TBS3_NEMVE", "VCIHT", 8)]
 
 
-@needs_data
-@pytest.mark.parametrize("name,n", [("esm_some_proteins_uniref50.fasta", 15), ("mmseqs2_QUERY_uniprotkb.fasta", 500),
-                                    ("bio_embeddings_disprot_disordercdhit.fasta", 1162)])
-def test_real_files_match_reference_parser(name, n):
-    path = PROTEIN / name
+@pytest.mark.parametrize("path,n", [(ESM, 15), (MMSEQS, 500), pytest.param(DISPROT, 1162, marks=needs_disprot)],
+                         ids=["esm", "mmseqs2", "disprot"])
+def test_real_files_match_reference_parser(path, n):
     got = read_all(path, strict())
     assert len(got) == n
     assert got == naive_fasta(path)
-    if name.startswith("esm"):
+    if path == ESM:
         assert got[0][0].startswith("UniRef50_")
-    if name.startswith("mmseqs2"):
+    if path == MMSEQS:
         assert got[0][0] == "tr|A7TBS3|A7TBS3_NEMVE"
-    if name.startswith("bio"):
+    if path == DISPROT:
         assert max(len(s) for _, s in got) == 34350
 
 
-@needs_data
 def test_gzip_equals_plain_and_is_detected_by_content(tmp_path):
-    src = PROTEIN / "mmseqs2_QUERY_uniprotkb.fasta"
+    src = MMSEQS
     gz = tmp_path / "q.fasta.gz"
     gz.write_bytes(gzip.compress(src.read_bytes()))
     odd = tmp_path / "q_gz_without_suffix.fasta"  # gzip recognised by magic bytes, not the name
@@ -183,9 +172,9 @@ def test_skip_mode_counts_every_reason(tmp_path):
     assert stats["read"] == stats["kept"] + sum(v for k, v in stats.items() if k.startswith(("bad:", "filtered:")))
 
 
-@needs_data
+@needs_disprot
 def test_extra_residue_policies_on_real_disprot_file():
-    path = PROTEIN / "bio_embeddings_disprot_disordercdhit.fasta"
+    path = DISPROT
     ref = naive_fasta(path)
     with_extra = [r for r in ref if set(r[1]) & set(EXTRA)]
     n_extra = sum(sum(c in EXTRA for c in s) for _, s in ref)

@@ -1,39 +1,27 @@
 """Step 4: exact epoch coverage over ranks x workers, seeded shuffling, mid-epoch resume, errors naming shards."""
 
 import json
-import os
 import random
 import tarfile
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from data_files import MMSEQS, split_and_train
 
-from s2t2_dist.data.bpe import train_tokenizer
 from s2t2_dist.data.errors import DataError, ManifestError, ShardError
 from s2t2_dist.data.loader import EvalDocs, TrainLoader, batches_done_by_worker, epoch_plan
-from s2t2_dist.data.records import RecordPolicy
 from s2t2_dist.data.shards import npy_load, write_shards
-from s2t2_dist.data.split import split_dataset
 
-SHARED = Path(os.environ.get("S2T2_SHARED_DATA", "/work/shared/data"))
-PROTEIN = SHARED / "protein"
-AA = "ACDEFGHIKLMNPQRSTVWY"
 T = 64
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    if not PROTEIN.is_dir():
-        pytest.skip("real test data not present")
     root = tmp_path_factory.mktemp("loader")
-    split_dataset(inputs=[str(PROTEIN / "mmseqs2_QUERY_uniprotkb.fasta")], output_dir=root / "splits",
-                  policy=RecordPolicy(alphabet=AA, extra_residues="UXBZO"), eval_fraction=0.1, progress=False)
-    train_tokenizer(split_dir=root / "splits", output_dir=root / "tok", vocab_size=256, kind="char",
-                    alphabet=AA + "UXBZO", max_records=200, progress=False)
+    split_and_train(root, [MMSEQS], vocab_size=256, max_records=200)
     for split in ("train", "eval"):
         # 97 samples per shard: the shard count divides neither ranks nor workers
         write_shards(split_dir=root / "splits", split=split, tokenizer=root / "tok", output_dir=root / split,

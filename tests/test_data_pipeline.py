@@ -1,29 +1,22 @@
-"""`prepare(DataConfig)` end to end, for proteins (with the OLMo baseline shards) and for English text."""
+"""`prepare(DataConfig)` end to end on the shipped samples: proteins (with the OLMo baseline shards) and English."""
 
 import json
-import os
-from pathlib import Path
 
-import pytest
+from data_files import ESM, MMSEQS, OLMO_TOKENIZER, SHAKESPEARE
 
 from s2t2_dist.data import DataConfig, EvalDocs, TrainLoader, prepare
-
-SHARED = Path(os.environ.get("S2T2_SHARED_DATA", "/work/shared/data"))
-OLMO = SHARED / "olmo" / "allenai_gpt-neox-olmo-dolma-v1_5.json"
-needs_data = pytest.mark.skipif(not (SHARED / "protein").is_dir() or not OLMO.is_file(),
-                                reason=f"real test data not present ({SHARED})")
+from s2t2_dist.data.pipeline import format_summary
 
 
-@needs_data
-def test_prepare_proteins_with_source_baseline_and_rerun(tmp_path, capsys):
-    cfg = DataConfig(inputs=[str(SHARED / "protein" / "mmseqs2_QUERY_uniprotkb.fasta"),
-                             str(SHARED / "protein" / "esm_some_proteins_uniref50.fasta")],
-                     output_dir=str(tmp_path / "out"), eval_fraction=0.1, vocab_size=256, context_len=128,
-                     shard_size=200, num_workers=0, source_tokenizer=str(OLMO), tokenizer_max_records=300)
-    s = prepare(cfg, progress=True)
-    printed = capsys.readouterr().out
-    assert "records read 515, kept 515" in printed and "shards new/train" in printed
+def test_prepare_proteins_with_source_baseline_and_rerun(tmp_path):
+    cfg = DataConfig(inputs=[str(MMSEQS), str(ESM)], output_dir=str(tmp_path / "out"), eval_fraction=0.1,
+                     vocab_size=256, context_len=128, shard_size=200, num_workers=0,
+                     source_tokenizer=str(OLMO_TOKENIZER), tokenizer_max_records=300)
+    s = prepare(cfg, progress=False)
+    text = format_summary(s)
+    assert "records  read 515, kept 515" in text and "new/train" in text and "source needs" in text
     assert s["split"]["records_read"] == 515
+    assert not any(step["reused"] for step in s["steps"].values())
     comp = s["tokenizer"]["compression"]["tokenizers"]
     assert set(comp) == {"new", "source"}
     for name in ("new", "source"):
@@ -38,19 +31,20 @@ def test_prepare_proteins_with_source_baseline_and_rerun(tmp_path, capsys):
     s2 = prepare(cfg, progress=False)  # everything is done: nothing is rewritten
     assert s2["shards"] == s["shards"]
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    assert all(step["reused"] for step in s2["steps"].values()) and len(s2["steps"]) == 6
+    assert "everything was already done" in format_summary(s2)
     L = TrainLoader(out / "shards" / "new" / "train", batch_size=4)
     assert next(iter(L))["input_ids"].shape == (4, 128)
     d = next(iter(EvalDocs(out / "shards" / "source" / "eval")))
     assert d["input_ids"][0].item() == 50279
 
 
-@needs_data
 def test_prepare_english_text_domain(tmp_path):
-    cfg = DataConfig(inputs=[str(SHARED / "english" / "tinyshakespeare_input.txt")], format="text",
-                     text_mode="paragraph", domain="text", output_dir=str(tmp_path / "out"), eval_fraction=0.05,
-                     vocab_size=400, context_len=256, shard_size=100, num_workers=0, tokenizer_max_records=2000)
+    cfg = DataConfig(inputs=[str(SHAKESPEARE)], format="text", text_mode="paragraph", domain="text",
+                     output_dir=str(tmp_path / "out"), eval_fraction=0.05, vocab_size=400, context_len=256,
+                     shard_size=100, num_workers=0)
     s = prepare(cfg, progress=False)
-    assert s["split"]["records_kept"] > 7000  # blank-line separated speeches
+    assert s["split"]["records_kept"] > 600  # blank-line separated speeches
     c = s["tokenizer"]["compression"]["tokenizers"]["new"]
     assert c["bytes_per_token"] > 1.5  # a byte-level BPE compresses English
     tok = json.loads((tmp_path / "out" / "tokenizer" / "tokenizer.json").read_text())

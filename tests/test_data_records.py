@@ -2,20 +2,17 @@
 
 import gzip
 import json
-import os
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from data_files import AA, C4_FILES, needs_c4
 
-from s2t2_dist.data.config import ConfigError, DataConfig
+from s2t2_dist.config import ConfigError
+from s2t2_dist.data.config import DataConfig
 from s2t2_dist.data.errors import DataError, DataFormatError
 from s2t2_dist.data.records import RecordFilter, RecordPolicy, detect_format, read_raw, resolve_inputs
 
-SHARED = Path(os.environ.get("S2T2_SHARED_DATA", "/work/shared/data"))
-needs_data = pytest.mark.skipif(not (SHARED / "protein").is_dir(), reason=f"real test data not present ({SHARED})")
-
-AA = "ACDEFGHIKLMNPQRSTVWY"
 ROWS = [("P1", "MKVLA"), ("P2", "ACDEFGHIK"), ("P3", "WYWYW")]
 
 
@@ -107,9 +104,9 @@ def test_plain_text_line_and_paragraph_modes(tmp_path):
     assert collect([p], any_text, text_mode="file") == [("doc.txt", p.read_text().rstrip("\n"))]
 
 
-@needs_data
+@needs_c4
 def test_real_c4_jsonl_gz_text_domain():
-    files = sorted((SHARED / "english").glob("olmo_c4-sample.0*.json.gz"))
+    files = C4_FILES
     got = collect(files, RecordPolicy(alphabet=None), id_column="url", text_column="text")
     assert len(got) == 30
     assert all(t.strip() for _, t in got) and all(i.startswith("http") for i, _ in got)

@@ -1,37 +1,24 @@
 """Step 3: shards + manifest round trip, exact packing, eval byte invariant across tokenizers, crash + resume."""
 
 import json
-import os
 import tarfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from data_files import ESM, MMSEQS, OLMO_TOKENIZER as OLMO, split_and_train
 
 from s2t2_dist.data import shards as shards_mod
-from s2t2_dist.data.bpe import load_tokenizer, train_tokenizer
+from s2t2_dist.data.bpe import load_tokenizer
 from s2t2_dist.data.errors import ManifestError, ShardError
-from s2t2_dist.data.records import RecordPolicy
 from s2t2_dist.data.shards import load_manifest, npy_load, write_shards
-from s2t2_dist.data.split import iter_split_docs, split_dataset
-
-SHARED = Path(os.environ.get("S2T2_SHARED_DATA", "/work/shared/data"))
-PROTEIN = SHARED / "protein"
-OLMO = SHARED / "olmo" / "allenai_gpt-neox-olmo-dolma-v1_5.json"
-AA = "ACDEFGHIKLMNPQRSTVWY"
+from s2t2_dist.data.split import iter_split_docs
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    if not PROTEIN.is_dir() or not OLMO.is_file():
-        pytest.skip("real test data not present")
     root = tmp_path_factory.mktemp("shards")
-    split_dataset(inputs=[str(PROTEIN / "mmseqs2_QUERY_uniprotkb.fasta"),
-                          str(PROTEIN / "bio_embeddings_disprot_disordercdhit.fasta")],
-                  output_dir=root / "splits", policy=RecordPolicy(alphabet=AA, extra_residues="UXBZO"),
-                  eval_fraction=0.1, chunk_records=500, progress=False)
-    train_tokenizer(split_dir=root / "splits", output_dir=root / "tok", vocab_size=512, kind="char",
-                    alphabet=AA + "UXBZO", max_records=400, progress=False)
+    split_and_train(root, [MMSEQS, ESM], chunk_records=200, max_records=400)
     return root
 
 
@@ -220,3 +207,31 @@ def test_manifest_mismatches_are_clear_errors(prepared, tmp_path):
     shard.unlink()
     with pytest.raises(ShardError, match=rf"shard .*{name} is missing"):
         load_manifest(tmp_path / "o")
+
+
+def test_shard_file_is_a_reproducible_webdataset_tar(tmp_path):
+    import webdataset as wds
+
+    samples = [(f"{i:012d}", {"input_ids.npy": bytes([i]) * (100 + i), "json": b'{"id": "x"}'}) for i in range(5)]
+    infos = []
+    for name in ("a.tar", "b.tar"):
+        sf = shards_mod.ShardFile(tmp_path / name)
+        for key, files in samples:
+            sf.write(key, files)
+        assert not (tmp_path / name).exists() and (tmp_path / f"{name}.tmp").exists()
+        infos.append(sf.commit())
+    a, b = (tmp_path / "a.tar").read_bytes(), (tmp_path / "b.tar").read_bytes()
+    assert a == b and infos[0]["sha256"] == infos[1]["sha256"] and infos[0]["file_bytes"] == len(a)
+    assert len(a) % 10240 == 0  # whole tar records
+    with tarfile.open(tmp_path / "a.tar") as tf:
+        members = tf.getmembers()
+    assert [m.name for m in members[:2]] == ["000000000000.input_ids.npy", "000000000000.json"]
+    assert all(m.mtime == 0 and m.mode == 0o444 and m.uname == "s2t2" for m in members)
+    with open(tmp_path / "a.tar", "rb") as f:  # webdataset's own tar reader, as the loader uses it
+        got = list(wds.tariterators.group_by_keys(wds.tariterators.tar_file_expander([{"url": "a", "stream": f}])))
+    assert [(s["__key__"], s["input_ids.npy"], s["json"]) for s in got] == [
+        (k, f["input_ids.npy"], f["json"]) for k, f in samples]
+    sf = shards_mod.ShardFile(tmp_path / "c.tar")
+    sf.write(*samples[0])
+    sf.abort()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.tar", "b.tar"]

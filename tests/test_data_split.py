@@ -1,30 +1,24 @@
 """Step 1: deterministic, disjoint train/eval split; summary counts; crash + resume."""
 
 import json
-import os
-from pathlib import Path
 
 import pytest
+from data_files import AA, ESM, EXTRA, MMSEQS
 
 from s2t2_dist.data import split as split_mod
 from s2t2_dist.data.errors import DataFormatError, ManifestError
 from s2t2_dist.data.records import RecordPolicy
 from s2t2_dist.data.split import iter_split_docs, load_split, split_dataset, split_hash_u64, split_of
 
-SHARED = Path(os.environ.get("S2T2_SHARED_DATA", "/work/shared/data"))
-PROTEIN = SHARED / "protein"
-needs_data = pytest.mark.skipif(not PROTEIN.is_dir(), reason=f"real test data not present ({PROTEIN})")
-POLICY = RecordPolicy(alphabet="ACDEFGHIKLMNPQRSTVWY", extra_residues="UXBZO")
-FILES = ["mmseqs2_QUERY_uniprotkb.fasta", "bio_embeddings_disprot_disordercdhit.fasta",
-         "esm_some_proteins_uniref50.fasta"]
+POLICY = RecordPolicy(alphabet=AA, extra_residues=EXTRA)
+FILES = [MMSEQS, ESM]
 
 
 def run(out, files, **kw):
     kw.setdefault("policy", POLICY)
     kw.setdefault("eval_fraction", 0.1)
     kw.setdefault("chunk_records", 400)
-    return split_dataset(inputs=[str(PROTEIN / f) if not os.path.isabs(f) else f for f in files],
-                         output_dir=out, progress=False, **kw)
+    return split_dataset(inputs=[str(f) for f in files], output_dir=out, progress=False, **kw)
 
 
 def docs(out, split):
@@ -44,7 +38,6 @@ def test_split_of_is_a_fixed_function():
     assert split_of("x", eval_fraction=0.0) == "train"
 
 
-@needs_data
 def test_split_deterministic_disjoint_complete_and_order_independent(tmp_path):
     m1 = run(tmp_path / "a", FILES)
     m2 = run(tmp_path / "b", FILES)
@@ -55,7 +48,7 @@ def test_split_deterministic_disjoint_complete_and_order_independent(tmp_path):
     train, ev = docs(tmp_path / "a", "train"), docs(tmp_path / "a", "eval")
     ids_t, ids_e = {i for i, _ in train}, {i for i, _ in ev}
     assert not ids_t & ids_e
-    assert len(train) + len(ev) == 500 + 1162 + 15 == m1["summary"]["records_kept"]
+    assert len(train) + len(ev) == 500 + 15 == m1["summary"]["records_kept"]
     assert 0.07 < len(ev) / (len(train) + len(ev)) < 0.13
     assert all(split_of(i, eval_fraction=0.1) == "eval" for i in ids_e)
     # a different input order (and chunking) gives the same assignment of ids to splits
@@ -66,10 +59,9 @@ def test_split_deterministic_disjoint_complete_and_order_independent(tmp_path):
     assert [i for i, _ in train][:2] == [i for i, _ in docs(tmp_path / "b", "train")][:2]
 
 
-@needs_data
 def test_split_by_text_keeps_identical_sequences_together(tmp_path):
     f = tmp_path / "dups.fasta"
-    seqs = [line for line in (PROTEIN / "mmseqs2_QUERY_uniprotkb.fasta").read_text().split(">") if line][:200]
+    seqs = [line for line in MMSEQS.read_text().split(">") if line][:200]
     # every sequence twice under different ids
     text = "".join(f">{k}_a\n{s.split(chr(10), 1)[1]}>{k}_b\n{s.split(chr(10), 1)[1]}" for k, s in enumerate(seqs))
     f.write_text(text)
@@ -78,11 +70,10 @@ def test_split_by_text_keeps_identical_sequences_together(tmp_path):
     assert ev and all((i[:-1] + ("b" if i.endswith("a") else "a")) in ev for i in ev)
 
 
-@needs_data
 def test_summary_counts_skips_by_reason(tmp_path):
     bad = tmp_path / "bad.fasta"
     bad.write_text(">x\n>y\nMK1V\n>z\nMKV\n")
-    m = run(tmp_path / "s", [FILES[2], str(bad)], policy=RecordPolicy(alphabet=POLICY.alphabet, on_bad_record="skip",
+    m = run(tmp_path / "s", [ESM, bad], policy=RecordPolicy(alphabet=POLICY.alphabet, on_bad_record="skip",
                                                                       min_length=4))
     s = m["summary"]
     assert s["skipped_bad"] == {"bad_character": 1, "empty_record": 1}
@@ -99,47 +90,44 @@ def test_error_mode_stops_with_file_and_line(tmp_path):
     assert not (tmp_path / "o" / "split.json").exists()
 
 
-@needs_data
 def test_crash_then_resume_gives_the_clean_result_without_rewriting_committed_parts(tmp_path, monkeypatch):
-    clean = run(tmp_path / "clean", FILES[:2], chunk_records=300)
+    clean = run(tmp_path / "clean", FILES, chunk_records=100)
     calls = {"n": 0}
     real = split_mod.RecordFilter.__call__
 
     def crashing(self, rec):
         calls["n"] += 1
-        if calls["n"] == 1000:
+        if calls["n"] == 350:
             raise RuntimeError("simulated crash")
         return real(self, rec)
 
     monkeypatch.setattr(split_mod.RecordFilter, "__call__", crashing)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        run(tmp_path / "r", FILES[:2], chunk_records=300)
+        run(tmp_path / "r", FILES, chunk_records=100)
     monkeypatch.setattr(split_mod.RecordFilter, "__call__", real)
     out = tmp_path / "r"
     assert not (out / "split.json").exists()
     committed = sorted(p for p in out.rglob("part-*.jsonl"))
-    assert len(committed) == 6  # 3 commits of 300 records, train + eval each
+    assert len(committed) == 6  # 3 commits of 100 records, train + eval each
     assert not list(out.rglob("*.tmp"))
     before = {p: p.stat().st_mtime_ns for p in committed}
-    resumed = run(out, FILES[:2], chunk_records=300)
+    resumed = run(out, FILES, chunk_records=100)
     assert {p: p.stat().st_mtime_ns for p in committed} == before
     assert resumed["parts"] == clean["parts"] and resumed["stats"] == clean["stats"]
     for s in ("train", "eval"):
         assert docs(out, s) == docs(tmp_path / "clean", s)
     # finished: a third run returns the manifest as is
-    assert run(out, FILES[:2], chunk_records=300) == resumed
+    assert run(out, FILES, chunk_records=100) == resumed
 
 
-@needs_data
 def test_other_parameters_in_same_directory_are_refused(tmp_path):
-    run(tmp_path / "o", FILES[2:])
+    run(tmp_path / "o", [ESM])
     with pytest.raises(ManifestError, match="different parameters"):
-        run(tmp_path / "o", FILES[2:], eval_fraction=0.5)
+        run(tmp_path / "o", [ESM], eval_fraction=0.5)
 
 
-@needs_data
 def test_missing_part_is_reported(tmp_path):
-    m = run(tmp_path / "o", FILES[:1])
+    m = run(tmp_path / "o", [MMSEQS])
     (tmp_path / "o" / "train" / m["parts"]["train"][0]["name"]).unlink()
     with pytest.raises(ManifestError, match="part-00000.jsonl: listed in .* but missing"):
         load_split(tmp_path / "o")

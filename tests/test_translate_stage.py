@@ -89,3 +89,22 @@ def test_translate_torchrun_two_ranks_resume_is_identical(inputs, tmp_path):
     assert dict(split_losses) == dict(ref_losses)
     a, b = load_p(ref / "P.safetensors"), load_p(split / "P.safetensors")
     assert torch.equal(a.indices, b.indices) and torch.equal(a.values, b.values)
+
+
+def test_translate_frozen_lm_partitioned_with_fsdp_matches_replicated(inputs, tmp_path):
+    """model.partition=fsdp shards the frozen LM's blocks over the 2 ranks; the learning is the same."""
+    data, model = inputs
+    script = str(REPO / "launch" / "translate.py")
+    cfgfile = str(REPO / "configs" / "translate_olmo1b.yaml")
+    runs = {}
+    for part in ("none", "fsdp"):
+        torchrun(2, script, "--config", cfgfile, *_overrides(data, model, tmp_path / part, "train.steps=4",
+                                                              "data.eval=", f"model.partition={part}"))
+        runs[part] = _losses(tmp_path / part)[1]
+        frac = json.loads((tmp_path / part / "result.json").read_text())["lm_param_fraction_per_rank"]
+        assert frac == 1.0 if part == "none" else frac < 0.8  # the blocks (most of the LM) are halved
+    assert [s for s, _ in runs["fsdp"]] == [2, 4]
+    for (_, a), (_, b) in zip(runs["none"], runs["fsdp"]):
+        assert a == pytest.approx(b, rel=1e-5)
+    pa, pb = load_p(tmp_path / "none" / "P.safetensors"), load_p(tmp_path / "fsdp" / "P.safetensors")
+    torch.testing.assert_close(pa.dense(), pb.dense(), atol=1e-6, rtol=1e-4)

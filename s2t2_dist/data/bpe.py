@@ -14,12 +14,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ._io import fsync_dir, write_json_atomic
+from s2t2_dist.utils.io import atomic_dir, atomic_write_json
+
 from .errors import DataError
 
 BOS, EOS, PAD, UNK = "<s>", "</s>", "<pad>", "<unk>"
@@ -204,29 +204,19 @@ def build_bpe_tokenizer(texts: Iterable[str], *, vocab_size: int = 512, kind: st
 def save_tokenizer_dir(tok, output_dir: str | os.PathLike, *, context_len: int = 512, extra: dict | None = None) -> Path:
     """Write ``tok`` as a Hugging Face tokenizer directory, atomically (built in ``dir.tmp``, then renamed)."""
     out = Path(output_dir)
-    tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    tok.save(str(tmp / "tokenizer.json"))
     specials = {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "unk_token": UNK}
-    # written by hand (not save_pretrained) so that transformers 4.x and 5.x both load it with AutoTokenizer
-    write_json_atomic(tmp / "tokenizer_config.json", {
-        "tokenizer_class": "PreTrainedTokenizerFast", **specials, "model_max_length": context_len,
-        "clean_up_tokenization_spaces": False, "padding_side": "right"})
-    write_json_atomic(tmp / "special_tokens_map.json", specials)
+    files = {  # written by hand (not save_pretrained) so that transformers 4.x and 5.x both load it with AutoTokenizer
+        "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast", **specials,
+                                  "model_max_length": context_len, "clean_up_tokenization_spaces": False,
+                                  "padding_side": "right"},
+        "special_tokens_map.json": specials,
+    }
     if extra is not None:
-        write_json_atomic(tmp / "bpe_training.json", extra)
-    if out.exists():
-        old = out.with_name(out.name + ".old")
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old)
-    else:
-        os.replace(tmp, out)
-    fsync_dir(out.parent)
+        files["bpe_training.json"] = extra
+    with atomic_dir(out) as tmp:
+        tok.save(str(tmp / "tokenizer.json"))
+        for name, obj in files.items():
+            (tmp / name).write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
     return out
 
 
@@ -298,7 +288,7 @@ def train_tokenizer(*, split_dir: str | os.PathLike, output_dir: str | os.PathLi
     report["tokenizer_hash"] = toks["new"].hash
     report["compression"] = compression_report(sample, toks)
     report["compression"]["measured_on"] = f"{which} split, first {len(sample)} records"
-    write_json_atomic(info_file, report)
+    atomic_write_json(info_file, report)
     return report
 
 

@@ -11,13 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
-try:  # the project's one config error type, so `validate_tree` prefixes our messages with the section path
-    from s2t2_dist.config import ConfigError
-except ImportError:  # pragma: no cover - before the config module exists on this branch
-
-    class ConfigError(ValueError):
-        pass
-
+from s2t2_dist.config import ConfigError
 
 PROTEIN_ALPHABET = "ACDEFGHIKLMNPQRSTVWY"  # the 20 standard amino acids
 PROTEIN_EXTRA = "UXBZO"  # selenocysteine, unknown, Asx, Glx, pyrrolysine (all occur in UniRef50)

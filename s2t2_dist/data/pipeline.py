@@ -6,7 +6,8 @@
     shards/source/{train,eval}/  step 3 with the source LM's tokenizer (if source_tokenizer is set)
     prepare_summary.json         counts of every step (written last)
 
-Every step resumes or skips work already done, so re-running the same command after a crash continues.
+Every step resumes or skips work already done, so re-running the same command after a crash continues, and
+re-running a finished one does nothing (the summary says which steps were reused).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ._io import write_json_atomic
+from s2t2_dist.utils.io import atomic_write_json
+
 from .bpe import train_tokenizer
 from .config import DataConfig
 from .records import RecordPolicy
@@ -40,64 +42,143 @@ def tokenizer_alphabet(cfg: DataConfig) -> str | None:
     return "".join(sorted(set(alpha) | set(extra)))
 
 
+def output_paths(cfg: DataConfig) -> dict[str, Path]:
+    """Where `prepare` puts each output (what the training stages' data paths point at)."""
+    out = Path(cfg.output_dir)
+    paths = {"splits": out / "splits", "tokenizer": out / "tokenizer"}
+    for name in ("new", "source") if cfg.source_tokenizer else ("new",):
+        for split in ("train", "eval"):
+            paths[f"{name}/{split}"] = out / "shards" / name / split
+    return paths
+
+
+def _stamp(path: Path) -> int | None:
+    return path.stat().st_mtime_ns if path.is_file() else None
+
+
+class _Step:
+    """Times a step and tells whether it reused a finished result (its marker file existed and is unchanged)."""
+
+    def __init__(self, steps: dict, name: str, marker: Path):
+        self.steps, self.name, self.marker = steps, name, marker
+
+    def __enter__(self):
+        self.before, self.t0 = _stamp(self.marker), time.time()
+
+    def __exit__(self, exc_type, *_):
+        if exc_type is None:
+            self.steps[self.name] = {"seconds": round(time.time() - self.t0, 3),
+                                     "reused": self.before is not None and self.before == _stamp(self.marker)}
+
+
 def prepare(cfg: DataConfig, *, progress: bool = True, steps: tuple[str, ...] = ("split", "tokenizer", "shards")) -> dict:
-    """Run the steps named in ``steps`` (in order); returns and saves a summary of every count."""
+    """Run the steps named in ``steps`` (in order); returns the summary of every count (also saved as
+    ``prepare_summary.json``; `format_summary` makes it readable). ``progress``: tqdm bars."""
     cfg.validate()
+    paths = output_paths(cfg)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    summary: dict = {"output_dir": str(out)}
-    split_dir = out / "splits"
-    tok_dir = out / "tokenizer"
+    summary: dict = {"output_dir": str(out), "paths": {k: str(v) for k, v in paths.items() if k != "splits"},
+                     "steps": {}}
+    timing = summary["steps"]
+    split_dir, tok_dir = paths["splits"], paths["tokenizer"]
     if "split" in steps:
-        m = split_dataset(inputs=list(cfg.inputs), output_dir=split_dir, format=cfg.format, id_column=cfg.id_column,
-                          text_column=cfg.text_column, hf_split=cfg.hf_split, text_mode=cfg.text_mode,
-                          policy=policy_from_config(cfg), eval_fraction=cfg.eval_fraction, split_by=cfg.split_by,
-                          seed=cfg.seed, chunk_records=cfg.chunk_records, progress=progress)
+        with _Step(timing, "split", split_dir / "split.json"):
+            m = split_dataset(inputs=list(cfg.inputs), output_dir=split_dir, format=cfg.format,
+                              id_column=cfg.id_column, text_column=cfg.text_column, hf_split=cfg.hf_split,
+                              text_mode=cfg.text_mode, policy=policy_from_config(cfg),
+                              eval_fraction=cfg.eval_fraction, split_by=cfg.split_by, seed=cfg.seed,
+                              chunk_records=cfg.chunk_records, progress=progress)
         summary["split"] = m["summary"]
     if "tokenizer" in steps:
         compare = {"source": cfg.source_tokenizer} if cfg.source_tokenizer else None
-        rep = train_tokenizer(split_dir=split_dir, output_dir=tok_dir, vocab_size=cfg.vocab_size,
-                              kind=cfg.resolved_tokenizer_kind(), alphabet=tokenizer_alphabet(cfg),
-                              min_frequency=cfg.min_frequency, max_records=cfg.tokenizer_max_records, seed=cfg.seed,
-                              context_len=cfg.context_len, compare_with=compare, progress=progress)
+        with _Step(timing, "tokenizer", tok_dir / "tokenizer.json"):
+            rep = train_tokenizer(split_dir=split_dir, output_dir=tok_dir, vocab_size=cfg.vocab_size,
+                                  kind=cfg.resolved_tokenizer_kind(), alphabet=tokenizer_alphabet(cfg),
+                                  min_frequency=cfg.min_frequency, max_records=cfg.tokenizer_max_records,
+                                  seed=cfg.seed, context_len=cfg.context_len, compare_with=compare,
+                                  progress=progress)
         summary["tokenizer"] = {"dir": str(tok_dir), "hash": rep.get("tokenizer_hash"),
-                                "trained_on": rep.get("trained_on"), "compression": rep.get("compression")}
+                                "vocab_size": rep.get("vocab_size"), "trained_on": rep.get("trained_on"),
+                                "compression": rep.get("compression")}
     if "shards" in steps:
-        toks = {"new": tok_dir}
-        if cfg.source_tokenizer:
-            toks["source"] = cfg.source_tokenizer
         summary["shards"] = {}
-        for name, tok in toks.items():
-            for split in ("train", "eval"):
-                m = write_shards(split_dir=split_dir, split=split, tokenizer=tok,
-                                 output_dir=out / "shards" / name / split, context_len=cfg.context_len,
-                                 shard_size=cfg.shard_size, num_workers=cfg.num_workers, progress=progress)
-                summary["shards"][f"{name}/{split}"] = {"shards": len(m["shards"]), **m["totals"]}
+        for key, shard_dir in paths.items():
+            if "/" not in key:
+                continue
+            name, split = key.split("/")
+            tok = tok_dir if name == "new" else cfg.source_tokenizer
+            with _Step(timing, f"shards {key}", shard_dir / "manifest.json"):
+                m = write_shards(split_dir=split_dir, split=split, tokenizer=tok, output_dir=shard_dir,
+                                 context_len=cfg.context_len, shard_size=cfg.shard_size,
+                                 num_workers=cfg.num_workers, progress=progress)
+            summary["shards"][key] = {"shards": len(m["shards"]),
+                                      "shard_bytes": sum(s["file_bytes"] for s in m["shards"]),
+                                      "vocab_size": m["tokenizer"]["vocab_size"], **m["totals"]}
     summary["seconds"] = round(time.time() - t0, 3)
-    write_json_atomic(out / "prepare_summary.json", summary)
-    if progress:
-        print(format_summary(summary))
+    atomic_write_json(out / "prepare_summary.json", summary)
     return summary
 
 
+def _n(x) -> str:
+    return f"{x:,}" if isinstance(x, int) else str(x)
+
+
 def format_summary(summary: dict) -> str:
-    lines = [f"prepare: {summary.get('output_dir')} ({summary.get('seconds')} s)"]
+    """The summary as a few readable lines: records read/kept/filtered by rule, tokenizer compression against
+    bytes and against the source tokenizer, shards and tokens per split, and the paths to train on."""
+    steps = summary.get("steps", {})
+    reused = [k for k, v in steps.items() if v.get("reused")]
+    state = ("everything was already done; nothing was rewritten" if steps and len(reused) == len(steps)
+             else f"reused: {', '.join(reused)}" if reused else "")
+    lines = [f"prepare: {summary.get('output_dir')} ({summary.get('seconds')} s{'; ' + state if state else ''})"]
     sp = summary.get("split")
     if sp:
-        lines.append(f"  records read {sp['records_read']:,}, kept {sp['records_kept']:,} "
-                     f"(train {sp['train_records']:,}, eval {sp['eval_records']:,})")
+        lines.append(f"  records  read {_n(sp['records_read'])}, kept {_n(sp['records_kept'])} "
+                     f"(train {_n(sp['train_records'])}, eval {_n(sp['eval_records'])})")
         for k, v in sp["skipped_bad"].items():
-            lines.append(f"  skipped (malformed: {k}): {v:,}")
+            lines.append(f"           skipped as malformed ({k}): {_n(v)}")
         for k, v in sp["filtered"].items():
-            lines.append(f"  filtered ({k}): {v:,}")
+            lines.append(f"           filtered ({k}): {_n(v)}")
+        if not sp["skipped_bad"] and not sp["filtered"]:
+            lines.append("           nothing filtered or skipped")
         if sp.get("replaced_residues"):
-            lines.append(f"  residues replaced: {sp['replaced_residues']:,}")
+            lines.append(f"           residues replaced: {_n(sp['replaced_residues'])}")
     tk = summary.get("tokenizer")
-    if tk and tk.get("compression"):
-        for name, c in tk["compression"]["tokenizers"].items():
-            lines.append(f"  tokenizer {name}: {c['bytes_per_token']:.3f} bytes/token (vocab {c['vocab_size']:,})")
-    for key, s in (summary.get("shards") or {}).items():
-        lines.append(f"  shards {key}: {s['shards']} shards, {s['n_samples']:,} samples, {s['n_tokens']:,} tokens"
-                     + (f", tail dropped {s['dropped_tail_tokens']}" if "dropped_tail_tokens" in s else ""))
+    if tk:
+        tr = tk.get("trained_on") or {}
+        lines.append(f"  tokenizer {tk['dir']}: vocab {_n(tk.get('vocab_size'))}, trained on {_n(tr.get('records'))} "
+                     f"records ({_n(tr.get('chars'))} characters)")
+        comp = tk.get("compression")
+        if comp:
+            lines.append(f"  compression on {comp.get('measured_on', 'held-out text')} ({_n(comp['bytes'])} bytes):")
+            for name, c in comp["tokenizers"].items():
+                if not c.get("tokens"):
+                    continue
+                line = (f"    {name:<7} vocab {c['vocab_size']:>7,}: {c['bytes_per_token']:.3f} bytes/token = "
+                        f"{c['vs_bytes']:.2f}x fewer tokens than bytes")
+                if name == "new":
+                    line += "".join(f"; {k[9:]} needs {c[k]:.2f}x as many tokens" for k in sorted(c)
+                                    if k.startswith("ratio_vs_"))
+                lines.append(line)
+    shards = summary.get("shards") or {}
+    if shards:
+        lines.append("  shards")
+    for key, s in shards.items():
+        mb = s.get("shard_bytes", 0) / 1e6
+        if "dropped_tail_tokens" in s:
+            what = (f"{_n(s['n_samples'])} blocks, {_n(s['n_tokens'])} tokens "
+                    f"(last {_n(s['dropped_tail_tokens'])} tokens of the stream dropped)")
+        else:
+            what = f"{_n(s['n_samples'])} documents, {_n(s['n_tokens'])} tokens"
+            if s.get("n_tokens"):
+                what += f", {s['text_bytes'] / s['n_tokens']:.3f} bytes/token"
+        lines.append(f"    {key:<13} {s['shards']:>4} shard{'s' if s['shards'] != 1 else ''}, {mb:,.1f} MB: {what}")
+    paths = summary.get("paths") or {}
+    if paths.get("new/train"):
+        lines.append(f"  train on: train {paths['new/train']}, eval {paths['new/eval']}, "
+                     f"tokenizer {paths['tokenizer']}")
+    if paths.get("source/train"):
+        lines.append(f"  baseline (source tokenizer): train {paths['source/train']}, eval {paths['source/eval']}")
     return "\n".join(lines)

@@ -10,6 +10,9 @@ A sample is ``KEY.input_ids.npy`` (uint16 if the vocabulary fits, else int32) [+
 ``shard_size`` samples (the last one fewer) and are named ``{split}-%06d.tar``. Tokenization runs in ``num_workers``
 processes (ordered, so the output is byte-identical for any worker count); packing and writing run in this process.
 
+Shards are written with webdataset's ``TarWriter`` (members ``KEY.EXT`` in key order; mode 0444, fixed mtime and
+owner, so a shard's bytes depend only on its samples).
+
 Crash safety: a shard is written as ``NAME.tmp`` and renamed; after each rename a journal line records the shard and
 the position to restart from (document, token offset inside it). Re-running with the same arguments resumes after
 the last recorded shard without rewriting it. ``manifest.json`` is written last, atomically.
@@ -29,7 +32,10 @@ from typing import Iterator
 
 import numpy as np
 
-from ._io import append_journal, fingerprint, read_journal, read_json, rewrite_journal, write_json_atomic
+from s2t2_dist.utils.io import (
+    AtomicFile, append_json_line, atomic_write_json, json_sha256, load_json, read_json_lines, sha256_file,
+    write_json_lines)
+
 from .bpe import TokenizerInfo, load_tokenizer
 from .errors import ManifestError, ShardError
 from .split import iter_split_lines, load_split, split_manifest_hash
@@ -60,85 +66,60 @@ def npy_load(data: bytes) -> np.ndarray:
 # shard file
 
 
-_BLOCK = 512
-_RECORD = 20 * _BLOCK
+class _HashingWriter:
+    """Write-through file wrapper counting and sha256-hashing the bytes written (the manifest records both)."""
 
+    def __init__(self, f):
+        self._f = f
+        self.sha256 = hashlib.sha256()
+        self.n_bytes = 0
 
-def tar_member_header(name: str, size: int) -> bytes:
-    """A POSIX ustar header for a regular file (mode 0444, uid/gid 0, mtime 0: reproducible shards)."""
-    bname = name.encode("utf-8")
-    if len(bname) > 100:
-        raise ValueError(f"tar member name too long: {name!r}")
-    h = bytearray(_BLOCK)
-    h[0:len(bname)] = bname
-    h[100:108] = b"0000444\0"
-    h[108:116] = b"0000000\0"
-    h[116:124] = b"0000000\0"
-    h[124:136] = b"%011o\0" % size
-    h[136:148] = b"%011o\0" % 0
-    h[148:156] = b"        "
-    h[156:157] = b"0"
-    h[257:265] = b"ustar\x0000"
-    h[265:269] = b"s2t2"
-    h[297:301] = b"s2t2"
-    h[148:156] = b"%06o\0 " % sum(h)
-    return bytes(h)
+    def write(self, b) -> int:
+        if self._f is None:  # detached: the shard was abandoned
+            return len(b)
+        self.sha256.update(b)
+        self.n_bytes += len(b)
+        return self._f.write(b)
+
+    def detach(self) -> None:
+        self._f = None
 
 
 class ShardFile:
-    """One tar shard being written as ``path.tmp``; ``commit()`` fsyncs and renames it to ``path``.
+    """One tar shard, written by webdataset's ``TarWriter`` into ``path.tmp``; ``commit()`` finishes the archive,
+    fsyncs it and renames it to ``path``, ``abort()`` removes it.
 
-    Writes plain POSIX ustar members itself (about 10x faster than ``tarfile``, which webdataset's TarWriter uses,
-    and byte-identical across runs); the result is an ordinary tar that ``tarfile`` and webdataset read. Members are
-    ``KEY.EXT`` in key order, as webdataset expects.
+    Samples are passed pre-encoded (``encoder=False``: bytes per extension), so the writer only frames them.
     """
 
     def __init__(self, path: Path):
+        from webdataset import TarWriter  # imported here: webdataset imports torch, tokenizer workers need neither
+
         self.path = Path(path)
-        self.tmp = self.path.with_name(self.path.name + ".tmp")
-        self._f = open(self.tmp, "wb", buffering=1 << 20)
-        self._h = hashlib.sha256()
-        self._n = 0
+        self._file = AtomicFile(self.path, "wb", buffering=1 << 20)
+        self._hashed = _HashingWriter(self._file.file)
+        self._tar = TarWriter(self._hashed, encoder=False, compress=False, mtime=0, user="s2t2", group="s2t2")
         self.n_samples = 0
 
-    def _put(self, b: bytes) -> None:
-        self._f.write(b)
-        self._h.update(b)
-        self._n += len(b)
-
     def write(self, key: str, files: dict[str, bytes]) -> None:
-        for ext in sorted(files):
-            data = files[ext]
-            self._put(tar_member_header(f"{key}.{ext}", len(data)))
-            self._put(data)
-            pad = -len(data) % _BLOCK
-            if pad:
-                self._put(bytes(pad))
+        self._tar.write({"__key__": key, **files})
         self.n_samples += 1
 
     def commit(self) -> dict:
         if os.environ.get("S2T2_FAULT"):  # fault injection (tests/faults): e.g. a disk that fills here
             from s2t2_dist.testing import faults
 
-            faults.point("shards.commit", int(self.path.name.rsplit("-", 1)[-1].split(".")[0]), path=str(self.tmp))
-        self._put(bytes(2 * _BLOCK))  # end-of-archive marker
-        pad = -self._n % _RECORD
-        if pad:
-            self._put(bytes(pad))
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._f.close()
-        os.replace(self.tmp, self.path)
-        return {"name": self.path.name, "file_bytes": self._n, "sha256": self._h.hexdigest()}
+            faults.point("shards.commit", int(self.path.name.rsplit("-", 1)[-1].split(".")[0]), path=str(self.path))
+        self._tar.close()  # end-of-archive blocks, padded to a whole tar record; the file stays open
+        self._file.commit()
+        return {"name": self.path.name, "file_bytes": self._hashed.n_bytes, "sha256": self._hashed.sha256.hexdigest()}
 
     def abort(self) -> None:
+        self._hashed.detach()
         try:
-            self._f.close()
-        except OSError:  # closing flushes the buffer, which fails again on a full disk: the file is discarded anyway
-            pass
+            self._tar.close()  # releases the tar stream; what it still writes goes nowhere
         finally:
-            if self.tmp.exists():
-                self.tmp.unlink()
+            self._file.abort()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -267,17 +248,17 @@ def write_shards(
     job = {"split": split, "kind": kind, "context_len": context_len, "shard_size": shard_size,
            "tokenizer_hash": info.hash, "bos_id": info.bos_id, "eos_id": info.eos_id, "dtype": dtype.name,
            "split_hash": split_manifest_hash(split_dir)}
-    jhash = fingerprint(job)
+    jhash = json_sha256(job)
     mpath = out / "manifest.json"
     if mpath.exists():
-        m = read_json(mpath, "manifest")
+        m = load_json(mpath, "manifest", ManifestError)
         if m.get("job_hash") == jhash:
             return m
         raise ManifestError(f"{mpath}: this directory holds shards of another job (different split, tokenizer or "
                             "settings); choose another output_dir or delete it")
 
     journal = out / f"_journal-{split}.jsonl"
-    entries = read_journal(journal)
+    entries = read_json_lines(journal)
     if entries and entries[0].get("job_hash") != jhash:
         raise ManifestError(f"{journal}: a half-finished job with different inputs or settings is in {out}; "
                             "choose another output_dir or delete it")
@@ -288,7 +269,7 @@ def write_shards(
             done.append(e)
         else:
             break
-    rewrite_journal(journal, [{"job_hash": jhash, "job": job}] + done)
+    write_json_lines(journal, [{"job_hash": jhash, "job": job}] + done)
     state = done[-1]["resume"] if done else {"doc": 0, "offset": 0, "sample": 0, "docs_before": 0,
                                              "bytes_before": 0, "chars_before": 0, "tokens_before": 0}
     shards = [e["shard"] for e in done]
@@ -333,7 +314,7 @@ def write_shards(
         "summary": {**split_m["summary"], f"{split}_shards": len(shards), f"{split}_samples": totals["n_samples"],
                     f"{split}_tokens": totals["n_tokens"], "seconds_this_run": round(time.time() - t0, 3)},
     }
-    write_json_atomic(mpath, manifest)
+    atomic_write_json(mpath, manifest)
     return manifest
 
 
@@ -379,7 +360,7 @@ class _WriterBase:
         if self.cur_bytes:
             info["text_bytes"] = self.cur_bytes
         self.shards.append(info)
-        append_journal(self.journal, {"shard": info, "resume": resume})
+        append_json_line(self.journal, {"shard": info, "resume": resume})
         self.cur = None
 
     def abort(self) -> None:
@@ -498,7 +479,7 @@ def load_manifest(path: str | os.PathLike, *, check_files: bool = True, verify_c
     p = Path(path)
     if p.is_dir():
         p = p / "manifest.json"
-    m = read_json(p, "shard manifest (run the tokenize step first)")
+    m = load_json(p, "shard manifest (run the tokenize step first)", ManifestError)
     if m.get("format") != MANIFEST_FORMAT:
         raise ManifestError(f"{p}: not a shard manifest (format {m.get('format')!r})")
     if m.get("version") != MANIFEST_VERSION:
@@ -523,9 +504,6 @@ def load_manifest(path: str | os.PathLike, *, check_files: bool = True, verify_c
             size = f.stat().st_size
             if size != s["file_bytes"]:
                 raise ShardError(f"shard {f} has {size} bytes but {p} says {s['file_bytes']}: truncated or replaced")
-            if verify_checksums:
-                from ._io import sha256_file
-
-                if sha256_file(f) != s["sha256"]:
-                    raise ShardError(f"shard {f}: sha256 differs from {p}: the shard is corrupt or was replaced")
+            if verify_checksums and sha256_file(f) != s["sha256"]:
+                raise ShardError(f"shard {f}: sha256 differs from {p}: the shard is corrupt or was replaced")
     return m

@@ -24,7 +24,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ._io import append_journal, fingerprint, read_journal, read_json, rewrite_journal, write_json_atomic
+from s2t2_dist.utils.io import (
+    AtomicFile, append_json_line, atomic_write_json, json_sha256, load_json, read_json_lines, write_json_lines)
+
 from .errors import ManifestError
 from .records import RecordFilter, RecordPolicy, read_raw, resolve_inputs
 
@@ -49,9 +51,8 @@ def _part_name(i: int) -> str:
 
 class _PartWriter:
     def __init__(self, directory: Path, index: int):
-        self.final = directory / _part_name(index)
-        self.tmp = directory / (_part_name(index) + ".tmp")
-        self.f = open(self.tmp, "w", encoding="utf-8")
+        self.out = AtomicFile(directory / _part_name(index), "w", encoding="utf-8")
+        self.f = self.out.file
         self.records = 0
         self.chars = 0
 
@@ -62,19 +63,14 @@ class _PartWriter:
         self.chars += len(text)
 
     def commit(self) -> dict | None:
-        self.f.flush()
-        os.fsync(self.f.fileno())
-        self.f.close()
         if self.records == 0:
-            self.tmp.unlink()
+            self.out.abort()
             return None
-        os.replace(self.tmp, self.final)
-        return {"name": self.final.name, "records": self.records, "chars": self.chars,
-                "file_bytes": self.final.stat().st_size}
+        final = self.out.commit()
+        return {"name": final.name, "records": self.records, "chars": self.chars, "file_bytes": final.stat().st_size}
 
     def abort(self) -> None:
-        self.f.close()
-        self.tmp.unlink(missing_ok=True)
+        self.out.abort()
 
 
 def split_dataset(
@@ -107,10 +103,10 @@ def split_dataset(
         "policy": policy.to_dict(), "eval_fraction": eval_fraction, "split_by": split_by, "seed": seed,
         "chunk_records": chunk_records,
     }
-    phash = fingerprint(params)
+    phash = json_sha256(params)
     manifest_path = out / "split.json"
     if manifest_path.exists():
-        m = read_json(manifest_path, "split manifest")
+        m = load_json(manifest_path, "split manifest", ManifestError)
         if m.get("params_hash") != phash:
             raise ManifestError(
                 f"{manifest_path}: this directory holds a split made with different parameters or inputs; "
@@ -120,7 +116,7 @@ def split_dataset(
     for s in SPLITS:
         (out / s).mkdir(parents=True, exist_ok=True)
     journal = out / "_journal.jsonl"
-    entries = read_journal(journal)
+    entries = read_json_lines(journal)
     if entries and entries[0].get("params_hash") != phash:
         raise ManifestError(
             f"{journal}: a half-finished split with different parameters or inputs is in {out}; "
@@ -133,7 +129,7 @@ def split_dataset(
         else:
             break
     if len(commits) != len(entries) - 1 or not entries:
-        rewrite_journal(journal, [{"params_hash": phash, "started": time.time()}] + commits)
+        write_json_lines(journal, [{"params_hash": phash, "started": time.time()}] + commits)
 
     stats = Counter(commits[-1]["stats"]) if commits else Counter()
     skip = commits[-1]["position"] if commits else 0
@@ -189,7 +185,7 @@ def split_dataset(
         "stats": dict(sorted(stats.items())),
         "summary": summarize_stats(stats, n, chars),
     }
-    write_json_atomic(manifest_path, manifest)
+    atomic_write_json(manifest_path, manifest)
     return manifest
 
 
@@ -199,7 +195,7 @@ def _commit(out: Path, journal: Path, writers: dict, parts: dict, stats: Counter
         info = w.commit()
         new[s] = [info] if info else []
         parts[s].extend(new[s])
-    append_journal(journal, {"chunk": index, "position": position, "parts": new, "stats": dict(stats)})
+    append_json_line(journal, {"chunk": index, "position": position, "parts": new, "stats": dict(stats)})
 
 
 def summarize_stats(stats: Counter | dict, records: dict, chars: dict) -> dict:
@@ -219,7 +215,7 @@ def summarize_stats(stats: Counter | dict, records: dict, chars: dict) -> dict:
 def load_split(split_dir: str | os.PathLike) -> dict:
     """The split manifest of a finished step 1 (ManifestError if missing or if a part is missing)."""
     split_dir = Path(split_dir)
-    m = read_json(split_dir / "split.json", "split manifest (run the split step first)")
+    m = load_json(split_dir / "split.json", "split manifest (run the split step first)", ManifestError)
     if m.get("format") != SPLIT_FORMAT:
         raise ManifestError(f"{split_dir / 'split.json'}: not a split manifest (format {m.get('format')!r})")
     for s in SPLITS:

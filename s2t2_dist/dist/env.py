@@ -1,7 +1,8 @@
 """Rank / world discovery for every way this package is launched, in one place.
 
 Launchers publish the same facts under different names:
-- torchrun and the deepspeed launcher: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT;
+- torchrun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT; the deepspeed
+  launcher: the same but LOCAL_SIZE, CROSS_RANK, CROSS_SIZE for the node layout;
 - srun (one task per GPU): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_NNODES, and the
   rendezvous must be derived (first host of the allocation, a port from the job id);
 - submitit runs its tasks through srun, so it is the srun case (its JobEnvironment reads the same variables).
@@ -92,18 +93,20 @@ def detect(env: dict | None = None) -> DistEnv:
     env = dict(os.environ if env is None else env)
     if "RANK" in env and "WORLD_SIZE" in env:
         world = _int(env, "WORLD_SIZE")
-        local_world = _int(env, "LOCAL_WORLD_SIZE", world)
+        # torchrun: LOCAL_WORLD_SIZE, GROUP_RANK; the deepspeed launcher: LOCAL_SIZE, CROSS_RANK, CROSS_SIZE
+        local_world = _int(env, "LOCAL_WORLD_SIZE", _int(env, "LOCAL_SIZE", world))
         rank = _int(env, "RANK")
+        node_rank = _int(env, "GROUP_RANK", _int(env, "CROSS_RANK", rank // max(local_world, 1)))
         return DistEnv(
             rank=rank,
             world_size=world,
             local_rank=_int(env, "LOCAL_RANK", 0),
             local_world_size=local_world,
-            node_rank=_int(env, "GROUP_RANK", rank // max(local_world, 1)),
-            num_nodes=max(world // max(local_world, 1), 1),
+            node_rank=node_rank,
+            num_nodes=_int(env, "CROSS_SIZE", max(world // max(local_world, 1), 1)),
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
             master_port=_int(env, "MASTER_PORT", 29500),
-            launcher="torchrun",
+            launcher="deepspeed" if "CROSS_RANK" in env else "torchrun",
         )
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and env.get("SLURM_STEP_ID") is not None:
         world = _int(env, "SLURM_NTASKS")
@@ -117,15 +120,22 @@ def detect(env: dict | None = None) -> DistEnv:
             local_world_size=local_world,
             node_rank=_int(env, "SLURM_NODEID", 0),
             num_nodes=nnodes,
-            master_addr=slurm_first_host_addr(env),
+            # The batch script (slurm/common.sh) or submit.py exports MASTER_ADDR once for the whole job; asking
+            # scontrol from every rank of a large job would flood slurmctld.
+            master_addr=env.get("S2T2_MASTER_ADDR") or env.get("MASTER_ADDR") or slurm_first_host_addr(env),
             master_port=slurm_port(env),
             launcher="slurm",
         )
     return DistEnv()
 
 
+def use_cuda() -> bool:
+    """GPUs are used when present, unless S2T2_DEVICE=cpu (tests, or CPU-only runs on a GPU node)."""
+    return torch.cuda.is_available() and os.environ.get("S2T2_DEVICE", "").lower() != "cpu"
+
+
 def default_backend() -> str:
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    return "nccl" if use_cuda() else "gloo"
 
 
 def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> DistEnv:
@@ -133,7 +143,7 @@ def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> D
     import torch.distributed as dist
 
     denv = detect()
-    if torch.cuda.is_available():
+    if use_cuda():
         torch.cuda.set_device(denv.local_rank % torch.cuda.device_count())
     if denv.world_size == 1 or dist.is_initialized():
         return denv
@@ -153,6 +163,6 @@ def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> D
 
 
 def device_for(denv: DistEnv) -> torch.device:
-    if torch.cuda.is_available():
+    if use_cuda():
         return torch.device("cuda", denv.local_rank % torch.cuda.device_count())
     return torch.device("cpu")

@@ -192,6 +192,8 @@ class ShardedSparseSinkhorn:
         self.mu, self.nu_local, self.u = mu, nu_local, int(u)
         self.validate = validate
         R = self.comm.world_size
+        if self.u < R:
+            raise ValueError(f"u={u} target tokens cannot be column-sharded over {R} ranks (every rank needs a column)")
         self.col_sizes = [b - a for a, b in (shard_bounds(self.u, R, r) for r in range(R))]
         if self.col_sizes[self.comm.rank] != nu_local.numel():
             raise ValueError(

@@ -195,17 +195,43 @@ def _project_inplace(z: Tensor, shp3: Tuple[int, int, int], tau: Tensor, sup: Su
     return _Iterate(dense=out), spare is not None
 
 
+def _slice_of(flat: Tensor, shp3: Tuple[int, int, int]) -> Tensor:
+    O, n, I = shp3
+    return (flat // (n * I)) * I + flat % I
+
+
 def _bwd_step(gin: Tensor, gcorr: Optional[Tensor], sup: Support, proj: SimplexProjector,
-              shp3: Tuple[int, int, int]) -> Tensor:
+              shp3: Tuple[int, int, int], gin_nz: Optional[Tensor] = None) -> Tensor:
     """Adjoint of one projection + correction update: ``where(S, gin - m, gcorr)``, ``m = mean_S(gin - gcorr)``.
 
-    (``gcorr`` None means zero.) Writes into ``gcorr`` when given and returns it.
+    (``gcorr`` None means zero.) Writes into ``gcorr`` when given and returns it. ``gin_nz``: sorted unique flat
+    positions outside which ``gin`` is zero (then whole-slice sums of ``gin`` and its copy into full slices cost
+    O(nnz) instead of passes over the matrix).
     """
     O, n, I = shp3
     cnt = sup.counts.clamp(min=1)
     kind = sup.kind
     g3 = gin.view(shp3)
     c3 = None if gcorr is None else gcorr.view(shp3)
+    if kind == "mixed" and gin_nz is not None:
+        gi = _gather(gin, sup.idx)
+        hv = gi if gcorr is None else gi - _gather(gcorr, sup.idx)
+        nz_s = _slice_of(gin_nz, shp3)
+        nz_v = gin.reshape(-1).index_select(0, gin_nz)
+        dense_sums = torch.zeros(O * I, dtype=gin.dtype, device=gin.device).index_add_(0, nz_s, nz_v)
+        if c3 is not None:
+            dense_sums = dense_sums - c3.sum(1).reshape(-1)
+        m = proj.slice_sums(shp3, sup, hvals=hv, dense_sums=dense_sums) / cnt
+        f = sup.full.view(O, 1, I)
+        mf = m.view(O, 1, I) * f
+        if gcorr is None:
+            gcorr = torch.where(f, -mf, 0).expand(shp3).contiguous().view(gin.shape)
+        else:
+            torch.where(f, -mf, c3, out=c3)
+        keep = sup.full.index_select(0, nz_s)  # gin's entries in full slices: gcorr = gin - m there
+        gcorr.view(-1).index_add_(0, gin_nz[keep], nz_v[keep])
+        gcorr.view(-1).index_copy_(0, sup.idx, gi - m.index_select(0, sup.sid))
+        return gcorr
     if kind in ("sparse", "mixed"):
         gi = _gather(gin, sup.idx)
         hv = gi if gcorr is None else gi - _gather(gcorr, sup.idx)
@@ -318,9 +344,16 @@ class _ThresholdDykstra(torch.autograd.Function):
         gX = g.to(cdt).contiguous()
         gP: Optional[Tensor] = None
         gQ: Optional[Tensor] = None
+        gp_nz: Optional[Tensor] = None  # while every row support was sparse, gP is zero outside these positions
         for it in reversed(range(len(sups) // 2)):
-            gQ = _bwd_step(gX, gQ, sups[2 * it + 1], ctx.col_proj, (1, v, u))
-            gP = _bwd_step(gQ, gP, sups[2 * it], ctx.row_proj, (v, u, 1))
+            gQ = _bwd_step(gX, gQ, sups[2 * it + 1], ctx.col_proj, (1, v, u), gp_nz if gP is not None else None)
+            rs = sups[2 * it]
+            first = gP is None
+            gP = _bwd_step(gQ, gP, rs, ctx.row_proj, (v, u, 1))
+            if rs.kind == "sparse" and (first or gp_nz is not None):
+                gp_nz = rs.idx if first else torch.unique(torch.cat([gp_nz, rs.idx]))
+            else:
+                gp_nz = None
             gX = gP
         return gP.to(ctx.in_dtype), None, None, None
 

@@ -35,6 +35,9 @@ class ModelConfig:
     source_vocab: str = "all"
     trust_remote_code: bool = False
     activation_checkpointing: bool = False
+    #: none: the frozen LM replicated on every rank; fsdp: its transformer blocks partitioned across ranks
+    #: (FSDP2, gathered block by block in forward and backward) for models that do not fit one device
+    partition: Literal["none", "fsdp"] = "none"
 
     def validate(self) -> None:
         if not self.path:
@@ -175,13 +178,25 @@ def build(cfg: TranslateConfig, rt: Runtime):
 
     src_tok = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     E, L, tied = get_embedding_and_head(model)
+    if cfg.model.partition == "fsdp" and env.distributed:
+        # Only the blocks are sharded: the translator reads E and L whole (they are the small part of the model),
+        # and the LM's own embedding/head modules are never called (TranslatedLM feeds E' and applies L').
+        from s2t2_dist.engines.fsdp_engine import fully_shard, transformer_blocks
+
+        for block in transformer_blocks(model):
+            fully_shard(block, reshard_after_forward=True)
+    from s2t2_dist.engines.fsdp_engine import local_numel
+
+    local, total = local_numel(model)
     src_ids = source_token_ids(src_tok, cfg.model.source_vocab, num_embeddings=E.shape[0]).to(rt.device)
     tgt = load_tokenizer(cfg.data.tokenizer)
     u, v = tgt.vocab_size, src_ids.numel()
     group = dist.group.WORLD if env.distributed else None
     translator = TokenTranslator(v, u, kind=cfg.translator.kind, n_iter=cfg.translator.n_iter,
                                  normalization=cfg.translator.normalization, group=group).to(rt.device)
-    hashes = {"source": tokenizer_hash(src_tok.backend_tokenizer), "target": tgt.hash}
+    # The source tokenizer is hashed from its tokenizer.json file, as the data pipeline hashes it for manifests
+    # (transformers may rebuild a hub tokenizer in memory, which would hash differently).
+    hashes = {"source": tokenizer_hash(cfg.model.path), "target": tgt.hash}
     if cfg.translator.init_p:
         from s2t2_dist.pfile import load_p
 
@@ -205,6 +220,7 @@ def build(cfg: TranslateConfig, rt: Runtime):
     task = TranslateTask(lm, translator, E, L, src_ids, cfg, rt,
                          [tgt.tokenizer.id_to_token(i) or str(i) for i in range(u)],
                          _vocab_strings(src_tok, src_ids.tolist()), eval_docs)
+    task.lm_param_fraction = local / total
     return task, engine, loader, hashes
 
 
@@ -231,7 +247,8 @@ def run(cfg: TranslateConfig) -> dict:
     ck = Checkpointer(rt.run_dir, keep=cfg.train.keep_checkpoints, fingerprint=fp)
     result = train(cfg.train, task, engine, loader, ck, rt.logger)
     summary = {"step": result.step, "finished": result.finished, "preempted": result.preempted,
-               "bad_steps": result.bad_steps, "final_loss": result.losses[-1][1] if result.losses else None}
+               "bad_steps": result.bad_steps, "final_loss": result.losses[-1][1] if result.losses else None,
+               "lm_param_fraction_per_rank": task.lm_param_fraction}
     if result.finished:
         summary["p_file"] = str(export_p(rt.run_dir / "P.safetensors", task, hashes))
         if task.eval_docs is not None:

@@ -1,16 +1,26 @@
 """TensorBoard logging for multi-node runs: one run directory on shared storage, global metrics (already reduced
 over all ranks) written once by rank 0 under `global/`, per-node metrics written by each node's first rank under
-`node_NNN/`, so `tensorboard --logdir RUN/tb` shows every node and a slow node stands out."""
+`node_NNN/`, so `tensorboard --logdir RUN/tb` shows every node and a slow node stands out.
+
+For the translation P: `p_sparsity_stats` (collective over a column-sharded P) gives the sparsity scalars,
+`MetricsLogger.top_translations` a markdown table of the top source tokens per target token, and
+`MetricsLogger.heatmap` an image of a slice of P.
+
+A requeued run appends new event files to the same folders; TensorBoard drops the points of the earlier attempt
+from the step it resumed at (out-of-order steps purge a tag's later points), so curves stay single-valued.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Mapping, Sequence
 
 import torch
 
 
 class MetricsLogger:
-    def __init__(self, log_dir: str | Path, rank: int, node_rank: int, local_rank: int, enabled: bool = True):
+    def __init__(self, log_dir: str | Path, rank: int, node_rank: int, local_rank: int, enabled: bool = True,
+                 flush_secs: int = 30):
         self.log_dir = Path(log_dir)
         self.is_global = enabled and rank == 0
         self.is_node = enabled and local_rank == 0
@@ -19,11 +29,13 @@ class MetricsLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             if self.is_global:
-                self._global = SummaryWriter(str(self.log_dir / "global"))
+                self._global = SummaryWriter(str(self.log_dir / "global"), flush_secs=flush_secs)
             if self.is_node:
-                self._node = SummaryWriter(str(self.log_dir / f"node_{node_rank:03d}"))
+                self._node = SummaryWriter(str(self.log_dir / f"node_{node_rank:03d}"), flush_secs=flush_secs)
 
     def scalars(self, step: int, values: dict[str, float], scope: str = "global") -> None:
+        if scope not in ("global", "node"):
+            raise ValueError(f"scope must be 'global' or 'node', got {scope!r}")
         w = self._global if scope == "global" else self._node
         if w is None:
             return
@@ -33,21 +45,32 @@ class MetricsLogger:
             w.add_scalar(k, float(v), step)
 
     def text(self, step: int, tag: str, text: str) -> None:
+        """Markdown text (TensorBoard's Text tab), global only."""
         if self._global is not None:
             self._global.add_text(tag, text, step)
+
+    def top_translations(self, step: int, tag: str, table: Mapping[str, Sequence[tuple[str, float]]],
+                         max_rows: int = 64) -> None:
+        """The top source tokens of each target token, e.g. {"ATG": [("the", 0.61), ("a", 0.2)]}, as a table."""
+        if self._global is not None:
+            self.text(step, tag, format_top_translations(table, max_rows))
 
     def image(self, step: int, tag: str, img_hwc) -> None:
         if self._global is not None:
             self._global.add_image(tag, img_hwc, step, dataformats="HWC")
 
-    def heatmap(self, step: int, tag: str, matrix: torch.Tensor) -> None:
-        """A slice of P as an image (rows: source tokens, columns: target tokens), brighter = more mass."""
+    def heatmap(self, step: int, tag: str, matrix: torch.Tensor, max_pixels: int = 512, scale: int = 0) -> None:
+        """A slice of P as an image (rows: source tokens, columns: target tokens), brighter = more mass.
+
+        Square-root contrast so small entries stay visible; blocks larger than `max_pixels` are max-pooled
+        (a sparse entry never disappears); small ones are enlarged `scale` times (default: to about 256 px)."""
         if self._global is None:
             return
-        m = matrix.detach().float().cpu()
-        m = m / m.max().clamp_min(1e-12)
-        img = (m.clamp(0, 1) ** 0.5 * 255).to(torch.uint8)
-        self._global.add_image(tag, img.unsqueeze(-1).expand(*img.shape, 3).numpy(), step, dataformats="HWC")
+        self._global.add_image(tag, heatmap_image(matrix, max_pixels, scale), step, dataformats="HWC")
+
+    def histogram(self, step: int, tag: str, values: torch.Tensor) -> None:
+        if self._global is not None:
+            self._global.add_histogram(tag, values.detach().float().cpu(), step)
 
     def flush(self) -> None:
         for w in (self._global, self._node):
@@ -58,3 +81,88 @@ class MetricsLogger:
         for w in (self._global, self._node):
             if w is not None:
                 w.close()
+        self._global = self._node = None
+
+
+def format_top_translations(table: Mapping[str, Sequence[tuple[str, float]]], max_rows: int = 64) -> str:
+    """Markdown table: one row per target token with its top source tokens and weights."""
+
+    def cell(s: str) -> str:
+        return "`" + repr(s)[1:-1].replace("|", "\\|").replace("`", "'") + "`"
+
+    lines = ["| target token | top source tokens (weight) |", "|---|---|"]
+    for i, (tgt, pairs) in enumerate(table.items()):
+        if i >= max_rows:
+            lines.append(f"| ... | {len(table) - max_rows} more target tokens |")
+            break
+        srcs = ", ".join(f"{cell(s)} {w:.3f}" for s, w in pairs) or "(none)"
+        lines.append(f"| {cell(tgt)} | {srcs} |")
+    return "\n".join(lines)
+
+
+def heatmap_image(matrix: torch.Tensor, max_pixels: int = 512, scale: int = 0):
+    """uint8 HxWx3 numpy image of |matrix| (NaN/inf shown as 0), normalised to its maximum, viridis colours."""
+    m = matrix.detach().float().cpu()
+    if m.dim() != 2 or m.numel() == 0:
+        raise ValueError(f"heatmap: expected a non-empty 2-D matrix, got shape {tuple(m.shape)}")
+    m = torch.nan_to_num(m, nan=0.0, posinf=0.0, neginf=0.0).abs()
+    h, w = m.shape
+    if max(h, w) > max_pixels:  # max-pool so isolated non-zeros survive
+        k = -(-max(h, w) // max_pixels)
+        m = torch.nn.functional.max_pool2d(m[None, None], kernel_size=k, stride=k, ceil_mode=True)[0, 0]
+    m = (m / m.max().clamp_min(1e-30)).clamp(0, 1).sqrt()
+    if scale <= 0:
+        scale = max(1, min(16, 256 // max(m.shape)))
+    if scale > 1:
+        m = m.repeat_interleave(scale, 0).repeat_interleave(scale, 1)
+    try:
+        from matplotlib import colormaps
+
+        rgb = colormaps["viridis"](m.numpy())[..., :3]
+        return (rgb * 255).round().astype("uint8")
+    except ImportError:  # grey levels without matplotlib
+        g = (m * 255).round().to(torch.uint8)
+        return g.unsqueeze(-1).expand(*g.shape, 3).numpy()
+
+
+@torch.no_grad()
+def p_sparsity_stats(p_local: torch.Tensor, eps: float = 0.0, group=None) -> dict[str, float]:
+    """Sparsity of P (v source rows x u target columns), given this rank's columns; collective when
+    torch.distributed is initialised (every rank of `group` must call it), exact for the whole P.
+
+    - P/density: fraction of non-zero entries; P/nnz: their number
+    - P/support_per_target_{mean,max}: source tokens a target token is translated from
+    - P/single_source_targets: fraction of target tokens with exactly one source token
+    - P/support_per_source_{mean,max}, P/unused_sources: fraction of source tokens no target uses
+    - P/top1_share: mean over target tokens of the largest weight's share of the column's mass
+    """
+    import torch.distributed as dist
+
+    p = p_local.detach().float()
+    nz = p > eps
+    col_nnz = nz.sum(0).to(torch.float64)
+    row_nnz = nz.sum(1).to(torch.float64)
+    col_mass = p.sum(0).to(torch.float64)
+    col_max = p.max(0).values.to(torch.float64) if p.shape[1] else torch.zeros(0, dtype=torch.float64)
+    top1 = torch.where(col_mass > 0, col_max / col_mass.clamp_min(1e-300), torch.zeros_like(col_mass))
+    sums = torch.tensor([col_nnz.sum().item(), float(p.shape[1]), float((col_nnz == 1).sum().item()),
+                         top1.sum().item()], dtype=torch.float64, device=p.device)
+    maxes = torch.tensor([col_nnz.max().item() if col_nnz.numel() else 0.0], dtype=torch.float64, device=p.device)
+    row_nnz = row_nnz.to(p.device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(sums, group=group)
+        dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=group)
+        dist.all_reduce(row_nnz, group=group)
+    nnz, u, single, top1_sum = sums.tolist()
+    v = p.shape[0]
+    return {
+        "P/nnz": nnz,
+        "P/density": nnz / max(v * u, 1.0),
+        "P/support_per_target_mean": nnz / max(u, 1.0),
+        "P/support_per_target_max": maxes.item(),
+        "P/single_source_targets": single / max(u, 1.0),
+        "P/support_per_source_mean": nnz / max(v, 1),
+        "P/support_per_source_max": float(row_nnz.max().item()) if v else 0.0,
+        "P/unused_sources": float((row_nnz == 0).double().mean().item()) if v else 0.0,
+        "P/top1_share": top1_sum / max(u, 1.0),
+    }

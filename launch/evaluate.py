@@ -1,0 +1,16 @@
+#!/usr/bin/env python
+"""Evaluation entry point (perplexity, bits-per-byte, random-guess line):
+
+    python launch/evaluate.py --config configs/evaluate_olmo1b.yaml model.path=runs/finetune_olmo1b/final
+    torchrun --nproc_per_node 8 launch/evaluate.py --config configs/evaluate_olmo1b.yaml
+    deepspeed --num_gpus 8 launch/evaluate.py --ds_config configs/ds_zero3.json --config configs/evaluate_transfer_7b.yaml
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from s2t2_dist.stages.evaluate import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

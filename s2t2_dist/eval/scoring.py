@@ -1,0 +1,122 @@
+"""Distributed, batched scoring of eval documents for models whose forward may be a collective.
+
+Each rank scores its own documents (`data.EvalDocs` gives each document to exactly one rank) with the rolling
+windows of `eval.bpb` (every token after the document's first scored exactly once, from as much context as fits),
+several windows per forward call (right-padded: a causal LM's predictions at real positions do not depend on the
+padding after them). The totals are exact sums over ranks (`EvalTotals.all_reduce`), so the result is the same for
+any number of ranks up to float rounding.
+
+Under ZeRO-3 and FSDP2 every forward gathers parameters collectively, so all ranks must make the same number of
+forward calls: before each call the ranks agree (one tiny all-reduce) whether anyone still has work, and a rank
+that has run out makes a one-token dummy call whose result is discarded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from s2t2_dist.eval.bpb import EvalTotals, rolling_windows
+
+LogitsFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+def hf_logits_fn(module: torch.nn.Module, device: torch.device, autocast_dtype: torch.dtype | None = None) -> LogitsFn:
+    """ids[B, T] -> logits[B, T, V] of a transformers causal LM (or an engine wrapping one)."""
+
+    def fn(ids: torch.Tensor) -> torch.Tensor:
+        ctx = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None
+               else contextlib.nullcontext())
+        with torch.no_grad(), ctx:
+            return module(input_ids=ids.to(device), use_cache=False).logits
+
+    return fn
+
+
+def _windows(docs: Iterable[dict], context_len: int, max_docs: int) -> Iterator[tuple[int, torch.Tensor, int, int]]:
+    """(document number on this rank, input ids, first scored position in the window, n_bytes or -1) per window;
+    n_bytes is given with the document's first window only. Documents whose global `index` is >= max_docs (when
+    max_docs > 0) are skipped, so the evaluated set does not depend on the number of ranks."""
+    k = 0
+    for doc in docs:
+        if max_docs and int(doc.get("index", 0)) >= max_docs:
+            break
+        ids = torch.as_tensor(doc["input_ids"], dtype=torch.long)
+        n = ids.numel() - 1
+        if n < 1:
+            if int(doc["n_bytes"]):
+                raise ValueError(f"document {doc.get('id', '?')} with {doc['n_bytes']} bytes has no tokens to score")
+            continue
+        for w, (start, end, first) in enumerate(rolling_windows(n, context_len)):
+            # feed ids[start:end+1]: the last input position predicts nothing; targets are ids[first..end]
+            yield k, ids[start:end + 1], first - start - 1, (int(doc["n_bytes"]) if w == 0 else -1)
+        k += 1
+
+
+def _any_rank(flag: bool, lockstep: bool) -> bool:
+    if not lockstep:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0])
+    dist.all_reduce(t)
+    return bool(t.item() > 0)
+
+
+@torch.no_grad()
+def score_documents_batched(
+    logits_fn: LogitsFn,
+    docs: Iterable[dict],
+    context_len: int,
+    *,
+    batch_size: int = 8,
+    pad_id: int = 0,
+    max_docs: int = 0,
+    lockstep: bool | None = None,
+) -> EvalTotals:
+    """This rank's totals (not yet reduced). `lockstep` (default: whenever torch.distributed is initialised with
+    more than one rank) makes every rank call `logits_fn` the same number of times."""
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    if lockstep is None:
+        lockstep = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    totals = EvalTotals()
+    windows = _windows(docs, context_len, max_docs)
+    done = False
+    while True:
+        batch = []
+        while not done and len(batch) < batch_size:
+            try:
+                batch.append(next(windows))
+            except StopIteration:
+                done = True
+        if not _any_rank(bool(batch), lockstep):
+            break
+        if not batch:  # this rank is out of documents; the others are not: a discarded dummy call
+            logits_fn(torch.full((1, 1), pad_id, dtype=torch.long))
+            continue
+        T = max(w[1].numel() for w in batch) - 1
+        inp = torch.full((len(batch), T), pad_id, dtype=torch.long)
+        for i, (_, ids, _, _) in enumerate(batch):
+            inp[i, :ids.numel() - 1] = ids[:-1]
+        logits = logits_fn(inp)
+        for i, (_, ids, keep, n_bytes) in enumerate(batch):
+            m = ids.numel() - 1
+            tgt = ids[1:][keep:].to(logits.device)
+            nll = float(F.cross_entropy(logits[i, keep:m].float(), tgt, reduction="sum").double())
+            if n_bytes >= 0:  # the document's first window: count it
+                totals.add(EvalTotals(0.0, 0, n_bytes, 1))
+            totals.nll_nats += nll
+            totals.tokens += tgt.numel()
+    return totals
+
+
+def evaluate_documents(logits_fn: LogitsFn, docs: Iterable[dict], context_len: int, *, vocab_size: int,
+                       batch_size: int = 8, pad_id: int = 0, max_docs: int = 0) -> tuple[dict[str, float], EvalTotals]:
+    """Metrics over all ranks' documents (collective): perplexity per token, BpB, and the random-guess line ln u."""
+    local = score_documents_batched(logits_fn, docs, context_len, batch_size=batch_size, pad_id=pad_id,
+                                    max_docs=max_docs)
+    total = local.all_reduce()
+    return total.metrics(vocab_size=vocab_size), total

@@ -1,0 +1,160 @@
+"""Evaluate: perplexity per token and bits-per-byte on held-out documents, for every row of the paper's comparisons.
+
+    s2t2 evaluate --config configs/evaluate.yaml model.path=runs/finetune/final                        # (a)
+    s2t2 evaluate ... model.path=allenai/OLMo-1B-hf init.kind=translated init.p_file=runs/t1b/P.safetensors   # (b)
+    s2t2 evaluate ... model.path=allenai/OLMo-7B-hf init.kind=translated init.p_file=runs/t1b/P.safetensors   # (c)
+    deepspeed --num_gpus 8 launch/evaluate.py --ds_config configs/ds_zero3.json --config ...          # sharded 7B
+
+(a) a Hugging Face model directory as it is (`init.kind=as_is`, e.g. a finetuned export, which carries its
+tokenizer), (b) a source model + a P file, translated and not finetuned, (c) transfer: a P learned on model A applied
+to model B with the same source vocabulary (the P file's source-tokenizer hash must equal model B's; the error names
+both). The baselines at initialisation are `init.kind=orig_tok` (source-tokenizer shards) and
+`init.kind=new_tok_truncate`. "With finetuning" for (c) is `s2t2 finetune` with model.path=B and A's P file: its
+result.json and final export carry the same metrics. The model is built exactly as finetuning builds its start
+(stages/init_model.py), then held by the chosen engine (plain: a replica per rank; deepspeed / fsdp: sharded).
+
+BpB = sum NLL (nats) / (ln 2 * sum UTF-8 bytes) over the documents: a ratio of corpus sums, the same bytes whatever
+the tokenizer; each rank scores its share of the documents and the totals are summed exactly. The JSON result also
+holds the random-guess line ln(u) (u = the tokenizer's vocabulary) in nats per token and in BpB. Results: RUN_DIR/
+eval.json (or `output`), written atomically, and TensorBoard scalars `eval/<name>/...` under RUN_DIR/tb.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from s2t2_dist.config import ConfigError
+from s2t2_dist.engines.build import EngineConfig
+from s2t2_dist.stages.init_model import InitConfig, InitPlan
+
+log = logging.getLogger("s2t2.evaluate")
+
+
+@dataclass
+class EvalModelConfig:
+    #: the model evaluated (init.kind=as_is / orig_tok) or the source model a P file is applied to (translated)
+    path: str = ""
+    trust_remote_code: bool = False
+
+    def validate(self) -> None:
+        if not self.path:
+            raise ConfigError("path: the model to evaluate (a Hugging Face directory or hub id) is required")
+
+
+@dataclass
+class EvalDataConfig:
+    #: eval shard directory (documents with byte counts) tokenized with the tokenizer the model speaks
+    eval: str = ""
+    #: that tokenizer (the new BPE for translated / new_tok_truncate); empty for as_is / orig_tok: the model's own
+    tokenizer: str = ""
+
+    def validate(self) -> None:
+        if not self.eval:
+            raise ConfigError("eval: the eval shard directory (written by `s2t2 prepare`) is required")
+
+
+@dataclass
+class EvalOptions:
+    context_len: int = 512
+    #: rolling windows per forward call
+    batch_size: int = 8
+    #: evaluate the first max_docs documents of the split (0: all); independent of the number of ranks
+    max_docs: int = 0
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    #: label of this evaluation in the JSON and the TensorBoard tags (default: the init kind)
+    name: str = ""
+
+    def validate(self) -> None:
+        if self.context_len < 1 or self.batch_size < 1 or self.max_docs < 0:
+            raise ConfigError("context_len and batch_size must be >= 1, max_docs >= 0")
+
+
+@dataclass
+class EvaluateConfig:
+    run_dir: str = "runs/evaluate"
+    #: the JSON result; default RUN_DIR/eval.json
+    output: str = ""
+    seed: int = 0
+    model: EvalModelConfig = field(default_factory=EvalModelConfig)
+    data: EvalDataConfig = field(default_factory=EvalDataConfig)
+    init: InitConfig = field(default_factory=lambda: InitConfig(kind="as_is"))
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    eval: EvalOptions = field(default_factory=EvalOptions)
+
+
+def _eval_train_config(cfg: EvaluateConfig, world: int):
+    """The engines are built for training; evaluation gives them a one-step layout (no optimiser step is taken,
+    so Adam's moments are never allocated; ZeRO-3 does keep its float32 partition of the weights)."""
+    from s2t2_dist.train.config import OptimConfig, TrainConfig
+
+    return OptimConfig(), TrainConfig(steps=1, batch_size=world, micro_batch_size=1, context_len=cfg.eval.context_len,
+                                      seed=cfg.seed, precision=cfg.eval.precision)
+
+
+def build_eval_model(cfg: EvaluateConfig, plan: InitPlan, rt):
+    from s2t2_dist.engines.build import build_model_and_engine
+
+    optim, train = _eval_train_config(cfg, rt.env.world_size)
+    source = plan.model_dir
+    if cfg.engine.kind == "plain":
+        from transformers import AutoModelForCausalLM
+
+        dtype = torch.float32 if rt.dtype == torch.float32 else torch.bfloat16
+        source = AutoModelForCausalLM.from_pretrained(plan.model_dir, dtype=dtype,
+                                                      trust_remote_code=cfg.model.trust_remote_code).to(rt.device)
+    model, engine = build_model_and_engine(cfg.engine, source, optim, train)
+    engine.eval()
+    return model, engine
+
+
+def run(cfg: EvaluateConfig) -> dict:
+    from s2t2_dist.data.loader import EvalDocs
+    from s2t2_dist.eval.scoring import evaluate_documents, hf_logits_fn
+    from s2t2_dist.stages.common import setup, teardown
+    from s2t2_dist.stages.init_model import check_shards, prepare_initial_model
+    from s2t2_dist.utils.io import atomic_write_text
+
+    if cfg.engine.kind == "deepspeed":
+        from s2t2_dist.engines.deepspeed_engine import init_deepspeed_distributed
+
+        init_deepspeed_distributed()
+    rt = setup(cfg.run_dir, cfg.eval.precision, cfg, cfg.seed)
+    init_dir = cfg.init.dir or str(Path(cfg.run_dir) / "init")
+    plan = prepare_initial_model(cfg.init, cfg.model.path, cfg.data.tokenizer, init_dir, is_main=rt.env.is_main,
+                                 trust_remote_code=cfg.model.trust_remote_code)
+    docs = EvalDocs(cfg.data.eval, rank=rt.env.rank, world_size=rt.env.world_size)
+    check_shards(docs.manifest, plan, "data.eval")
+    model, engine = build_eval_model(cfg, plan, rt)
+    autocast = torch.bfloat16 if (cfg.engine.kind == "plain" and rt.dtype == torch.bfloat16
+                                  and rt.device.type == "cuda") else None
+    pad = plan.pad_id if plan.pad_id is not None else (plan.eos_id or 0)
+    metrics, totals = evaluate_documents(hf_logits_fn(engine.module, engine.device, autocast), docs,
+                                         cfg.eval.context_len, vocab_size=plan.vocab_size,
+                                         batch_size=cfg.eval.batch_size, pad_id=pad, max_docs=cfg.eval.max_docs)
+    name = cfg.eval.name or cfg.init.kind
+    result = {"name": name, "model": cfg.model.path, "init": plan.to_dict(), "p_file": cfg.init.p_file or None,
+              "eval_shards": cfg.data.eval, "context_len": cfg.eval.context_len, "max_docs": cfg.eval.max_docs,
+              "world_size": rt.env.world_size, "engine": cfg.engine.kind, "metrics": metrics,
+              "totals": totals.to_dict()}
+    out = Path(cfg.output or Path(cfg.run_dir) / "eval.json")
+    if rt.env.is_main:
+        atomic_write_text(out, json.dumps(result, indent=1))
+        rt.logger.scalars(0, {f"eval/{name}/{k}": v for k, v in metrics.items()})
+        log.info("evaluate %s: perplexity %.4f, bpb %.4f (random guess %.4f) over %d docs", name,
+                 metrics["perplexity"], metrics["bpb"], metrics["random_guess_bpb"], int(metrics["docs"]))
+    rt.logger.close()
+    teardown()
+    return result
+
+
+def main(argv: list[str]) -> int:
+    from s2t2_dist.stages.finetune import parse_command_line
+
+    run(parse_command_line(argv, EvaluateConfig, "s2t2 evaluate"))
+    return 0

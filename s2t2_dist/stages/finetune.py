@@ -1,0 +1,329 @@
+"""Stage 2, finetune: continue training the whole model on the target domain, from any of the paper's starts.
+
+    deepspeed --num_gpus 8 launch/finetune.py --ds_config configs/ds_zero3.json --config configs/finetune_olmo7b.yaml
+    torchrun --nproc_per_node 8 launch/finetune.py --config configs/finetune_olmo1b.yaml engine.kind=fsdp
+    s2t2 finetune --config configs/finetune_olmo1b.yaml init.kind=orig_tok data.train=... data.tokenizer=...
+
+The start is chosen by `init.kind` (stages/init_model.py): `translated` (E', L' from a stage-1 P file of any
+translator kind: "S2T2 + CFT", "Sinkhorn P + CFT", "Plain P + CFT"), `new_tok_truncate` ("FT new tok."),
+`orig_tok` ("FT orig. tok."). Rank 0 writes the initial model as a Hugging Face directory; every rank loads it
+through `build_model_and_engine`, so under ZeRO-3 it is built straight into partitions. Training is the shared
+loop (train/loop.py) with the engine's own sharded, resumable checkpoints; held-out perplexity and bits-per-byte
+are computed every `train.eval_every` steps and at the end; the final model is exported as a standard Hugging Face
+directory (RUN_DIR/final: config with the new vocabulary, safetensors, the tokenizer the model speaks) that plain
+`transformers` loads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+from s2t2_dist.config import ConfigError
+from s2t2_dist.engines.build import EngineConfig
+from s2t2_dist.stages.common import Runtime, config_part, fingerprint, parse_args, setup, teardown
+from s2t2_dist.stages.init_model import InitConfig, InitPlan
+from s2t2_dist.stages.translate import DataPaths, ModelConfig
+from s2t2_dist.train.config import OptimConfig, TrainConfig
+
+log = logging.getLogger("s2t2.finetune")
+
+EXPORT_INFO = "s2t2_export.json"
+
+
+@dataclass
+class FinetuneEvalConfig:
+    #: rolling windows scored per forward call (right-padded); the documents are train.eval_max_docs (0: all)
+    batch_size: int = 8
+
+    def validate(self) -> None:
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size: must be >= 1, got {self.batch_size}")
+
+
+@dataclass
+class ExportConfig:
+    #: the final Hugging Face directory; default RUN_DIR/final
+    dir: str = ""
+    #: dtype of the exported weights (training keeps float32 master weights)
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+
+def _paper_optim() -> OptimConfig:
+    # paper: AdamW lr 2e-5, weight decay 0.01, betas (0.9, 0.95), eps 1e-5, cosine with 20% warm-up to 10%
+    return OptimConfig(lr=2e-5, weight_decay=0.01, betas=[0.9, 0.95], eps=1e-5, warmup_frac=0.2, final_lr_frac=0.1,
+                       grad_clip=1.0)
+
+
+@dataclass
+class FinetuneConfig:
+    run_dir: str = "runs/finetune"
+    #: the source model (Hugging Face directory or hub id); model.dtype other than auto/float32 is refused
+    #: (float32 master weights; train.precision selects bf16 compute)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    #: shards and the tokenizer the model will speak (the new BPE; the source tokenizer for init.kind=orig_tok)
+    data: DataPaths = field(default_factory=DataPaths)
+    #: plain | deepspeed (ZeRO, from --ds_config) | fsdp; see engines/build.py
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    optim: OptimConfig = field(default_factory=_paper_optim)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    init: InitConfig = field(default_factory=InitConfig)
+    eval: FinetuneEvalConfig = field(default_factory=FinetuneEvalConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+
+    def validate(self) -> None:
+        if self.model.dtype == "bfloat16":
+            raise ConfigError("model.dtype: finetuning keeps float32 master weights; use train.precision=bf16 "
+                              "(bf16 compute on GPU) and leave model.dtype=auto")
+        if self.model.activation_checkpointing:
+            raise ConfigError("model.activation_checkpointing: for finetuning use engine.activation_checkpointing")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# task
+
+
+class FinetuneTask:
+    """Next-token loss of the whole model in the vocabulary it now speaks; held-out perplexity and BpB."""
+
+    def __init__(self, engine, rt: Runtime, plan: InitPlan, cfg: FinetuneConfig, eval_docs=None):
+        self.engine, self.rt, self.plan, self.cfg = engine, rt, plan, cfg
+        self.eval_docs = eval_docs
+        # DeepSpeed and FSDP2 run bf16 themselves; the plain engine uses autocast on GPU
+        self.autocast = (torch.bfloat16 if cfg.engine.kind == "plain" and rt.dtype == torch.bfloat16
+                         and rt.device.type == "cuda" else None)
+        self.step = 0
+        self.last_eval: tuple[int, dict] | None = None
+
+    def on_step(self, step: int, loss: float) -> None:
+        self.step = step
+
+    def loss(self, batch):
+        ids = batch["input_ids"].to(self.engine.device, non_blocking=True)
+        if self.autocast is not None:
+            with torch.autocast(ids.device.type, dtype=self.autocast):
+                out = self.engine.module(input_ids=ids, labels=ids, use_cache=False)
+        else:
+            out = self.engine.module(input_ids=ids, labels=ids, use_cache=False)
+        return out.loss.float(), {}
+
+    def report(self, step, logger) -> dict[str, float]:
+        return {}
+
+    def logits_fn(self):
+        from s2t2_dist.eval.scoring import hf_logits_fn
+
+        return hf_logits_fn(self.engine.module, self.engine.device, self.autocast)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        from s2t2_dist.eval.scoring import evaluate_documents
+
+        if self.eval_docs is None:
+            return {}
+        metrics, _ = evaluate_documents(self.logits_fn(), self.eval_docs, self.cfg.train.context_len,
+                                        vocab_size=self.plan.vocab_size, batch_size=self.cfg.eval.batch_size,
+                                        pad_id=_pad(self.plan), max_docs=self.cfg.train.eval_max_docs)
+        self.last_eval = (self.step, metrics)
+        return metrics
+
+
+def _pad(plan: InitPlan) -> int:
+    return plan.pad_id if plan.pad_id is not None else plan.eos_id if plan.eos_id is not None else 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# building
+
+
+def build_model(cfg: FinetuneConfig, plan: InitPlan, rt: Runtime):
+    """(the transformers model, the Engine) from the initial directory; under ZeRO-3 built into partitions."""
+    from s2t2_dist.engines.build import build_model_and_engine
+
+    source = plan.model_dir
+    if cfg.engine.kind == "plain":  # a replica per rank, on this rank's device
+        from transformers import AutoModelForCausalLM
+
+        source = AutoModelForCausalLM.from_pretrained(plan.model_dir, dtype=torch.float32,
+                                                      trust_remote_code=cfg.model.trust_remote_code).to(rt.device)
+    model, engine = build_model_and_engine(cfg.engine, source, cfg.optim, cfg.train)
+    _set_special_ids(model, plan)
+    return model, engine
+
+
+def _set_special_ids(model, plan: InitPlan) -> None:
+    """The exported config and generation config carry the ids of the tokenizer the model speaks (the OLMo hub
+    generation_config says eos 0, for instance)."""
+    for obj in (getattr(model, "config", None), getattr(model, "generation_config", None)):
+        if obj is None:
+            continue
+        for k, v in (("bos_token_id", plan.bos_id), ("eos_token_id", plan.eos_id), ("pad_token_id", plan.pad_id)):
+            setattr(obj, k, v)
+
+
+def build(cfg: FinetuneConfig, rt: Runtime):
+    from s2t2_dist.data.loader import EvalDocs, TrainLoader
+    from s2t2_dist.stages.init_model import check_shards, prepare_initial_model
+
+    env = rt.env
+    init_dir = cfg.init.dir or str(rt.run_dir / "init")
+    plan = prepare_initial_model(cfg.init, cfg.model.path, cfg.data.tokenizer, init_dir, is_main=env.is_main,
+                                 trust_remote_code=cfg.model.trust_remote_code)
+    loader = TrainLoader(cfg.data.train, batch_size=cfg.train.micro_batch_size, rank=env.rank,
+                         world_size=env.world_size, num_workers=cfg.data.num_workers, seed=cfg.train.seed,
+                         shuffle_window=cfg.data.shuffle_window)
+    check_shards(loader.manifest, plan, "data.train")
+    if loader.manifest.get("context_len") not in (None, cfg.train.context_len):
+        raise ConfigError(f"train.context_len={cfg.train.context_len} but the shards in {cfg.data.train} hold "
+                          f"blocks of {loader.manifest.get('context_len')} tokens")
+    eval_docs = None
+    if cfg.data.eval:
+        eval_docs = EvalDocs(cfg.data.eval, rank=env.rank, world_size=env.world_size)
+        check_shards(eval_docs.manifest, plan, "data.eval")
+    model, engine = build_model(cfg, plan, rt)
+    task = FinetuneTask(engine, rt, plan, cfg, eval_docs)
+    return task, model, engine, loader, plan
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# export
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def export_model(engine, model, plan: InitPlan, out_dir: str | Path, *, dtype: torch.dtype = torch.float32,
+                 extra: dict | None = None) -> Path:
+    """Write the current weights as a standard Hugging Face directory (config, safetensors, the tokenizer files of
+    the tokenizer the model speaks), atomically (built in OUT.partial, then renamed). Collective."""
+    from s2t2_dist.engines._common import raise_if_any_failed
+    from s2t2_dist.stages.init_model import InitError, copy_tokenizer_files, replace_dir
+    from s2t2_dist.utils.io import atomic_write_text, fsync_dir
+
+    out = Path(out_dir)
+    partial = out.with_name(out.name + ".partial")
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    if out.exists() and not (out / EXPORT_INFO).is_file():  # checked on every rank before any collective
+        raise InitError(f"export.dir {out} exists and was not written by s2t2 (no {EXPORT_INFO}); choose another")
+    if rank == 0 and partial.exists():
+        shutil.rmtree(partial)
+    _barrier()
+    if hasattr(engine, "export_consolidated"):
+        engine.export_consolidated(partial, dtype=dtype)  # collective; rank 0 writes
+    elif rank == 0:  # plain engine: every rank holds the whole model
+        sd = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).cpu()
+              for k, v in model.state_dict().items()}
+        model.save_pretrained(str(partial), state_dict=sd, safe_serialization=True)
+    err = None
+    if rank == 0:
+        try:
+            copy_tokenizer_files(plan.tokenizer, partial)
+            atomic_write_text(partial / EXPORT_INFO, json.dumps({"init": plan.to_dict(), **(extra or {})}, indent=1))
+            fsync_dir(partial)
+            replace_dir(partial, out, EXPORT_INFO)
+        except BaseException as e:  # noqa: BLE001 - raised on every rank
+            err = e
+    raise_if_any_failed(err, f"exporting {out}")
+    return out
+
+
+@torch.no_grad()
+def probe_logits(task: FinetuneTask, n_tokens: int = 32, seed: int = 1234) -> dict:
+    """Logits of the trained model (as the engine computes them) on fixed ids, to check an export against.
+    Collective."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, task.plan.vocab_size, (2, min(n_tokens, task.cfg.train.context_len)), generator=g)
+    task.engine.eval()
+    logits = task.logits_fn()(ids).float().cpu()
+    return {"input_ids": ids, "logits": logits}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# entry points
+
+
+def run(cfg: FinetuneConfig) -> dict:
+    from s2t2_dist.train.checkpoint import Checkpointer
+    from s2t2_dist.train.loop import train
+
+    if cfg.engine.kind == "deepspeed":
+        from s2t2_dist.engines.deepspeed_engine import init_deepspeed_distributed
+
+        init_deepspeed_distributed()
+    rt = setup(cfg.run_dir, cfg.train.precision, cfg, cfg.train.seed)
+    task, model, engine, loader, plan = build(cfg, rt)
+    fp = fingerprint(**config_part(cfg, "model", "init"), data=cfg.data.train, tokenizer=plan.tokenizer_hash,
+                     engine=cfg.engine.kind, world_size=rt.env.world_size,
+                     train=[cfg.train.batch_size, cfg.train.micro_batch_size, cfg.train.context_len, cfg.train.seed])
+    ck = Checkpointer(rt.run_dir, keep=cfg.train.keep_checkpoints, fingerprint=fp)
+    result = train(cfg.train, task, engine, loader, ck, rt.logger, on_step=task.on_step)
+    summary: dict = {"step": result.step, "finished": result.finished, "preempted": result.preempted,
+                     "bad_steps": result.bad_steps, "losses": result.losses,
+                     "final_loss": result.losses[-1][1] if result.losses else None,
+                     "init": plan.to_dict(), "world_size": rt.env.world_size, "engine": cfg.engine.kind,
+                     "last_checkpoint": str(result.last_checkpoint) if result.last_checkpoint else None}
+    if result.finished:
+        task.step = result.step
+        if task.eval_docs is not None:
+            if task.last_eval is not None and task.last_eval[0] == result.step:
+                metrics = task.last_eval[1]
+            else:
+                engine.eval()
+                metrics = task.evaluate()
+                rt.logger.scalars(result.step, {f"eval/{k}": v for k, v in metrics.items()})
+            summary["eval"] = metrics
+        dtype = torch.float32 if cfg.export.dtype == "float32" else torch.bfloat16
+        out = Path(cfg.export.dir or rt.run_dir / "final")
+        probe = probe_logits(task)
+        export_model(engine, model, plan, out, dtype=dtype,
+                     extra={"step": result.step, "eval": summary.get("eval")})
+        summary["export"] = str(out)
+        if rt.env.is_main:
+            torch.save(probe, rt.run_dir / "export_probe.pt")
+    if rt.env.is_main:
+        from s2t2_dist.utils.io import atomic_write_text
+
+        atomic_write_text(rt.run_dir / "result.json", json.dumps(summary, indent=1))
+        log.info("finetune: %s", json.dumps({k: v for k, v in summary.items() if k != "losses"}))
+    rt.logger.close()
+    teardown()
+    return summary
+
+
+def engine_overrides(argv: list[str]) -> list[str]:
+    """What the launchers add, as dotted overrides: `--ds_config` / `--deepspeed_config` / `--deepspeed X.json`
+    select engine.kind=deepspeed with that file (`--local_rank=N` is dropped). Conversely `engine.kind=fsdp` or
+    `engine.kind=plain` on the command line drops a DeepSpeed config the YAML file names, so one YAML serves
+    `deepspeed ... --ds_config` and `torchrun ... engine.kind=fsdp`."""
+    from s2t2_dist.engines.build import parse_launcher_args
+
+    launcher, rest = parse_launcher_args(list(argv))
+    rest = rest + launcher.overrides()
+    keys = {a.split("=", 1)[0].lstrip("-") for a in rest if "=" in a}
+    kinds = [a.split("=", 1)[1] for a in rest if a.lstrip("-").startswith("engine.kind=")]
+    if kinds and kinds[-1] != "deepspeed":
+        if "engine.ds_config" not in keys:
+            rest.append("engine.ds_config=null")
+        if not any(k.startswith("engine.ds_overrides") for k in keys):
+            rest.append("engine.ds_overrides={}")
+    return rest
+
+
+def parse_command_line(argv: list[str], cls=None, prog: str = "s2t2 finetune"):
+    """`--config FILE dotted.key=value ...` plus the launchers' arguments (see engine_overrides)."""
+    cfg, _ = parse_args(cls or FinetuneConfig, engine_overrides(argv), prog)
+    return cfg
+
+
+def main(argv: list[str]) -> int:
+    run(parse_command_line(argv))
+    return 0

@@ -1,0 +1,366 @@
+"""The model a finetuning run (or an evaluation) starts from: ONE code path for every initialisation of the paper.
+
+    init.kind = translated        E' = W_E^T E[src], L' = W_L^T L[src] from a stage-1 P file (sparse, softmax or
+                                  unconstrained translator: the file records which, and its normalisation), put
+                                  into a new embedding / head of u rows with `models.materialize`; the model then
+                                  reads and predicts the NEW tokenizer's ids natively ("S2T2 + CFT").
+    init.kind = new_tok_truncate  the new tokenizer, E and L cut to their first u rows ("FT new tok.").
+    init.kind = orig_tok          the model and its own tokenizer as they are ("FT orig. tok."; data = the shards
+                                  tokenized with the source tokenizer).
+    init.kind = as_is             the same as orig_tok, named for its other use: a model directory that already
+                                  speaks the run's tokenizer (e.g. an exported finetuned model being evaluated).
+
+For translated / new_tok_truncate, rank 0 loads the source model once (float32, on CPU), builds the new
+embedding and head, and writes a standard Hugging Face directory (config with vocab u, safetensors, the new
+tokenizer's files copied verbatim so its hash is kept). Every rank then loads that directory through
+`engines.build.build_model_and_engine`, so under ZeRO-3 the model is built straight into partitions and no rank
+holds all of it on its accelerator. Rank 0's host memory holds the whole float32 model while writing (OLMo-7B:
+~28 GB). The directory is written atomically and reused when it already holds the same initialisation (resume).
+
+Tokenizer hashes are `data.tokenizer_hash` of the tokenizer.json files (the model directory's for the source, the
+run's data.tokenizer for the target), the quantity the data pipeline records in shard manifests and stage 1 should
+record in the P file. For the source, the hash of the tokenizer as transformers rebuilds it
+(`AutoTokenizer(model).backend_tokenizer`) is accepted too: for some classes (GPTNeoXTokenizer, the OLMo hub
+tokenizer's) transformers 5 rebuilds it and its serialisation differs from the file. A mismatch is an error naming
+both hashes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from s2t2_dist.config import ConfigError
+
+log = logging.getLogger("s2t2.init")
+
+InitKind = Literal["translated", "orig_tok", "new_tok_truncate", "as_is"]
+#: kinds that build a new embedding / head (and write an initial model directory)
+NEW_VOCAB_KINDS = ("translated", "new_tok_truncate")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+INFO_FILE = "s2t2_init.json"
+
+
+class InitError(ValueError):
+    """The initialisation cannot be built as configured (incompatible P file, tokenizer, model)."""
+
+
+@dataclass
+class InitConfig:
+    #: translated (from a P file) | new_tok_truncate (new tokenizer, E and L cut to u rows) | orig_tok (model and
+    #: its tokenizer as they are; data = source-tokenizer shards) | as_is (= orig_tok: an HF dir used as it is)
+    kind: InitKind = "translated"
+    #: the P file written by stage 1 (translated only)
+    p_file: str = ""
+    #: where the initial model directory is written; default RUN_DIR/init
+    dir: str = ""
+
+    def validate(self) -> None:
+        if self.kind == "translated" and not self.p_file:
+            raise ConfigError("p_file: init.kind=translated needs the P file of stage 1 (e.g. runs/translate/P.safetensors)")
+        if self.kind != "translated" and self.p_file:
+            raise ConfigError(f"p_file: only used with init.kind=translated (kind={self.kind}); remove it")
+
+
+@dataclass
+class InitPlan:
+    """What a run starts from, as every rank sees it."""
+
+    kind: str
+    #: the Hugging Face directory (or hub id) to load: RUN_DIR/init, or the source model itself for orig_tok
+    model_dir: str
+    #: the tokenizer the model speaks from now on (its files go into the export)
+    tokenizer: str
+    tokenizer_hash: str
+    #: u: tokens of that tokenizer (the random-guess line is ln u)
+    vocab_size: int
+    bos_id: int | None
+    eos_id: int | None
+    pad_id: int | None
+    #: start-of-document id of the shards (BOS, or EOS for tokenizers without one)
+    start_id: int
+    source_tokenizer_hash: str | None = None
+    p_kind: str | None = None
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# tokenizers
+
+
+def model_tokenizer_hash(model_path: str) -> str:
+    """Hash of the tokenizer stored with a model (its tokenizer.json), as stage 1 records it for the source."""
+    from s2t2_dist.data.bpe import tokenizer_hash
+    from s2t2_dist.data.errors import DataError
+
+    try:
+        return tokenizer_hash(model_path)
+    except DataError as e:
+        raise InitError(f"model {model_path}: no tokenizer.json to identify its tokenizer ({e})") from None
+
+
+def transformers_tokenizer_hash(model_path: str, trust_remote_code: bool = False) -> str:
+    """Hash of the tokenizer as transformers rebuilds it (`AutoTokenizer(...).backend_tokenizer`). For some
+    tokenizer classes this differs from the file's hash (transformers 5 rebuilds GPTNeoXTokenizer, the OLMo hub
+    tokenizer's class, from its vocabulary); accepted for the source tokenizer of a P file as an alternative."""
+    from transformers import AutoTokenizer
+
+    from s2t2_dist.data.bpe import tokenizer_hash
+
+    tok = AutoTokenizer.from_pretrained(str(model_path), trust_remote_code=trust_remote_code)
+    return tokenizer_hash(tok.backend_tokenizer)
+
+
+def _tokenizer_info(path: str):
+    from s2t2_dist.data.bpe import load_tokenizer
+    from s2t2_dist.data.errors import DataError
+
+    try:
+        return load_tokenizer(path)
+    except DataError as e:
+        raise InitError(f"tokenizer {path}: {e}") from None
+
+
+def same_vocabulary(a: str, b: str) -> bool:
+    """Whether two tokenizers map the same strings to the same ids (the same tokenizer re-serialised by another
+    library version has another file hash but the same vocabulary)."""
+    from tokenizers import Tokenizer
+
+    ta, tb = (Tokenizer.from_file(_tokenizer_info(p).path) for p in (a, b))
+    return ta.get_vocab(with_added_tokens=True) == tb.get_vocab(with_added_tokens=True)
+
+
+def copy_tokenizer_files(tokenizer: str, out_dir: Path, info=None) -> None:
+    """Copy the tokenizer's files verbatim into out_dir (so its hash is kept); a bare tokenizer.json gets a minimal
+    tokenizer_config.json that AutoTokenizer loads."""
+    info = info or _tokenizer_info(tokenizer)
+    src = Path(info.path)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, out_dir / "tokenizer.json")
+    copied = False
+    for name in TOKENIZER_FILES[1:]:
+        f = src.parent / name
+        if f.is_file():
+            shutil.copyfile(f, out_dir / name)
+            copied = copied or name == "tokenizer_config.json"
+    if not copied:
+        vocab = info.tokenizer.get_vocab(with_added_tokens=True)
+        names = {i: t for t, i in vocab.items()}
+        cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+        for key, i in (("bos_token", info.bos_id), ("eos_token", info.eos_id), ("pad_token", info.pad_id),
+                       ("unk_token", info.unk_id)):
+            if i is not None:
+                cfg[key] = names[i]
+        (out_dir / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# new embeddings
+
+
+@torch.no_grad()
+def translated_embeddings(model, p) -> tuple[torch.Tensor, torch.Tensor]:
+    """(E', L') of `model` under the P file `p` (a pfile.SparseP): E' = W_E^T E[source_ids], L' = W_L^T L[source_ids]
+    with the weights of the P file's own normalisation (`SparseP.weights_pair`), in float32."""
+    from s2t2_dist.models.hf import get_embedding_and_head
+
+    E, L, _ = get_embedding_and_head(model)
+    src = p.source_ids.long()
+    if src.numel() and (int(src.max()) >= E.shape[0] or int(src.min()) < 0):
+        raise InitError(f"the P file's source ids reach {int(src.max())} but the model has {E.shape[0]} embedding rows")
+    w_e, w_l = p.weights_pair(torch.float32)  # v x u
+    E_new = w_e.T @ E.detach().float()[src]
+    L_new = w_l.T @ L.detach().float()[src]
+    return E_new, L_new
+
+
+@torch.no_grad()
+def truncated_embeddings(model, u: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(E[:u], L[:u]): the "FT new tok." baseline (the new tokenizer's id j reuses the source model's row j)."""
+    from s2t2_dist.models.hf import get_embedding_and_head
+
+    E, L, _ = get_embedding_and_head(model)
+    if u > E.shape[0]:
+        raise InitError(f"new_tok_truncate: the new tokenizer has {u} tokens but the model only {E.shape[0]} rows")
+    return E.detach().float()[:u].clone(), L.detach().float()[:u].clone()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the plan and the initial directory
+
+
+def _file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def resolve_plan(init: InitConfig, model_path: str, tokenizer: str, out_dir: str | Path) -> tuple[InitPlan, dict]:
+    """Check the configuration (hashes, sizes) and say what the run starts from. Cheap (no model weights are read);
+    every rank calls it. Returns (plan, identity of the initial directory for reuse checks)."""
+    tok = tokenizer or (model_path if init.kind in ("orig_tok", "as_is") else "")
+    if not tok:
+        raise InitError(f"init.kind={init.kind} needs the new tokenizer (data.tokenizer)")
+    info = _tokenizer_info(tok)
+    identity: dict = {"kind": init.kind, "model": str(model_path), "tokenizer_hash": info.hash}
+    plan = InitPlan(kind=init.kind, model_dir=str(model_path), tokenizer=tok, tokenizer_hash=info.hash,
+                    vocab_size=info.vocab_size, bos_id=info.bos_id, eos_id=info.eos_id, pad_id=info.pad_id,
+                    start_id=info.start_id)
+    if init.kind in ("orig_tok", "as_is"):
+        src_hash = model_tokenizer_hash(model_path) if tokenizer else info.hash
+        plan.source_tokenizer_hash = src_hash
+        if src_hash != info.hash and not same_vocabulary(model_path, tok):
+            raise InitError(
+                f"init.kind={init.kind} keeps the model's own tokenizer, but data.tokenizer {tok} (hash {info.hash}) "
+                f"is a different tokenizer from the one stored with {model_path} (hash {src_hash}); use the "
+                "source-tokenizer shards and tokenizer, or init.kind=translated / new_tok_truncate")
+        rows = _embedding_rows(model_path)
+        if rows is not None and info.vocab_size > rows:
+            raise InitError(f"tokenizer {tok} has {info.vocab_size} tokens but {model_path} only {rows} embedding rows")
+        return plan, identity
+    src_hash = model_tokenizer_hash(model_path)
+    plan.source_tokenizer_hash = src_hash
+    plan.model_dir = str(out_dir)
+    if init.kind == "translated":
+        from s2t2_dist.pfile import load_p
+
+        p = load_p(init.p_file)
+        if p.source_tokenizer_hash != src_hash:
+            try:
+                alt = transformers_tokenizer_hash(model_path)
+            except Exception:  # noqa: BLE001 - no transformers tokenizer: only the file hash counts
+                alt = None
+            if alt == p.source_tokenizer_hash:
+                log.info("init: %s records the source tokenizer as transformers rebuilds it (%s; file hash %s)",
+                         init.p_file, alt, src_hash)
+                src_hash = alt
+        p.check_compatible(src_hash, info.hash, where=f"{init.p_file}: ")
+        plan.source_tokenizer_hash = src_hash
+        if p.shape[1] != info.vocab_size:
+            raise InitError(f"{init.p_file}: P has {p.shape[1]} target columns but the tokenizer {tok} has "
+                            f"{info.vocab_size} tokens")
+        plan.p_kind = p.kind
+        identity.update(p_file=str(init.p_file), p_sha256=_file_sha256(init.p_file), p_kind=p.kind,
+                        source_tokenizer_hash=src_hash)
+    else:
+        identity.update(source_tokenizer_hash=src_hash)
+    return plan, identity
+
+
+def _embedding_rows(model_path: str) -> int | None:
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(str(model_path))
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return getattr(cfg, "vocab_size", None)
+
+
+def replace_dir(partial: Path, out: Path, marker: str) -> None:
+    """Move the finished `partial` directory to `out`, replacing an older `out` only if this package wrote it
+    (it holds `marker`): a mistyped init.dir / export.dir never deletes someone's directory."""
+    from s2t2_dist.utils.io import fsync_dir
+
+    if out.exists():
+        if not (out / marker).is_file():
+            raise InitError(f"refusing to replace {out}: it exists and was not written by s2t2 (no {marker}); "
+                            "choose another directory or remove it")
+        shutil.rmtree(out)
+    partial.rename(out)
+    fsync_dir(out.parent)
+
+
+def initial_dir_is_current(out_dir: Path, identity: dict) -> bool:
+    f = Path(out_dir) / INFO_FILE
+    if not f.is_file():
+        return False
+    try:
+        return json.loads(f.read_text()).get("identity") == identity
+    except ValueError:
+        return False
+
+
+def write_initial_model(init: InitConfig, plan: InitPlan, identity: dict, model_path: str, out_dir: str | Path, *,
+                        trust_remote_code: bool = False) -> Path:
+    """Build and save the initial model directory (call on ONE rank). Reuses a directory holding the same
+    initialisation. Returns its path."""
+    from transformers import AutoModelForCausalLM
+
+    from s2t2_dist.models.translated import materialize
+    from s2t2_dist.utils.io import atomic_write_text, fsync_dir
+
+    out = Path(out_dir)
+    if initial_dir_is_current(out, identity):
+        log.info("init: reusing %s", out)
+        return out
+    if out.exists() and not (out / INFO_FILE).is_file():
+        raise InitError(f"init.dir {out} exists and was not written by s2t2 (no {INFO_FILE}); choose another")
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32,
+                                                 trust_remote_code=trust_remote_code)
+    if init.kind == "translated":
+        from s2t2_dist.pfile import load_p
+
+        E_new, L_new = translated_embeddings(model, load_p(init.p_file))
+    elif init.kind == "new_tok_truncate":
+        E_new, L_new = truncated_embeddings(model, plan.vocab_size)
+    else:
+        raise InitError(f"init.kind={init.kind} writes no initial directory")
+    model = materialize(model, E_new, L_new, inplace=True, bos_token_id=plan.bos_id, eos_token_id=plan.eos_id,
+                        pad_token_id=plan.pad_id, dtype=torch.float32)
+    partial = out.with_name(out.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)
+    model.save_pretrained(str(partial), safe_serialization=True)
+    del model
+    copy_tokenizer_files(plan.tokenizer, partial)
+    atomic_write_text(partial / INFO_FILE, json.dumps({"identity": identity, "plan": plan.to_dict()}, indent=1))
+    fsync_dir(partial)
+    replace_dir(partial, out, INFO_FILE)
+    log.info("init: wrote %s (%s, vocabulary %d)", out, init.kind, plan.vocab_size)
+    return out
+
+
+def prepare_initial_model(init: InitConfig, model_path: str, tokenizer: str, out_dir: str | Path, *,
+                          is_main: bool, trust_remote_code: bool = False) -> InitPlan:
+    """resolve_plan on every rank, write_initial_model on rank 0, then a barrier. Collective when distributed;
+    an error on rank 0 is raised on every rank."""
+    from s2t2_dist.engines._common import raise_if_any_failed
+
+    plan, identity = resolve_plan(init, model_path, tokenizer, out_dir)
+    err = None
+    if plan.kind in NEW_VOCAB_KINDS and is_main:
+        try:
+            write_initial_model(init, plan, identity, model_path, out_dir, trust_remote_code=trust_remote_code)
+        except BaseException as e:  # noqa: BLE001 - raised on every rank below
+            err = e
+    if err is not None and not _distributed():
+        raise err
+    raise_if_any_failed(err, f"writing the initial model {out_dir}")
+    return plan
+
+
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def check_shards(manifest: dict, plan: InitPlan, what: str) -> None:
+    """The shards must be tokenized with the tokenizer the model speaks."""
+    h = (manifest.get("tokenizer") or {}).get("hash")
+    if h != plan.tokenizer_hash:
+        raise InitError(
+            f"{what} {manifest.get('_dir')}: tokenized with tokenizer hash {h}, but this run's model speaks "
+            f"{plan.tokenizer} (hash {plan.tokenizer_hash}); init.kind={plan.kind} needs "
+            + ("the source-tokenizer shards (shards/source/...)" if plan.kind in ("orig_tok", "as_is")
+               else "the new-tokenizer shards (shards/new/...)"))

@@ -1,0 +1,55 @@
+"""`s2t2 prepare`: split the input, train the target-domain BPE, write the train/eval shards.
+
+    python launch/prepare.py --config configs/prepare_uniref50.yaml [num_workers=16 ...]
+    s2t2 prepare --config configs/prepare_demo.yaml output_dir=/tmp/s2t2_demo      # the shipped sample, seconds
+
+Keys: `s2t2_dist.data.config.DataConfig`. With `source_tokenizer` set, the same splits are also written with the
+source model's tokenizer (shards/source/...: the original-tokenizer finetuning baseline) and the compression report
+compares both tokenizers. Layout and resuming: `s2t2_dist.data.pipeline`. Re-running a finished command does no work.
+
+Preparation is one process plus `num_workers` tokenizer processes. Started by a multi-process launcher (torchrun,
+srun), only rank 0 works and shows progress bars; the other ranks return at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from s2t2_dist.config import ConfigError, save_config
+from s2t2_dist.data.config import DataConfig
+from s2t2_dist.data.errors import DataError
+from s2t2_dist.dist.env import detect
+from s2t2_dist.stages.common import parse_args
+
+log = logging.getLogger("s2t2.prepare")
+
+
+def _flags(p) -> None:
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (the summary is still printed)")
+
+
+def run(cfg: DataConfig, *, progress: bool = True) -> dict:
+    from s2t2_dist.data.pipeline import format_summary, prepare
+
+    summary = prepare(cfg, progress=progress)
+    save_config(cfg, os.path.join(cfg.output_dir, "prepare_config.yaml"))  # the config these outputs came from
+    print(format_summary(summary), flush=True)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=os.environ.get("S2T2_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s: %(message)s")
+    try:
+        cfg, args = parse_args(DataConfig, argv, "s2t2 prepare", extra=_flags)
+        env = detect()
+        if not env.is_main:
+            log.info("rank %d: data preparation runs on rank 0 only; nothing to do here", env.rank)
+            return 0
+        run(cfg, progress=not args.no_progress)
+    except (ConfigError, DataError) as e:
+        print(f"s2t2 prepare: error: {e}", file=sys.stderr)
+        return 2
+    return 0
