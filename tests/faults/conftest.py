@@ -187,3 +187,34 @@ class Job:
     def signal_group(self, sig: int) -> None:
         """What SLURM does at preemption: the signal to every process of the step (launcher and ranks)."""
         os.killpg(self.proc.pid, sig)
+
+
+@pytest.fixture(scope="session")
+def stage1_p(tiny_data, stories, tmp_path_factory) -> Path:
+    """A P file from a short real stage-1 run (one process) on the tiny shards: what stage 2 starts from."""
+    from s2t2_dist.config import load_config
+    from s2t2_dist.stages.translate import TranslateConfig, run
+
+    run_dir = tmp_path_factory.mktemp("stage1") / "run"
+    old = os.environ.get("S2T2_DEVICE")
+    os.environ["S2T2_DEVICE"] = "cpu"
+    try:
+        summary = run(load_config(TranslateConfig, None, translate_args(tiny_data, stories, run_dir, "train.steps=4")))
+    finally:
+        if old is None:
+            os.environ.pop("S2T2_DEVICE", None)
+        else:
+            os.environ["S2T2_DEVICE"] = old
+    return Path(summary["p_file"])
+
+
+DS_ZERO3 = ["--ds_config", "configs/ds_zero3.json",
+            "engine.ds_overrides.zero_optimization.stage3_param_persistence_threshold=0"]
+
+
+def finetune_args(data: Path, model: Path, p_file: Path, run_dir: Path, *extra: str) -> list[str]:
+    """A small stage-2 run: the whole stories260K model, translated to the tiny tokenizer by a stage-1 P."""
+    return [f"run_dir={run_dir}", f"model.path={model}", f"data.train={data}/shards/new/train",
+            f"data.tokenizer={data}/tokenizer", "data.num_workers=0", "data.shuffle_window=16", f"init.p_file={p_file}",
+            "train.context_len=64", "train.batch_size=4", "train.micro_batch_size=2", "train.log_every=1000",
+            "train.ckpt_every=2", "train.keep_checkpoints=2", "train.eval_every=0", "optim.lr=1e-3", *extra]
