@@ -267,6 +267,6 @@ def run(cfg: TranslateConfig) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    cfg, _ = parse_args(TranslateConfig, argv, "s2t2 translate")
-    run(cfg)
-    return 0
+    from s2t2_dist.stages.common import run_main
+
+    return run_main("s2t2 translate", lambda: run(parse_args(TranslateConfig, argv, "s2t2 translate")[0]))
