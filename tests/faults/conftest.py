@@ -218,3 +218,18 @@ def finetune_args(data: Path, model: Path, p_file: Path, run_dir: Path, *extra: 
             f"data.tokenizer={data}/tokenizer", "data.num_workers=0", "data.shuffle_window=16", f"init.p_file={p_file}",
             "train.context_len=64", "train.batch_size=4", "train.micro_batch_size=2", "train.log_every=1000",
             "train.ckpt_every=2", "train.keep_checkpoints=2", "train.eval_every=0", "optim.lr=1e-3", *extra]
+
+
+#: optimiser steps of the translate runs compared with each other (80 blocks / (2 ranks x 2) = 20 steps per epoch:
+#: the runs cross an epoch boundary)
+TRANSLATE_STEPS = 30
+
+
+@pytest.fixture(scope="session")
+def translate_reference(tiny_data, stories, tmp_path_factory):
+    """The uninterrupted 2-rank stage-1 run everything interrupted is compared with: (run_dir, [history per rank])."""
+    root = tmp_path_factory.mktemp("translate_ref")
+    job = Job("translate.py", translate_args(tiny_data, stories, root / "run", f"train.steps={TRANSLATE_STEPS}"),
+              trace=root / "trace", log=root / "job.log")
+    job.expect(rc_ok=True)
+    return root / "run", [faults.effective_history(job.events(r)) for r in (0, 1)]

@@ -15,7 +15,7 @@ import os
 import signal
 
 import pytest
-from conftest import Job, ledger, translate_args
+from conftest import TRANSLATE_STEPS, Job, ledger, translate_args
 
 from s2t2_dist.pfile import load_p
 from s2t2_dist.testing.faults import effective_history
@@ -23,7 +23,7 @@ from s2t2_dist.train.checkpoint import Checkpointer
 
 pytestmark = pytest.mark.faults
 
-STEPS = 30  # 80 blocks / (2 ranks x 2) = 20 steps per epoch: the run crosses an epoch boundary
+STEPS = TRANSLATE_STEPS  # 20 steps per epoch: the run crosses an epoch boundary
 N_SAMPLES = 80
 
 
@@ -40,18 +40,8 @@ def _next_ckpt(after: int, every: int = 2) -> int:
     return (after // every + 1) * every
 
 
-@pytest.fixture(scope="module")
-def reference(tiny_data, stories, tmp_path_factory):
-    """The uninterrupted run."""
-    root = tmp_path_factory.mktemp("translate_ref")
-    job = Job("translate.py", translate_args(tiny_data, stories, root / "run", f"train.steps={STEPS}"),
-              trace=root / "trace")
-    job.expect(rc_ok=True)
-    return root / "run", [effective_history(job.events(r)) for r in (0, 1)]
-
-
-def test_translate_survives_kills_signals_and_full_disk(tiny_data, stories, tmp_path, reference, rng):
-    ref_run, ref_hist = reference
+def test_translate_survives_kills_signals_and_full_disk(tiny_data, stories, tmp_path, translate_reference, rng):
+    ref_run, ref_hist = translate_reference
     run, trace = tmp_path / "run", tmp_path / "trace"
     args = translate_args(tiny_data, stories, run, f"train.steps={STEPS}")
     seed = f"(S2T2_FAULTS_SEED={rng.seed_value})"
