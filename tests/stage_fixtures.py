@@ -16,6 +16,11 @@ def protein_fasta() -> Path:
     shipped = REPO / "s2t2_dist" / "assets" / "protein" / "mmseqs2_QUERY_uniprotkb.fasta"
     if shipped.is_file():
         return shipped
+    # the workplace's shared data sits next to the main checkout (a worktree may be one level deeper)
+    for up in REPO.parents:
+        f = up / "shared" / "data" / "protein" / "mmseqs2_QUERY_uniprotkb.fasta"
+        if f.is_file():
+            return f
     return REPO.parent / "shared" / "data" / "protein" / "mmseqs2_QUERY_uniprotkb.fasta"
 
 

@@ -326,10 +326,11 @@ class TrainLoader:
                 "drop_last": self.drop_last}
 
     def state_dict(self) -> dict:
-        if self.batch and self.batch >= self.plan().n_batches:  # the epoch's last batch was consumed
-            self.epoch, self.batch = self.epoch + 1, 0
-        return {"epoch": self.epoch, "batch": self.batch, "manifest": self.manifest.get("job_hash"),
-                **self._layout()}
+        epoch, batch = self.epoch, self.batch
+        if batch and batch >= self.plan().n_batches:  # the epoch's last batch was consumed: resume in the next
+            epoch, batch = epoch + 1, 0
+        # (self is not changed: an iterator suspended after the epoch's last batch still counts on self.batch)
+        return {"epoch": epoch, "batch": batch, "manifest": self.manifest.get("job_hash"), **self._layout()}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("manifest") != self.manifest.get("job_hash"):

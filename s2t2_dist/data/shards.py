@@ -106,6 +106,10 @@ class ShardFile:
         self.n_samples += 1
 
     def commit(self) -> dict:
+        if os.environ.get("S2T2_FAULT"):  # fault injection (tests/faults): e.g. a disk that fills here
+            from s2t2_dist.testing import faults
+
+            faults.point("shards.commit", int(self.path.name.rsplit("-", 1)[-1].split(".")[0]), path=str(self.path))
         self._tar.close()  # end-of-archive blocks, padded to a whole tar record; the file stays open
         self._file.commit()
         return {"name": self.path.name, "file_bytes": self._hashed.n_bytes, "sha256": self._hashed.sha256.hexdigest()}
@@ -287,6 +291,9 @@ def write_shards(
             if bar is not None:
                 bar.update(len(lens))
         w.finish()
+    except OSError as e:  # a full disk, a quota, an I/O error: say where, and that re-running continues
+        w.abort()
+        raise _write_error(e, out / shard_name(split, len(w.shards)), len(w.shards)) from e
     except BaseException:
         w.abort()
         raise
@@ -309,6 +316,20 @@ def write_shards(
     }
     atomic_write_json(mpath, manifest)
     return manifest
+
+
+def _write_error(e: OSError, shard: Path, n_done: int) -> OSError:
+    import errno
+    import shutil
+
+    try:
+        free = f"{shutil.disk_usage(shard.parent).free:,} bytes free there"
+    except OSError:
+        free = "free space unknown"
+    full = " -- the disk is full" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    return OSError(e.errno, f"writing shard {shard} failed: {e.strerror or e}{full} ({free}); the {n_done} shards "
+                            "written before it are complete and kept: free space and run the same command again "
+                            "to continue from them")
 
 
 class _WriterBase:

@@ -325,6 +325,30 @@ def partitioned_numel(model: torch.nn.Module) -> tuple[int, int]:
 
 
 # --------------------------------------------------------------------------------------------------------------
+# loading without running code
+
+
+def _ds_safe_globals() -> list:
+    """The non-tensor classes DeepSpeed's ZeRO checkpoint files pickle (an enum and the loss scaler's state)."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    return [ZeroStageEnum, LossScaler, DynamicLossScaler]
+
+
+def _safe_ds_load(path: str, map_location=None):
+    import pickle
+
+    try:
+        with torch.serialization.safe_globals(_ds_safe_globals()):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise RuntimeError(f"DeepSpeed checkpoint file {path} holds pickled objects other than tensors, containers "
+                           f"and DeepSpeed's own state; refusing to unpickle it (no code runs from a checkpoint): "
+                           f"{str(e).splitlines()[-1] if str(e) else e}") from None
+
+
+# --------------------------------------------------------------------------------------------------------------
 # the engine
 
 
@@ -437,8 +461,15 @@ class DeepSpeedEngine(Engine):
         d = Path(directory) / DS_TAG
         if not d.is_dir():
             raise FileNotFoundError(f"checkpoint {directory}: no DeepSpeed state ({d.name}/ is missing)")
-        path, client = self.ds.load_checkpoint(str(directory), tag=DS_TAG, load_module_strict=True,
-                                               load_optimizer_states=True, load_lr_scheduler_states=True)
+        # DeepSpeed's TorchCheckpointEngine loads with torch.load(weights_only=False): unpickling a checkpoint could
+        # run code. Load through weights_only=True instead, allowing the two DeepSpeed classes its files hold.
+        ce = self.ds.checkpoint_engine
+        ce.load = _safe_ds_load
+        try:
+            path, client = self.ds.load_checkpoint(str(directory), tag=DS_TAG, load_module_strict=True,
+                                                   load_optimizer_states=True, load_lr_scheduler_states=True)
+        finally:
+            del ce.load  # back to the class's method
         if path is None:
             raise RuntimeError(f"checkpoint {directory}: DeepSpeed could not load {d}")
         w = (client or {}).get("s2t2_world_size")

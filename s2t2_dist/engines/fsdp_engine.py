@@ -53,6 +53,39 @@ def local_numel(model: torch.nn.Module) -> tuple[int, int]:
     return local, total
 
 
+def check_dcp_metadata(path: Path) -> None:
+    """torch.distributed.checkpoint reads `.metadata` with plain pickle.load, which could run code from a crafted
+    checkpoint: unpickle it first allowing only what DCP writes there (its metadata dataclasses, torch sizes,
+    dtypes and layouts, paths). Raises RuntimeError naming the file and the refused global."""
+    import pickle
+
+    def allowed(module: str, name: str) -> bool:
+        if module in ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
+                      "torch.distributed.checkpoint.planner"):
+            return not name.startswith("__")
+        if module == "torch":
+            return name == "Size" or isinstance(getattr(torch, name, None), (torch.dtype, torch.layout,
+                                                                                torch.memory_format))
+        return (module, name) in {("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+                                  ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
+                                  ("pathlib", "PureWindowsPath"), ("collections", "OrderedDict")}
+
+    class _Checked(pickle.Unpickler):
+        def find_class(self, module, name):
+            if not allowed(module, name):
+                raise pickle.UnpicklingError(f"global {module}.{name} is not allowed")
+            return super().find_class(module, name)
+
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path.parent}: {path.name} is missing")
+    try:
+        with open(path, "rb") as f:
+            _Checked(f).load()
+    except Exception as e:  # noqa: BLE001 - any failure means we do not hand the file to pickle.load
+        raise RuntimeError(f"checkpoint file {path} is not plain DCP metadata ({type(e).__name__}: {e}); refusing "
+                           "to unpickle it (no code runs from a checkpoint)") from None
+
+
 class FSDP2Engine(Engine):
     def __init__(
         self,
@@ -153,6 +186,7 @@ class FSDP2Engine(Engine):
         extra = torch.load(f, map_location="cpu", weights_only=True)
         if extra["world_size"] != self.world:
             raise RuntimeError(f"checkpoint {directory} was written by {extra['world_size']} ranks, this run has {self.world}")
+        check_dcp_metadata(d / ".metadata")
         msd, osd = get_state_dict(self.model, self.optimizer)
         state = {"model": msd, "optim": osd}
         try:

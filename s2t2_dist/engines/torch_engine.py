@@ -109,7 +109,10 @@ class TorchEngine(Engine):
         f = self._file(directory)
         if not f.is_file():
             raise FileNotFoundError(f"checkpoint {directory}: no engine state for rank {self.rank} ({f.name})")
-        state = torch.load(f, map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(f, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - torch raises several types for damaged or unsafe files
+            raise RuntimeError(f"checkpoint {directory}: {f.name} is unreadable ({type(e).__name__}: {e})") from e
         if state["world_size"] != self.world:
             raise RuntimeError(
                 f"checkpoint {directory} was written by {state['world_size']} ranks, this run has {self.world}"

@@ -10,7 +10,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, Callable, TypeVar
 
 import torch
 
@@ -85,3 +85,28 @@ def teardown() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+#: errors about the user's inputs or the run's state whose message says what is wrong (config keys and values,
+#: shards and manifests, P files, initialisation, checkpoints, too many bad steps): one line, not a traceback
+USER_ERRORS = ("ConfigError", "DataError", "PFileError", "InitError", "CheckpointError", "TooManyBadSteps",
+               "FaultSpecError")
+
+
+def run_main(prog: str, fn: Callable[[], Any]) -> int:
+    """Run a stage's entry point. A user error (USER_ERRORS, by class name, so that the check imports nothing) is
+    printed as one line `[rank R] prog: error: Type: message` on stderr and gives exit code 2; anything else (a bug)
+    keeps its traceback. S2T2_TRACEBACK=1 shows the traceback of every error."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - re-raised unless it is a user error
+        names = {c.__name__ for c in type(e).__mro__}
+        if os.environ.get("S2T2_TRACEBACK") or not names & set(USER_ERRORS):
+            raise
+        import sys
+
+        world = os.environ.get("WORLD_SIZE", "1")
+        where = f"[rank {os.environ.get('RANK', '?')}] " if world not in ("", "1") else ""
+        print(f"{where}{prog}: error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return 2
+    return 0

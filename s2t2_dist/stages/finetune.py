@@ -325,5 +325,6 @@ def parse_command_line(argv: list[str], cls=None, prog: str = "s2t2 finetune"):
 
 
 def main(argv: list[str]) -> int:
-    run(parse_command_line(argv))
-    return 0
+    from s2t2_dist.stages.common import run_main
+
+    return run_main("s2t2 finetune", lambda: run(parse_command_line(argv)))

@@ -212,7 +212,7 @@ def build(cfg: TranslateConfig, rt: Runtime):
                          grad_clip=o.grad_clip, params="sharded")
     loader = TrainLoader(cfg.data.train, batch_size=cfg.train.micro_batch_size, rank=env.rank,
                          world_size=env.world_size, num_workers=cfg.data.num_workers, seed=cfg.train.seed,
-                         shuffle_window=cfg.data.shuffle_window)
+                         shuffle_window=cfg.data.shuffle_window, return_index=True)
     if loader.manifest.get("context_len") not in (None, cfg.train.context_len):
         raise ConfigError(f"train.context_len={cfg.train.context_len} but the shards in {cfg.data.train} hold "
                           f"blocks of {loader.manifest.get('context_len')} tokens")
@@ -267,6 +267,6 @@ def run(cfg: TranslateConfig) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    cfg, _ = parse_args(TranslateConfig, argv, "s2t2 translate")
-    run(cfg)
-    return 0
+    from s2t2_dist.stages.common import run_main
+
+    return run_main("s2t2 translate", lambda: run(parse_args(TranslateConfig, argv, "s2t2 translate")[0]))

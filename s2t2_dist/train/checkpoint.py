@@ -1,15 +1,24 @@
 """Atomic, resumable checkpoints for multi-rank runs.
 
 Layout: RUN/checkpoints/step_00000100/ holding each rank's engine files plus `loop_rankNNNNN.pt` (data position,
-RNG) and, written last by rank 0, `meta.json`. Every rank writes into a `.partial` directory; after a barrier
-rank 0 writes meta.json and renames the directory into place. A directory without meta.json, or still named
-.partial, is never loaded, so a crash or a full disk mid-write leaves the previous checkpoint the latest valid one.
+RNG) and, written last by rank 0, `meta.json`. Every rank writes into a `.partial` directory; once every rank has
+written (and each node has flushed its writes to stable storage), rank 0 writes meta.json, listing every file with
+its size, and renames the directory into place. A directory without meta.json, or still named .partial, is never
+loaded, so a crash, a lost node or a full disk mid-write leaves the previous checkpoint the latest valid one.
+
+Resuming (`resume`) takes the newest complete checkpoint whose files are all there with their recorded sizes; one
+that is not (a file truncated or deleted after it was written) is renamed `step_N.corrupt`, said loudly, and the
+previous one is used. A checkpoint of another configuration or another number of ranks is refused, never skipped.
 Loading uses torch.load(weights_only=True): no code runs from a checkpoint.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
+import logging
+import os
 import re
 import shutil
 from pathlib import Path
@@ -18,9 +27,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from s2t2_dist.testing import faults
 from s2t2_dist.utils.io import atomic_write_text, fsync_dir
 
 _STEP_RE = re.compile(r"^step_(\d{8})$")
+log = logging.getLogger("s2t2.checkpoint")
 
 
 def _barrier() -> None:
@@ -45,6 +56,58 @@ def _all_ok(ok: bool) -> bool:
 
 class CheckpointError(RuntimeError):
     pass
+
+
+class CheckpointCorrupt(CheckpointError):
+    """A complete checkpoint whose files are missing, truncated or unreadable."""
+
+
+def _syncfs(path: Path) -> None:
+    """Flush this node's dirty pages of the filesystem holding `path` (Linux syncfs; else sync)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            if libc.syncfs(fd) != 0:
+                raise OSError(ctypes.get_errno(), "syncfs failed", str(path))
+        finally:
+            os.close(fd)
+    except (AttributeError, OSError):
+        os.sync()
+
+
+def _local_rank() -> int:
+    v = os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID") or "0"
+    return int(v) if v.isdigit() else 0
+
+
+def _tree_sizes(directory: Path) -> dict[str, int]:
+    out = {}
+    for dirpath, _, files in os.walk(directory):
+        for f in files:
+            p = Path(dirpath) / f
+            out[str(p.relative_to(directory))] = p.stat().st_size
+    return out
+
+
+def _space_hint(directory: Path, err: BaseException | None, previous: Path | None) -> str:
+    """Why a write may have failed, in words: a full disk (ENOSPC/EDQUOT, or less free space than the previous
+    checkpoint took: torch.save reports a full disk only as 'unexpected pos' or 'file write failed')."""
+    try:
+        free = shutil.disk_usage(directory if directory.exists() else directory.parent).free
+    except OSError:
+        return ""
+    need = sum(_tree_sizes(previous).values()) if previous is not None and previous.is_dir() else 0
+    codes = set()
+    e = err
+    while e is not None:
+        if isinstance(e, OSError) and e.errno is not None:
+            codes.add(e.errno)
+        e = e.__cause__ or e.__context__
+    if codes & {errno.ENOSPC, errno.EDQUOT} or (need and free < need) or free < (1 << 20):
+        return (f" -- the disk is full: {free:,} bytes free on the filesystem of {directory}"
+                + (f", the previous checkpoint took {need:,}" if need else ""))
+    return ""
 
 
 class Checkpointer:
@@ -72,54 +135,98 @@ class Checkpointer:
         rank, world = _rank_world()
         final = self.root / f"step_{step:08d}"
         partial = self.root / f"step_{step:08d}.partial"
-        if rank == 0:
-            if partial.exists():
-                shutil.rmtree(partial)
-            partial.mkdir(parents=True)
-        _barrier()
+        previous = self.latest()
+        kept = f"; the previous checkpoint {previous.name if previous else '(none)'} is kept and still valid"
         err: BaseException | None = None
+        if rank == 0:
+            try:
+                if partial.exists():
+                    shutil.rmtree(partial)
+                partial.mkdir(parents=True)
+            except BaseException as e:  # noqa: BLE001 - re-raised below on every rank
+                err = e
+        if not _all_ok(err is None):
+            raise CheckpointError(f"creating checkpoint directory {partial} failed: {err}"
+                                  f"{_space_hint(partial, err, previous)}{kept}") from err
         try:
+            faults.point("checkpoint.begin", step)
             engine.save(partial)
-            torch.save(loop_state, partial / f"loop_rank{rank:05d}.pt")
+            faults.point("checkpoint.after_engine_save", step, path=str(partial))
+            with open(partial / f"loop_rank{rank:05d}.pt", "wb") as f:
+                torch.save(loop_state, f)
         except BaseException as e:  # noqa: BLE001 - re-raised below on every rank
             err = e
         if not _all_ok(err is None):
+            hint = _space_hint(partial, err, previous)
             if rank == 0:
                 shutil.rmtree(partial, ignore_errors=True)
             if err is not None:
-                raise CheckpointError(f"writing checkpoint {partial} failed on rank {rank}: {err}") from err
-            raise CheckpointError(f"writing checkpoint {partial} failed on another rank; previous checkpoint kept")
+                raise CheckpointError(f"writing checkpoint {partial} failed on rank {rank}: "
+                                      f"{type(err).__name__}: {err}{hint}{kept}") from err
+            raise CheckpointError(f"writing checkpoint {partial} failed on another rank{hint}{kept}")
+        # Every file must be on stable storage before meta.json makes the checkpoint complete: a node that dies
+        # (not just a process) after the rename must not leave a "complete" checkpoint with lost pages.
+        if _local_rank() == 0:
+            try:
+                _syncfs(partial)
+            except BaseException as e:  # noqa: BLE001
+                err = e
+        if not _all_ok(err is None):
+            if rank == 0:
+                shutil.rmtree(partial, ignore_errors=True)
+            raise CheckpointError(f"flushing checkpoint {partial} to disk failed: {err}"
+                                  f"{_space_hint(partial, err, previous)}{kept}") from err
         if rank == 0:
             try:
-                meta = {"step": step, "world_size": world, "fingerprint": self.fingerprint}
+                meta = {"step": step, "world_size": world, "fingerprint": self.fingerprint,
+                        "files": _tree_sizes(partial)}
                 atomic_write_text(partial / "meta.json", json.dumps(meta, indent=1))
                 fsync_dir(partial)
+                faults.point("checkpoint.before_rename", step)
                 if final.exists():
                     shutil.rmtree(final)
                 partial.rename(final)
                 fsync_dir(self.root)
-                self._prune()
-            except BaseException as e:
-                shutil.rmtree(partial, ignore_errors=True)
+                faults.point("checkpoint.after_rename", step)
+            except BaseException as e:  # noqa: BLE001
                 err = e
+                hint = _space_hint(partial, e, previous)
+                shutil.rmtree(partial, ignore_errors=True)
+                err = CheckpointError(f"{type(e).__name__}: {e}{hint}")
         if not _all_ok(err is None):
-            raise CheckpointError(f"finalising checkpoint {final} failed: {err}")
+            raise CheckpointError(f"finalising checkpoint {final} failed: {err or 'on rank 0'}{kept}")
+        if rank == 0:
+            self._prune()
         return final
 
     def _prune(self) -> None:
-        steps = self.complete_steps()
-        for s in steps[: max(len(steps) - self.keep, 0)]:
-            shutil.rmtree(self.root / f"step_{s:08d}", ignore_errors=True)
-        for d in self.root.glob("step_*.partial"):
-            shutil.rmtree(d, ignore_errors=True)
-
-    def load(self, directory: Path, engine) -> dict[str, Any]:
-        rank, world = _rank_world()
-        meta_file = directory / "meta.json"
+        """Drop all but the newest `keep` complete checkpoints, and leftovers of interrupted writes or prunes.
+        meta.json goes first, so a prune cut short never leaves a half-deleted directory that looks complete."""
         try:
-            meta = json.loads(meta_file.read_text())
+            steps = self.complete_steps()
+            for s in steps[: max(len(steps) - self.keep, 0)]:
+                d = self.root / f"step_{s:08d}"
+                (d / "meta.json").unlink(missing_ok=True)
+                fsync_dir(d)
+                shutil.rmtree(d, ignore_errors=True)
+            newest = steps[-1] if steps else -1
+            for d in self.root.iterdir():
+                m = _STEP_RE.match(d.name)
+                if d.name.endswith(".partial") or (m and int(m.group(1)) < newest and not (d / "meta.json").exists()):
+                    shutil.rmtree(d, ignore_errors=True)
+        except OSError as e:  # the checkpoint itself is complete; leftovers are only disk space
+            log.warning("pruning old checkpoints in %s failed: %s", self.root, e)
+
+    def _read_meta(self, directory: Path) -> dict:
+        try:
+            return json.loads((directory / "meta.json").read_text())
         except (OSError, ValueError) as e:
-            raise CheckpointError(f"checkpoint {directory}: unreadable meta.json ({e})") from None
+            raise CheckpointCorrupt(f"checkpoint {directory}: unreadable meta.json ({e})") from None
+
+    def check_compatible(self, directory: Path, meta: dict | None = None) -> dict:
+        """Refuse a checkpoint of another number of ranks or another configuration (CheckpointError)."""
+        _, world = _rank_world()
+        meta = self._read_meta(directory) if meta is None else meta
         if meta.get("world_size") != world:
             raise CheckpointError(
                 f"checkpoint {directory} was written by {meta.get('world_size')} ranks but this run has {world}; "
@@ -130,8 +237,73 @@ class Checkpointer:
         if diff:
             lines = ", ".join(f"{k}: checkpoint={a!r} run={b!r}" for k, (a, b) in diff.items())
             raise CheckpointError(f"checkpoint {directory} belongs to another configuration ({lines})")
-        engine.load(directory)
+        return meta
+
+    def verify(self, directory: Path, meta: dict | None = None) -> dict:
+        """Every file meta.json lists is there with its recorded size (CheckpointCorrupt names the first that is
+        not). Checkpoints written before sizes were recorded pass."""
+        meta = self._read_meta(directory) if meta is None else meta
+        for rel, size in (meta.get("files") or {}).items():
+            f = directory / rel
+            try:
+                got = f.stat().st_size
+            except OSError:
+                raise CheckpointCorrupt(f"checkpoint {directory}: {rel} is missing") from None
+            if got != size:
+                raise CheckpointCorrupt(f"checkpoint {directory}: {rel} has {got:,} bytes, {size:,} were written "
+                                        "(truncated or overwritten)")
+        return meta
+
+    def load(self, directory: Path, engine) -> dict[str, Any]:
+        rank, _ = _rank_world()
+        meta = self.check_compatible(directory)
+        self.verify(directory, meta)
         f = directory / f"loop_rank{rank:05d}.pt"
         if not f.is_file():
-            raise CheckpointError(f"checkpoint {directory}: missing {f.name}")
-        return torch.load(f, map_location="cpu", weights_only=True)
+            raise CheckpointCorrupt(f"checkpoint {directory}: missing {f.name}")
+        try:
+            state = torch.load(f, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - torch raises several types for damaged files
+            raise CheckpointCorrupt(f"checkpoint {directory}: {f.name} is unreadable ({type(e).__name__}: {e})") from e
+        engine.load(directory)
+        return state
+
+    def resume(self, engine) -> tuple[Path, dict[str, Any]] | None:
+        """Load the newest complete, intact checkpoint into `engine` and return (its directory, the loop state), or
+        None when there is none. A damaged one is set aside as step_N.corrupt (after every rank agreed) and the one
+        before it is used; one of another configuration or rank count is refused (CheckpointError). Collective."""
+        rank, _ = _rank_world()
+        for step in reversed(self.complete_steps()):
+            d = self.root / f"step_{step:08d}"
+            err: BaseException | None = None
+            try:
+                meta = self.check_compatible(d)
+                self.verify(d, meta)
+                lf = d / f"loop_rank{rank:05d}.pt"
+                if not lf.is_file():
+                    raise CheckpointCorrupt(f"checkpoint {d}: missing {lf.name}")
+                state = torch.load(lf, map_location="cpu", weights_only=True)
+            except CheckpointCorrupt as e:
+                err = e
+            except CheckpointError:
+                raise
+            except Exception as e:  # noqa: BLE001 - an unreadable loop state file
+                err = CheckpointCorrupt(f"checkpoint {d}: loop_rank{rank:05d}.pt is unreadable "
+                                        f"({type(e).__name__}: {e})")
+            if _all_ok(err is None):
+                engine.load(d)
+                return d, state
+            if err is not None:
+                log.error("rank %d: %s", rank, err)
+            _barrier()  # every rank has looked at d before rank 0 moves it
+            if rank == 0:
+                bad = d.with_name(d.name + ".corrupt")
+                n = 1
+                while bad.exists():
+                    bad, n = d.with_name(f"{d.name}.corrupt{n}"), n + 1
+                d.rename(bad)
+                fsync_dir(self.root)
+                log.error("checkpoint %s is damaged (%s); moved to %s, resuming from the one before it",
+                          d, err or "on another rank", bad.name)
+            _barrier()
+        return None

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 import torch.distributed as dist
 
+from s2t2_dist.testing import faults
 from s2t2_dist.train.checkpoint import Checkpointer
 from s2t2_dist.train.config import TrainConfig
 from s2t2_dist.train.metrics import MetricsLogger
@@ -105,13 +106,15 @@ def train(
     step, bad_steps = 0, 0
     result = LoopResult(step=0, finished=False, preempted=False)
 
-    latest = checkpointer.latest()
-    if latest is not None:
-        state = checkpointer.load(latest, engine)
+    resumed = checkpointer.resume(engine)
+    latest = None
+    if resumed is not None:
+        latest, state = resumed
         step, bad_steps = int(state["step"]), int(state["bad_steps"])
         loader.load_state_dict(state["loader"])
         torch.set_rng_state(state["rng"])
         result.last_checkpoint = latest
+    faults.record("start", step=step, checkpoint=str(latest) if latest is not None else None)
 
     def save(at_step: int) -> None:
         state = {"step": at_step, "bad_steps": bad_steps, "loader": loader.state_dict(), "rng": torch.get_rng_state()}
@@ -138,7 +141,9 @@ def train(
                     data = iter(loader)
                     batch = next(data)
                 wait_since += time.perf_counter() - t0
+                faults.record_batch(step + 1, batch)
                 loss, extra = task.loss(batch)
+                loss = faults.poison_loss(loss, step + 1)
                 engine.backward(loss / accum)
                 loss_sum += float(loss.detach())
                 toks_since += tokens_per_micro_batch or batch["input_ids"].numel()
@@ -156,6 +161,8 @@ def train(
                         f"{cfg.max_bad_steps}); last at step {step}. The parameters were not updated by them."
                     )
             result.losses.append((step, mean_loss))
+            faults.record_step(step, mean_loss, applied)
+            faults.point("loop.step_end", step)
             if on_step is not None:
                 on_step(step, mean_loss)
             if bar is not None:

@@ -100,6 +100,8 @@ class AtomicFile:
     def abort(self) -> None:
         try:
             self.file.close()
+        except OSError:  # close() flushes the buffer, which fails again on a full disk: the file is discarded anyway
+            pass
         finally:
             with contextlib.suppress(FileNotFoundError):
                 self.tmp.unlink()

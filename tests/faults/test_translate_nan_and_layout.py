@@ -1,0 +1,78 @@
+"""Stage 1 with non-finite losses and gradients on some ranks (2 ranks, torchrun): a bad step is skipped on every
+rank (C and the Adam moments unchanged), counted, and the run stops with a clear message once more than
+train.max_bad_steps steps were bad; C is never poisoned. Then its checkpoints are offered to runs with another
+number of ranks or another configuration: refused, with the reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import Job, ledger, translate_args
+
+from s2t2_dist.config import load_config
+from s2t2_dist.stages.translate import TranslateConfig, run
+from s2t2_dist.train.checkpoint import CheckpointError, Checkpointer
+
+pytestmark = pytest.mark.faults
+
+FAULTS = "nan_grad_at_step:3@1,inf_loss_at_step:5@0,nan_loss_at_step:6"
+
+
+@pytest.fixture(scope="module")
+def nan_run(tiny_data, stories, tmp_path_factory):
+    root = tmp_path_factory.mktemp("nan")
+    job = Job("translate.py", translate_args(tiny_data, stories, root / "run", "train.steps=8", "train.ckpt_every=1",
+                                             "train.keep_checkpoints=20", "train.max_bad_steps=2"),
+              trace=root / "trace", fault=FAULTS, log=root / "job.log")
+    out = job.expect(rc_ok=False)
+    return root / "run", out
+
+
+def _engine_state(run_dir, step, rank):
+    return torch.load(run_dir / "checkpoints" / f"step_{step:08d}" / f"engine_rank{rank:05d}.pt", weights_only=True)
+
+
+def test_bad_steps_skipped_on_every_rank_then_the_run_stops(nan_run):
+    run_dir, out = nan_run
+    assert "TooManyBadSteps: 3 steps had non-finite loss or gradients (limit train.max_bad_steps=2); last at step 6" \
+        in out, out[-3000:]
+    assert Checkpointer(run_dir).complete_steps() == [1, 2, 3, 4, 5]  # nothing written for the failing step
+    for r in (0, 1):  # a NaN gradient on rank 1 (step 3), an inf loss on rank 0 (step 5): skipped on BOTH ranks
+        s = {k: _engine_state(run_dir, k, r) for k in (2, 3, 4, 5)}
+        for a, b in ((2, 3), (4, 5)):
+            assert torch.equal(s[a]["params"]["C"], s[b]["params"]["C"]), (r, a, b)
+            assert s[a]["optimizer"]["state"] and all(
+                torch.equal(s[a]["optimizer"]["state"][i][k], s[b]["optimizer"]["state"][i][k])
+                for i in s[a]["optimizer"]["state"] for k in s[a]["optimizer"]["state"][i]), (r, a, b)
+        assert not torch.equal(s[3]["params"]["C"], s[4]["params"]["C"])  # good steps do train
+        assert all(torch.isfinite(s[k]["params"]["C"]).all() for k in s)
+        loop = torch.load(run_dir / "checkpoints" / "step_00000005" / f"loop_rank{r:05d}.pt", weights_only=True)
+        assert loop["bad_steps"] == 2
+    ledger("translate: NaN gradient on one rank (skipped on both ranks, counted)")
+    ledger("translate: inf loss on one rank (skipped on both ranks, counted)")
+    ledger("translate: NaN loss on all ranks beyond train.max_bad_steps: clear stop", lost="nothing (stops; C finite)")
+
+
+def _in_process(monkeypatch, *args):
+    monkeypatch.setenv("S2T2_DEVICE", "cpu")
+    return run(load_config(TranslateConfig, None, list(args)))
+
+
+def test_checkpoint_of_two_ranks_refused_by_one(nan_run, tiny_data, stories, monkeypatch):
+    run_dir, _ = nan_run
+    with pytest.raises(CheckpointError, match=r"step_00000005 was written by 2 ranks but this run has 1; restart "
+                                              r"with the same number of ranks"):
+        _in_process(monkeypatch, *translate_args(tiny_data, stories, run_dir, "train.steps=8"))
+    ledger("bad input: a checkpoint of 2 ranks resumed by 1 (refused)")
+
+
+def test_checkpoint_of_one_rank_refused_by_two_and_other_config_refused(stage1_p, tiny_data, stories, monkeypatch,
+                                                                         tmp_path):
+    run_dir = stage1_p.parent  # a finished 1-rank stage-1 run with checkpoints at steps 2 and 4
+    job = Job("translate.py", translate_args(tiny_data, stories, run_dir, "train.steps=6"), log=tmp_path / "j.log")
+    out = job.expect(rc_ok=False)
+    assert "step_00000004 was written by 1 ranks but this run has 2; restart with the same number of ranks" in out
+    ledger("bad input: a checkpoint of 1 rank resumed by 2 (refused)")
+    with pytest.raises(CheckpointError, match=r"belongs to another configuration \(translator: checkpoint="):
+        _in_process(monkeypatch, *translate_args(tiny_data, stories, run_dir, "train.steps=6", "translator.n_iter=2"))
+    ledger("bad input: a checkpoint of another configuration (refused)")
