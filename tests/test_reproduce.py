@@ -58,6 +58,14 @@ def test_tiny_table1_every_column(tiny):
         if run["stage"] in ("translate", "finetune"):
             res = json.loads((out / "runs" / name / "result.json").read_text())
             assert res["step"] == (cfg["p_steps"] if run["stage"] == "translate" else cfg["ft_steps"]), name
+    # each translator's P lr was chosen among the sweep by training loss, and its Table 1 runs used it
+    sel = r["lr_selection"]
+    assert set(sel["chosen"]) == set(KINDS.values()) and set(sel["chosen"].values()) <= set(cfg["p_lr_sweep"])
+    for method, kind in KINDS.items():
+        lr = sel["chosen"][kind]
+        assert sel["final_train_loss"][kind][f"{lr:g}"] == min(sel["final_train_loss"][kind].values())
+        plan = {j["name"]: j for j in json.loads((out / "plan.json").read_text())}
+        assert f"optim.lr={lr}" in plan[f"seed0/translate_{kind}"]["overrides"]
     # the orig-tok baseline really read byte-level shards with the source model's own tokenizer
     orig = r["runs"]["seed0/ft_orig_tok"]["metrics"]
     assert orig["bytes_per_token"] == pytest.approx(1.0)
@@ -122,7 +130,9 @@ def test_tiny_rerun_reuses_every_run(tiny):
     out, _ = tiny
     proc = run_cmd([sys.executable, "-m", "s2t2_dist.cli", "reproduce", "--scale", "tiny", "--out", str(out)],
                    timeout=300)
-    assert proc.stdout.count("(reused)") == len(json.loads((out / "plan.json").read_text()))
+    cfg = json.loads((out / "results.json").read_text())["config"]
+    n_runs = len(json.loads((out / "plan.json").read_text())) + len(KINDS) * len(cfg["p_lr_sweep"])
+    assert proc.stdout.count("(reused)") == n_runs
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -88,7 +88,12 @@ def p_summary(p_file: str | Path, target_tokenizer: str | Path, source_model: st
 
     def name(i: int) -> str:
         b = src.get(i)
-        return b.decode("utf-8", "replace") if b is not None else (src_tok.id_to_token(i) or f"<{i}>")
+        if b is None:  # a special token
+            return src_tok.id_to_token(i) or f"<{i}>"
+        try:
+            return b.decode("utf-8")
+        except UnicodeDecodeError:  # a lone byte of a multi-byte character
+            return "<0x" + b.hex().upper() + ">"
     W = p.weights_pair()[1]  # W_L = P / nu: the head weights of each target column
     top = {}
     for ch in show:
@@ -157,12 +162,12 @@ def run(args) -> dict:
         ph.start("source", "source LM: stories260K (real, pretrained on TinyStories) -> Hugging Face format")
         model = stories260k(cache)
         p_lr = args.p_lr or 2e-5  # the paper's P learning rate of its transfer runs: loss falls below ln u in ~60 steps
-        results["source_lm"] = {"path": str(model), "kind": "stories260k (llama2.c, 260K parameters, vocab 512)"}
+        results["source_lm"] = {"path": str(model), "kind": "stories260K: llama2.c's 260K-parameter Llama, vocabulary 512"}
     else:
         ph.start("source", "source LM: pretrain a byte-level English LM on the shipped Shakespeare text")
         model, info = english_bytes(cache, log=lambda m: _say("  " + m), **DEMO_ENGLISH_RECIPE)
         p_lr = args.p_lr or 1e-3
-        results["source_lm"] = {"path": str(model), "kind": "english-bytes (models.pretrain_english)",
+        results["source_lm"] = {"path": str(model), "kind": "english-bytes: a byte-level English LM pretrained by models.pretrain_english",
                                 "val_loss": info.get("val_loss_after"), "recipe": DEMO_ENGLISH_RECIPE}
     _say(f"  {model}")
 
@@ -294,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse(list(sys.argv[1:] if argv is None else argv))
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no "Loading weights" bars in every stage
+    os.environ.setdefault("S2T2_LOG_LEVEL", "WARNING")  # the stages' JSON summaries: the demo prints its own lines
     missing = [s for s in ("finetune", "evaluate") if not stage_available(s)]
     if missing:  # INTEGRATION POINT: stage 2 and evaluation come from the finetune branch
         print(f"s2t2 demo: this build has no {' / '.join(missing)} stage (s2t2_dist/stages/); the demo needs them",

@@ -313,8 +313,11 @@ def english_bytes(cache: Path, log=print, **recipe) -> tuple[Path, dict]:
 
 def tb_scalars(tb_dir: str | Path, tag: str) -> list[tuple[int, float]]:
     """(step, value) of a scalar tag in a TensorBoard directory (e.g. RUN_DIR/tb/global); [] if absent."""
+    import logging
+
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    logging.getLogger("tensorboard").setLevel(logging.ERROR)  # "No path found after ..." at the end of a file
     acc = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
     acc.Reload()
     if tag not in acc.Tags().get("scalars", []):

@@ -86,10 +86,13 @@ class ReproduceConfig:
     ft_steps: int = 20
     #: learning rate of P (paper 1e-3) and of whole-model finetuning (paper 2e-5 over 2000 steps on OLMo)
     p_lr: float = 1e-3
+    #: local scales: choose each translator's P learning rate among these by its final TRAINING loss (mean of the
+    #: last quarter of the logged steps; first seed, p_steps steps) instead of using p_lr for all. Empty: p_lr.
+    p_lr_sweep: list[float] = field(default_factory=list)
     ft_lr: float = 1e-3
     ft_weight_decay: float = 0.01
-    #: P learning rate of the transfer experiment's runs (paper 2e-5)
-    transfer_p_lr: float = 1e-3
+    #: P learning rate of the transfer experiment's runs (paper 2e-5); null: the S2T2 column's
+    transfer_p_lr: float | None = None
     #: entropy weights of the transfer experiment (alpha = 0 is the S2T2 column's P when the lrs agree)
     alphas: list[float] = field(default_factory=lambda: [0.0, 0.1])
     #: held-out documents scored (0: all)
@@ -105,21 +108,26 @@ class ReproduceConfig:
             raise ConfigError("p_steps, ft_steps, batch_size, context_len must be >= 1")
         if not self.alphas or min(self.alphas) < 0:
             raise ConfigError("alphas: non-empty, each >= 0")
+        if any(x <= 0 for x in self.p_lr_sweep) or (self.transfer_p_lr is not None and self.transfer_p_lr <= 0):
+            raise ConfigError("p_lr_sweep, transfer_p_lr: learning rates must be > 0")
+        if self.scale == "paper" and self.p_lr_sweep:
+            raise ConfigError("p_lr_sweep: a local-scale option (the paper scale uses the paper's p_lr)")
 
 
 def preset(scale: str) -> ReproduceConfig:
     if scale == "tiny":  # the pipeline end to end in CI minutes; numbers are not meaningful
         return ReproduceConfig(
             scale="tiny", seeds=[0], vocab_size=256, context_len=64, batch_size=8, p_steps=10, ft_steps=10,
-            alphas=[0.0, 0.1], eval_max_docs=30, log_every=2,
+            p_lr_sweep=[1e-4, 1e-3], alphas=[0.0, 0.1], eval_max_docs=30, log_every=2,
             small=SourceRecipe(n_layers=1, d_model=32, n_heads=2, context_len=64, batch_size=16, steps=40),
             large=SourceRecipe(n_layers=2, d_model=48, n_heads=4, context_len=64, batch_size=16, steps=40))
     if scale == "small":  # ~20 min on 2 CPU cores (the source LMs are cached for later runs)
         return ReproduceConfig(
             scale="small", seeds=[0, 1, 2], vocab_size=256, context_len=128, batch_size=8, p_steps=80,
-            ft_steps=80, alphas=[0.0, 0.1, 1.0], log_every=4,
+            ft_steps=80, p_lr_sweep=[1e-5, 1e-4, 1e-3, 1e-2], alphas=[0.0, 0.1, 1.0], log_every=4,
             small=SourceRecipe(n_layers=2, d_model=64, n_heads=4, context_len=64, batch_size=16, steps=300),
-            large=SourceRecipe(n_layers=2, d_model=128, n_heads=4, context_len=64, batch_size=16, steps=300))
+            # more width and more steps: the transfer needs a target model that is better on English
+            large=SourceRecipe(n_layers=2, d_model=128, n_heads=4, context_len=64, batch_size=16, steps=600))
     if scale == "paper":  # the paper's settings (printed as SLURM submissions, never run here)
         return ReproduceConfig(scale="paper", seeds=[0], vocab_size=512, context_len=512, batch_size=16,
                                p_steps=2000, ft_steps=2000, p_lr=1e-3, ft_lr=2e-5, transfer_p_lr=2e-5,
@@ -171,16 +179,72 @@ def _data_overrides(d: str, source: bool = False) -> list[str]:
     return [f"data.train={d}/shards/{split}/train", f"data.eval={d}/shards/{split}/eval"]
 
 
-def build_plan(cfg: ReproduceConfig, st: Setting) -> list[Job]:
-    """Every stage run of the reproduction, in an order that respects their inputs."""
-    d, out = st.data, st.out
-    tok = f"{d}/tokenizer"
-    jobs: list[Job] = []
+def _train_overrides(cfg: ReproduceConfig, st: Setting) -> list[str]:
     train = [f"train.batch_size={cfg.batch_size}", f"train.context_len={cfg.context_len}",
              f"train.log_every={cfg.log_every}", f"train.eval_max_docs={cfg.eval_max_docs}"]
     if st.local:
         train += ["train.ckpt_every=0", "train.eval_every=0", f"train.micro_batch_size={cfg.batch_size}",
                   "data.num_workers=0"]
+    return train
+
+
+def translate_job(cfg: ReproduceConfig, st: Setting, name: str, kind: str, alpha: float, lr: float, seed: int
+                  ) -> Job:
+    """Stage 1 on the small source model: learn P of `kind` with entropy weight `alpha`."""
+    d = st.data
+    rd = f"{st.out}/{name}"
+    ov = [f"run_dir={rd}", f"model.path={st.small_model}", *_data_overrides(d), f"data.tokenizer={d}/tokenizer",
+          f"translator.kind={kind}", f"translator.alpha={alpha}", f"optim.lr={lr}", f"train.steps={cfg.p_steps}",
+          f"train.seed={seed}", *_train_overrides(cfg, st)]
+    if st.local:
+        ov += ["data.eval=", "translator.heatmap=[64,64]"]  # evaluated by the evaluate stage
+    return Job(name, "translate", "configs/translate_olmo1b.yaml", ov, rd, f"{rd}/result.json",
+               consumes=[d], produces=[f"{rd}/P.safetensors"], script="slurm/translate_1b.sh")
+
+
+def sweep_plan(cfg: ReproduceConfig, st: Setting) -> list[Job]:
+    """The P learning-rate selection runs: every translator kind x every lr of p_lr_sweep, first seed."""
+    return [translate_job(cfg, st, f"lr_sweep/{kind}_lr{lr:g}", kind, 0.0, lr, cfg.seeds[0])
+            for kind in KINDS.values() for lr in cfg.p_lr_sweep]
+
+
+def final_train_loss(run_dir: str | Path) -> float:
+    """Mean training loss over the last quarter of a run's logged steps (TensorBoard train/loss)."""
+    from s2t2_dist.stages.orchestrate import tb_scalars
+
+    pts = tb_scalars(Path(run_dir) / "tb" / "global", "train/loss")
+    if not pts:
+        return float("nan")
+    tail = [v for _, v in pts[-max(1, len(pts) // 4):]]
+    return sum(tail) / len(tail)
+
+
+def select_lrs(cfg: ReproduceConfig, jobs: list[Job]) -> dict:
+    """Per translator kind: the sweep's lr with the lowest final TRAINING loss (no held-out data involved)."""
+    table: dict[str, dict[str, float]] = {}
+    for j in jobs:
+        kind = next(o.split("=", 1)[1] for o in j.overrides if o.startswith("translator.kind="))
+        lr = float(next(o.split("=", 1)[1] for o in j.overrides if o.startswith("optim.lr=")))
+        table.setdefault(kind, {})[f"{lr:g}"] = final_train_loss(j.run_dir)
+    chosen = {k: float(min((v for v in t.items() if math.isfinite(v[1])), key=lambda kv: kv[1])[0])
+              for k, t in table.items()}
+    return {"criterion": "mean training loss over the last quarter of the logged steps (first seed)",
+            "final_train_loss": table, "chosen": chosen}
+
+
+def transfer_lr(cfg: ReproduceConfig, p_lrs: dict[str, float]) -> float:
+    return cfg.transfer_p_lr if cfg.transfer_p_lr is not None else p_lrs["sparse"]
+
+
+def build_plan(cfg: ReproduceConfig, st: Setting, p_lrs: dict[str, float] | None = None) -> list[Job]:
+    """Every stage run of the reproduction, in an order that respects their inputs. `p_lrs`: P learning rate per
+    translator kind (default: cfg.p_lr for all)."""
+    p_lrs = p_lrs or {k: cfg.p_lr for k in KINDS.values()}
+    t_lr = transfer_lr(cfg, p_lrs)
+    d, out = st.data, st.out
+    tok = f"{d}/tokenizer"
+    jobs: list[Job] = []
+    train = _train_overrides(cfg, st)
     evalo = [f"eval.context_len={cfg.context_len}", f"eval.max_docs={cfg.eval_max_docs}"]
     if st.local:
         evalo += ["engine.kind=plain", "eval.batch_size=16"]
@@ -192,14 +256,7 @@ def build_plan(cfg: ReproduceConfig, st: Setting) -> list[Job]:
                         d, f"{d}/prepare_summary.json", produces=[d], script="slurm/prepare_data.sh"))
 
     def translate(name, kind, alpha, lr, seed):
-        rd = f"{out}/{name}"
-        ov = [f"run_dir={rd}", f"model.path={st.small_model}", *new_data, f"translator.kind={kind}",
-              f"translator.alpha={alpha}", f"optim.lr={lr}", f"train.steps={cfg.p_steps}", f"train.seed={seed}",
-              *train]
-        if st.local:
-            ov += ["data.eval=", "translator.heatmap=[64,64]"]  # evaluated by the evaluate stage below
-        return Job(name, "translate", "configs/translate_olmo1b.yaml", ov, rd, f"{rd}/result.json",
-                   consumes=[d], produces=[f"{rd}/P.safetensors"], script="slurm/translate_1b.sh")
+        return translate_job(cfg, st, name, kind, alpha, lr, seed)
 
     def evaluate(name, model, kind, p_file="", source=False, role=None, config="configs/evaluate_olmo1b.yaml"):
         rd = f"{out}/{name}"
@@ -232,15 +289,15 @@ def build_plan(cfg: ReproduceConfig, st: Setting) -> list[Job]:
         s = f"seed{seed}"
         p_files = {}
         for method, kind in KINDS.items():
-            j = translate(f"{s}/translate_{kind}", kind, 0.0, cfg.p_lr, seed)
+            j = translate(f"{s}/translate_{kind}", kind, 0.0, p_lrs[kind], seed)
             jobs.append(j)
             p_files[method] = j.produces[0]
         transfer_p = {}
         for a in cfg.alphas:
-            if a == 0 and cfg.transfer_p_lr == cfg.p_lr:
+            if a == 0 and t_lr == p_lrs["sparse"]:
                 transfer_p[a] = p_files["s2t2"]
                 continue
-            j = translate(f"{s}/translate_sparse_transfer_{_alpha_tag(a)}", "sparse", a, cfg.transfer_p_lr, seed)
+            j = translate(f"{s}/translate_sparse_transfer_{_alpha_tag(a)}", "sparse", a, t_lr, seed)
             jobs.append(j)
             transfer_p[a] = j.produces[0]
         for method in KINDS:  # P only: the frozen small model read through the learned P
@@ -302,7 +359,8 @@ def paper_script(cfg: ReproduceConfig, jobs: list[Job]) -> str:
         "# S2T2 at the paper's scale: OLMo-1B (Table 1, P learned for the transfer) and OLMo-7B (transfer), UniRef50.",
         "# Generated by `s2t2 reproduce --scale paper`. Run from the repository root on the SLURM cluster; every job",
         "# checkpoints and requeues itself (slurm/common.sh). Raw data first: data/raw/uniref50.fasta.gz.",
-        f"# Seeds {cfg.seeds}; P: {cfg.p_steps} steps, lr {cfg.p_lr:g} (transfer runs: lr {cfg.transfer_p_lr:g}, "
+        f"# Seeds {cfg.seeds}; P: {cfg.p_steps} steps, lr {cfg.p_lr:g} (transfer runs: lr "
+        f"{transfer_lr(cfg, {'sparse': cfg.p_lr}):g}, "
         f"alphas {cfg.alphas}); finetuning: {cfg.ft_steps} steps, lr {cfg.ft_lr:g}; batch {cfg.batch_size} x "
         f"{cfg.context_len} tokens.",
         f"# When every job has finished: s2t2 reproduce --scale paper --collect {PAPER_OUT}",
@@ -423,9 +481,37 @@ def run_local(cfg: ReproduceConfig, out: Path, *, ranks: int = 1, cache: Path | 
     timings["prepare"] = round(time.time() - t, 1)
     st = Setting(out=str(out / "runs"), data=str(data), small_model=sources["small"]["path"],
                  large_model=sources["large"]["path"], source_tokenizer=sources["small"]["path"])
-    jobs = build_plan(cfg, st)
-    atomic_write_json(out / "plan.json", [asdict(j) for j in jobs])
     runner = Runner(ranks=ranks, log_dir=out / "logs", echo=echo)
+    t = time.time()
+    extra: dict = {}
+    p_lrs = None
+    if cfg.p_lr_sweep:
+        sweep = sweep_plan(cfg, st)
+        _say(f"\n[lr selection] P learning rate per translator among {cfg.p_lr_sweep}, by final training loss")
+        _run_jobs(runner, sweep, t0)
+        sel = select_lrs(cfg, sweep)
+        p_lrs = sel["chosen"]
+        extra["lr_selection"] = sel
+        _say("  chosen: " + ", ".join(f"{k} {v:g}" for k, v in p_lrs.items()))
+    jobs = build_plan(cfg, st, p_lrs)
+    atomic_write_json(out / "plan.json", [asdict(j) for j in jobs])
+    extra["p_lr_by_kind"] = p_lrs or {k: cfg.p_lr for k in KINDS.values()}
+    extra["transfer_p_lr_used"] = transfer_lr(cfg, extra["p_lr_by_kind"])
+    _run_jobs(runner, jobs, t0)
+    timings["runs"] = round(time.time() - t, 1)
+    timings["runs_compute"] = round(sum(r.seconds for r in runner.history), 1)  # incl. reused runs' first time
+    timings["total"] = round(time.time() - t0, 1)
+    results = collect(cfg, jobs, st, extra={"sources": sources, "data_summary": _data_summary(summary),
+                                            "ranks": ranks, "seconds": timings, **extra})
+    paths = write_outputs(results, out)
+    _say(f"\nDone in {fmt_seconds(timings['total'])}.")
+    for k, p in paths.items():
+        _say(f"  {k:<12} {p}")
+    _say(f"  tensorboard  tensorboard --logdir {out / 'runs'}")
+    return results
+
+
+def _run_jobs(runner: Runner, jobs: list[Job], t0: float) -> None:
     t = time.time()
     for k, j in enumerate(jobs, 1):
         elapsed = time.time() - t
@@ -434,17 +520,6 @@ def run_local(cfg: ReproduceConfig, out: Path, *, ranks: int = 1, cache: Path | 
         r = runner.run(j.stage, ["--config", str(REPO_ROOT / j.config), *j.overrides], j.run_dir,
                        j.name.replace("/", "_"), result_file=j.result)
         _say(f"  {_one_line(j, r.result)}" + ("  (reused)" if r.reused else f"  ({fmt_seconds(r.seconds)})"))
-    timings["runs"] = round(time.time() - t, 1)
-    timings["runs_compute"] = round(sum(r.seconds for r in runner.history), 1)  # incl. reused runs' first time
-    timings["total"] = round(time.time() - t0, 1)
-    results = collect(cfg, jobs, st, extra={"sources": sources, "data_summary": _data_summary(summary),
-                                            "ranks": ranks, "seconds": timings})
-    paths = write_outputs(results, out)
-    _say(f"\nDone in {fmt_seconds(timings['total'])}.")
-    for k, p in paths.items():
-        _say(f"  {k:<12} {p}")
-    _say(f"  tensorboard  tensorboard --logdir {out / 'runs'}")
-    return results
 
 
 def _n_params(path) -> int:

@@ -114,9 +114,9 @@ def collect(cfg: ReproduceConfig, jobs: list[Job], st: Setting, extra: dict | No
     }
     results["sparsity"] = _sparsity(cfg, jobs, per_run)
     results["curves"] = _curves(cfg, jobs, st)
-    results["checks"] = checks(results)
     if extra:
         results.update(extra)
+    results["checks"] = checks(results)
     return results
 
 
@@ -194,7 +194,9 @@ def checks(results: dict) -> list[dict]:
 
     for m in ("perplexity", "bpb"):
         best = min(TABLE1, key=lambda k: val[k][m])
-        add(f"S2T2 + CFT has the best {m} of all columns", best == "s2t2_cft",
+        add(f"S2T2 + CFT has the best {m} of all columns"
+            + (" (per token of each column's own tokenizer, as in the paper)" if m == "perplexity" else ""),
+            best == "s2t2_cft",
             f"best: {fmt(best, m)}; S2T2 + CFT: {val['s2t2_cft'][m]:.3f}")
     for m in ("perplexity", "bpb"):
         ok = val["s2t2"][m] < min(val["plain_p"][m], val["sinkhorn_p"][m])
@@ -213,6 +215,11 @@ def checks(results: dict) -> list[dict]:
     for k in KINDS:
         add(f"finetuning improves {COLUMN_NAMES[k]} (BpB)", val[f"{k}_cft"]["bpb"] < val[k]["bpb"],
             f"{fmt(k, 'bpb')} -> {fmt(k + '_cft', 'bpb')}")
+    src = results.get("sources")
+    if src and src["small"].get("val_loss") is not None and src["large"].get("val_loss") is not None:
+        a, b = src["small"]["val_loss"], src["large"]["val_loss"]
+        add("transfer premise: the large source LM is better on English than the small one", b < a,
+            f"English validation loss: small {a:.3f}, large {b:.3f} nats/byte")
     tr = results["transfer"]
     rg = results["random_guess"]
     s2 = {k: v for k, v in tr.items() if k.startswith("s2t2_") and v.get("nll_per_token", {}).get("n")}
@@ -349,7 +356,7 @@ def plots(results: dict, out_dir: Path) -> dict[str, Path]:
 
     # sparsity vs alpha ----------------------------------------------------------------------------------------
     sp = results["sparsity"]
-    lr_t = results["config"]["transfer_p_lr"]
+    lr_t = _transfer_lr_used(results)
     pts = sorted((v for v in sp.values() if v["kind"] == "sparse" and math.isclose(v["lr"], lr_t)),
                  key=lambda v: v["alpha"])
     if pts:
@@ -401,6 +408,17 @@ def plots(results: dict, out_dir: Path) -> dict[str, Path]:
     return paths
 
 
+def _transfer_lr_used(results: dict) -> float:
+    cfg = results["config"]
+    if results.get("transfer_p_lr_used") is not None:
+        return float(results["transfer_p_lr_used"])
+    return float(cfg["transfer_p_lr"] if cfg.get("transfer_p_lr") is not None else cfg["p_lr"])
+
+
+def _p_lrs(results: dict) -> dict:
+    return results.get("p_lr_by_kind") or {k: results["config"]["p_lr"] for k in KINDS.values()}
+
+
 def _band(ax, runs, label, color, ls="-"):
     """Mean over seeds of curves logged at the same steps, with a min-max band."""
     steps = sorted(set.intersection(*(set(s for s, _ in r) for r in runs))) if runs else []
@@ -432,10 +450,23 @@ def report_markdown(results: dict, plot_paths: dict[str, Path], out: Path) -> st
         lines += [f"Target: the shipped protein sample ({ds['train_records']} train / {ds['eval_records']} held-out "
                   f"sequences); new BPE u = {cfg['vocab_size']} ({_f(bpt.get('new'))} residues per token; the "
                   f"source byte tokenizer: {_f(bpt.get('source'))}).", ""]
-    lines += [f"Budget per method: P {cfg['p_steps']} steps (lr {cfg['p_lr']:g}), finetuning {cfg['ft_steps']} "
+    lrs = _p_lrs(results)
+    lr_txt = ", ".join(f"{k} {v:g}" for k, v in lrs.items())
+    lines += [f"Budget per method: P {cfg['p_steps']} steps (lr: {lr_txt}), finetuning {cfg['ft_steps']} "
               f"steps (lr {cfg['ft_lr']:g}, weight decay {cfg['ft_weight_decay']:g}), batch {cfg['batch_size']} x "
-              f"{cfg['context_len']} tokens, seeds {cfg['seeds']}; transfer P: lr {cfg['transfer_p_lr']:g}, "
+              f"{cfg['context_len']} tokens, seeds {cfg['seeds']}; transfer P: lr {_transfer_lr_used(results):g}, "
               f"alphas {cfg['alphas']}.", ""]
+    sel = results.get("lr_selection")
+    if sel:
+        lrs_all = sorted({lr for t in sel["final_train_loss"].values() for lr in t}, key=float)
+        lines += ["P learning rate chosen per translator by its final training loss (" + sel["criterion"] + "):", "",
+                  "| translator | " + " | ".join(f"lr {x}" for x in lrs_all) + " |",
+                  "|---|" + "---:|" * len(lrs_all)]
+        for kind, t in sel["final_train_loss"].items():
+            cells = [(f"**{t[x]:.4f}**" if float(x) == sel["chosen"][kind] else f"{t[x]:.4f}") if x in t else "—"
+                     for x in lrs_all]
+            lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+        lines.append("")
     if results.get("missing_runs"):
         lines += [f"**Missing runs** (not finished): {', '.join(results['missing_runs'])}", ""]
     lines += ["## Table 1", "", table1_markdown(results), ""]
