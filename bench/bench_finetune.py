@@ -1,4 +1,4 @@
-"""Benchmarks of what stage 2 adds on top of the engines (docs/bench_engines.md):
+"""Benchmarks of what stage 2 adds on top of the engines (BENCHMARKS.md):
 
 1. the translated initialisation at OLMo shapes: E' = W^T E[src], L' = W^T L[src] with v = 50,280 source tokens,
    u = 512 target tokens, d = 2048 (OLMo-1B, tied) and 4096 (OLMo-7B, untied), for a sparse P (north-west-corner

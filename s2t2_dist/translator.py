@@ -120,7 +120,6 @@ class TokenTranslator(nn.Module):
         self._comm = None
         self._cache_grad: Optional[Tuple[int, Tensor]] = None
         self._cache_val: Optional[Tuple[int, Tensor]] = None
-        self.C.register_post_accumulate_grad_hook(lambda p: self._drop_grad_cache())
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -205,8 +204,8 @@ class TokenTranslator(nn.Module):
         Recomputed only when C has changed: within one step (same C, before backward) the same differentiable
         tensor is returned, e.g. to both :meth:`embed_and_head` and :meth:`entropy_local`. Under ``no_grad`` a
         detached cached value is returned while C is unchanged (e.g. for the several statistics of a report).
-        Both caches are dropped when C's gradient is accumulated (end of backward), so no copy of P is held
-        between training steps."""
+        Both caches are dropped when backward reaches P (a hook on that step's P; nothing is registered on C), so
+        no copy of P is held between training steps."""
         ver = self.C._version
         if torch.is_grad_enabled() and self.C.requires_grad:
             if self._cache_grad is not None and self._cache_grad[0] == ver:

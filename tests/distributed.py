@@ -91,7 +91,8 @@ def run_distributed(
 ) -> List[Any]:
     """Run ``fn(*args, **fn_kwargs)`` on ``world_size`` spawned ranks; return the per-rank results (rank order).
 
-    ``timeout``: seconds for the whole run (also the process group's collective timeout). ``num_threads``: torch
+    ``timeout``: seconds for the whole run; the rendezvous and collective timeout is ``max(timeout, 60)`` (so a
+    short run deadline on a loaded machine fails with a clear "timed out", not a rendezvous error). ``num_threads``: torch
     threads per rank (1 by default, so N ranks do not oversubscribe a small machine; None leaves torch's default).
     ``env``: extra environment variables for the children. ``start_method``: "forkserver" (default: a server
     process imports torch once per session and forks each rank from it in milliseconds; it never touches CUDA) or
@@ -109,15 +110,15 @@ def run_distributed(
     store_port = 0
     if init:
         store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
-                              timeout=timedelta(seconds=timeout))
+                              timeout=timedelta(seconds=max(timeout, 60.0)))
         store_port = store.port
     master_port = free_port()
     procs = []
     for rank in range(world_size):
         p = ctx.Process(
             target=_child,
-            args=(rank, world_size, backend, store_port, master_port, init, timeout, num_threads, env, fn, args,
-                  fn_kwargs, q),
+            args=(rank, world_size, backend, store_port, master_port, init, max(timeout, 60.0), num_threads, env, fn,
+                  args, fn_kwargs, q),
             daemon=True,
         )
         p.start()

@@ -198,8 +198,8 @@ def test_run_distributed_helper():
     with pytest.raises(DistributedTestError, match=r"(?s)rank 1 raised.*ZeroDivisionError: boom on purpose"):
         run_distributed(_raise_on_rank1, 2, timeout=60)
     t0 = time.monotonic()
-    with pytest.raises(DistributedTestError, match=r"timed out after 3 s waiting for rank\(s\) \[0\]"):
-        run_distributed(_hang_on_rank0, 2, timeout=3)
+    with pytest.raises(DistributedTestError, match=r"timed out after 5 s waiting for rank\(s\) \[0"):
+        run_distributed(_hang_on_rank0, 2, timeout=5)
     with pytest.raises(DistributedTestError, match=r"rank\(s\) \[1\] exited with code\(s\) \[3\]"):
         run_distributed(_die_on_rank1, 2, timeout=60)
     assert time.monotonic() - t0 < 120  # no hang (generous: the machine may be heavily loaded)

@@ -145,8 +145,14 @@ def test_stats_export_cache():
     top = tr.top_translations(k=2)
     W = tr.weights().detach()
     assert set(top) == set(range(11)) and top[3][0][0] == int(W[:, 3].argmax())
-    # an optimiser step changes C: the plan is recomputed
+    # backward releases the step's P (no copy of P is kept between steps); the module stays copyable/savable
     P.sum().backward()
+    assert tr._cache_grad is None and tr._cache_val is None
+    import copy
+    import io
+
+    torch.save(copy.deepcopy(tr), io.BytesIO())
+    # an optimiser step changes C: the plan is recomputed
     opt = torch.optim.SGD(tr.parameters(), lr=1e-3)
     opt.step()
     assert tr.P() is not P

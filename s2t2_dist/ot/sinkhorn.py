@@ -61,7 +61,7 @@ def validate_plan_inputs(
     """Raise ``ValueError`` naming the argument and the offending value/shape if the inputs are not usable.
 
     ``C`` must be 2-D (v, u) and finite; ``mu`` 1-D of length v, ``nu`` 1-D of length u, both finite and >= 0;
-    ``sum(mu)`` and ``sum(nu)`` must be 1 within ``atol`` (hence equal). ``nu_total``: the sum of the whole ``nu``
+    ``sum(mu)`` and ``sum(nu)`` must be 1 within ``atol`` (at least 4 eps of their dtype; hence equal). ``nu_total``: the sum of the whole ``nu``
     when ``nu`` is only a column shard (checked instead of ``sum(nu)``).
     """
     if not isinstance(C, Tensor) or C.dim() != 2:
@@ -80,6 +80,8 @@ def validate_plan_inputs(
         neg = m < 0
         if bool(neg.any()):
             raise ValueError(f"{name} must be non-negative, got {_first_bad(m, neg)}")
+    # low-precision marginals (e.g. a bfloat16 copy of a uniform mu) cannot sum to 1 more exactly than their eps
+    atol = max(atol, 4 * torch.finfo(mu.dtype).eps, 4 * torch.finfo(nu.dtype).eps)
     smu = float(mu.double().sum())
     snu = float(nu.double().sum()) if nu_total is None else float(nu_total)
     if abs(smu - 1.0) > atol:

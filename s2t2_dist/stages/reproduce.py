@@ -1,0 +1,553 @@
+"""`s2t2 reproduce --scale tiny|small|paper`: the paper's Table 1 and its transfer experiment (Figure 2).
+
+    s2t2 reproduce --scale tiny                    # CI-sized: minutes on a CPU
+    s2t2 reproduce --scale small --out runs/small  # ~20 min on 2 CPU cores
+    s2t2 reproduce --scale small seeds=[0,1] p_steps=200 alphas=[0,0.1]     # any key of ReproduceConfig
+    s2t2 reproduce --scale paper                   # PRINTS the SLURM submissions (OLMo-1B/7B, UniRef50)
+    s2t2 reproduce --scale paper --collect runs/paper   # afterwards: the same table/plots from the cluster's runs
+
+Table 1 columns (each with the same step budget: `p_steps` for learning P, `ft_steps` for finetuning):
+  Plain P (translator kind unconstrained), Sinkhorn P (softmax), S2T2 (sparse), each evaluated as learned
+  (frozen LM) and after continued finetuning (+ CFT); FT orig. tok. (the source model finetuned on shards made with
+  its own tokenizer); FT new tok. (the new tokenizer with E and L truncated to its u rows).
+Transfer: P learned on the SMALL source model with several entropy weights alpha (loss + alpha H(P)) is applied,
+without finetuning, to a LARGER model with the same source vocabulary; against New Tok. (truncated E/L), Orig Tok.
+and the random-guess line ln u.
+
+Local scales (tiny, small) use two real byte-level English LMs pretrained here on the shipped Shakespeare text by
+`models.pretrain_english` (same recipe and byte vocabulary, two widths; the paper's source tokens are bytes too)
+and the shipped protein sample; they are cached under `--cache` (default OUT/source_lm). The target BPE has
+u = 256 tokens locally (<= the byte LMs' 264 embedding rows, so that the new-tok truncation baseline exists).
+
+Every stage run is a real `translate` / `finetune` / `evaluate` run (1 rank: in this process; `--ranks N`:
+torchrun) from the shipped configs plus dotted overrides; a rerun reuses finished runs. Outputs in OUT:
+results.json, table1.md, report.md, plots/*.png, runs/ (each run's config, TensorBoard logs, result).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shlex
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from s2t2_dist.config import ConfigError, load_config
+from s2t2_dist.stages.orchestrate import REPO_ROOT, Runner, StageFailed, fmt_seconds
+
+# ----------------------------------------------------------------------------------------------------------------
+# configuration
+
+#: Table 1 columns in the paper's order: key -> label
+TABLE1 = {
+    "plain_p": "Plain P", "plain_p_cft": "+ CFT",
+    "sinkhorn_p": "Sinkhorn P", "sinkhorn_p_cft": "+ CFT",
+    "s2t2": "S2T2", "s2t2_cft": "+ CFT",
+    "ft_orig_tok": "FT orig. tok.", "ft_new_tok": "FT new tok.",
+}
+#: translator kind of each P-only column
+KINDS = {"plain_p": "unconstrained", "sinkhorn_p": "softmax", "s2t2": "sparse"}
+#: the paper's numbers (Table 1), for the report
+PAPER_TABLE1 = {
+    "plain_p": (174.20, 4.09), "plain_p_cft": (130.44, 3.86), "sinkhorn_p": (167.74, 4.06),
+    "sinkhorn_p_cft": (136.12, 3.89), "s2t2": (144.03, 3.94), "s2t2_cft": (118.78, 3.78),
+    "ft_orig_tok": (151.05, 7.24), "ft_new_tok": (130.56, 3.86),
+}
+
+
+@dataclass
+class SourceRecipe:
+    """A byte-level English LM pretrained by models.pretrain_english (EnglishLMConfig keys)."""
+
+    n_layers: int = 2
+    d_model: int = 64
+    n_heads: int = 4
+    context_len: int = 128
+    batch_size: int = 16
+    steps: int = 300
+    lr: float = 3e-3
+    warmup: int = 20
+    seed: int = 0
+
+
+@dataclass
+class ReproduceConfig:
+    scale: str = "tiny"
+    seeds: list[int] = field(default_factory=lambda: [0])
+    #: target BPE vocabulary (paper: 512 with OLMo's 50k rows; locally <= the byte LMs' 264 rows)
+    vocab_size: int = 256
+    context_len: int = 64
+    #: global batch (sequences of context_len tokens) of every training run
+    batch_size: int = 8
+    p_steps: int = 20
+    ft_steps: int = 20
+    #: learning rate of P (paper 1e-3) and of whole-model finetuning (paper 2e-5 over 2000 steps on OLMo)
+    p_lr: float = 1e-3
+    ft_lr: float = 1e-3
+    ft_weight_decay: float = 0.01
+    #: P learning rate of the transfer experiment's runs (paper 2e-5)
+    transfer_p_lr: float = 1e-3
+    #: entropy weights of the transfer experiment (alpha = 0 is the S2T2 column's P when the lrs agree)
+    alphas: list[float] = field(default_factory=lambda: [0.0, 0.1])
+    #: held-out documents scored (0: all)
+    eval_max_docs: int = 0
+    log_every: int = 2
+    small: SourceRecipe = field(default_factory=SourceRecipe)
+    large: SourceRecipe = field(default_factory=SourceRecipe)
+
+    def validate(self) -> None:
+        if not self.seeds:
+            raise ConfigError("seeds: give at least one")
+        if min(self.p_steps, self.ft_steps, self.batch_size, self.context_len) < 1:
+            raise ConfigError("p_steps, ft_steps, batch_size, context_len must be >= 1")
+        if not self.alphas or min(self.alphas) < 0:
+            raise ConfigError("alphas: non-empty, each >= 0")
+
+
+def preset(scale: str) -> ReproduceConfig:
+    if scale == "tiny":  # the pipeline end to end in CI minutes; numbers are not meaningful
+        return ReproduceConfig(
+            scale="tiny", seeds=[0], vocab_size=256, context_len=64, batch_size=8, p_steps=10, ft_steps=10,
+            alphas=[0.0, 0.1], eval_max_docs=30, log_every=2,
+            small=SourceRecipe(n_layers=1, d_model=32, n_heads=2, context_len=64, batch_size=16, steps=40),
+            large=SourceRecipe(n_layers=2, d_model=48, n_heads=4, context_len=64, batch_size=16, steps=40))
+    if scale == "small":  # ~20 min on 2 CPU cores (the source LMs are cached for later runs)
+        return ReproduceConfig(
+            scale="small", seeds=[0, 1, 2], vocab_size=256, context_len=128, batch_size=8, p_steps=80,
+            ft_steps=80, alphas=[0.0, 0.1, 1.0], log_every=4,
+            small=SourceRecipe(n_layers=2, d_model=64, n_heads=4, context_len=64, batch_size=16, steps=300),
+            large=SourceRecipe(n_layers=2, d_model=128, n_heads=4, context_len=64, batch_size=16, steps=300))
+    if scale == "paper":  # the paper's settings (printed as SLURM submissions, never run here)
+        return ReproduceConfig(scale="paper", seeds=[0], vocab_size=512, context_len=512, batch_size=16,
+                               p_steps=2000, ft_steps=2000, p_lr=1e-3, ft_lr=2e-5, transfer_p_lr=2e-5,
+                               alphas=[0.0, 0.01, 0.1, 1.0], eval_max_docs=2000, log_every=10)
+    raise ConfigError(f"scale: {scale!r} is not one of tiny, small, paper")
+
+
+def _alpha_tag(a: float) -> str:
+    return f"a{a:g}"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the plan: every stage run, with its inputs and outputs
+
+
+@dataclass
+class Job:
+    name: str  # unique, also the run directory under runs/
+    stage: str  # prepare | translate | finetune | evaluate
+    config: str  # the shipped YAML config it starts from (repository-relative)
+    overrides: list[str]
+    run_dir: str
+    result: str  # the JSON it writes when finished
+    #: paths this job reads that other jobs write, and what it writes for others
+    consumes: list[str] = field(default_factory=list)
+    produces: list[str] = field(default_factory=list)
+    #: SLURM (paper scale): batch script and extra sbatch options
+    script: str = ""
+    sbatch: list[str] = field(default_factory=list)
+    #: what the job's result is in the report: ("table1", method, seed) | ("transfer", bar, seed) | None
+    role: tuple | None = None
+
+
+@dataclass
+class Setting:
+    """Where the inputs are: local paths (tiny/small) or the cluster layout (paper)."""
+
+    out: str  # runs root
+    data: str  # `prepare` output_dir
+    small_model: str
+    large_model: str
+    #: tokenizer of the source models (a directory or hub id), for FT orig. tok. / Orig Tok.
+    source_tokenizer: str
+    local: bool = True
+
+
+def _data_overrides(d: str, source: bool = False) -> list[str]:
+    split = "source" if source else "new"
+    return [f"data.train={d}/shards/{split}/train", f"data.eval={d}/shards/{split}/eval"]
+
+
+def build_plan(cfg: ReproduceConfig, st: Setting) -> list[Job]:
+    """Every stage run of the reproduction, in an order that respects their inputs."""
+    d, out = st.data, st.out
+    tok = f"{d}/tokenizer"
+    jobs: list[Job] = []
+    train = [f"train.batch_size={cfg.batch_size}", f"train.context_len={cfg.context_len}",
+             f"train.log_every={cfg.log_every}", f"train.eval_max_docs={cfg.eval_max_docs}"]
+    if st.local:
+        train += ["train.ckpt_every=0", "train.eval_every=0", f"train.micro_batch_size={cfg.batch_size}",
+                  "data.num_workers=0"]
+    evalo = [f"eval.context_len={cfg.context_len}", f"eval.max_docs={cfg.eval_max_docs}"]
+    if st.local:
+        evalo += ["engine.kind=plain", "eval.batch_size=16"]
+    new_data = _data_overrides(d) + [f"data.tokenizer={tok}"]
+    if not st.local:
+        jobs.append(Job("prepare", "prepare", "configs/prepare_uniref50.yaml",
+                        [f"output_dir={d}", f"vocab_size={cfg.vocab_size}", f"context_len={cfg.context_len}",
+                         f"source_tokenizer={st.source_tokenizer}"],
+                        d, f"{d}/prepare_summary.json", produces=[d], script="slurm/prepare_data.sh"))
+
+    def translate(name, kind, alpha, lr, seed):
+        rd = f"{out}/{name}"
+        ov = [f"run_dir={rd}", f"model.path={st.small_model}", *new_data, f"translator.kind={kind}",
+              f"translator.alpha={alpha}", f"optim.lr={lr}", f"train.steps={cfg.p_steps}", f"train.seed={seed}",
+              *train]
+        if st.local:
+            ov += ["data.eval=", "translator.heatmap=[64,64]"]  # evaluated by the evaluate stage below
+        return Job(name, "translate", "configs/translate_olmo1b.yaml", ov, rd, f"{rd}/result.json",
+                   consumes=[d], produces=[f"{rd}/P.safetensors"], script="slurm/translate_1b.sh")
+
+    def evaluate(name, model, kind, p_file="", source=False, role=None, config="configs/evaluate_olmo1b.yaml"):
+        rd = f"{out}/{name}"
+        ov = [f"run_dir={rd}", f"output={rd}/eval.json", f"model.path={model}", f"init.kind={kind}",
+              f"init.p_file={p_file}", f"eval.name={name.replace('/', '_')}", *evalo]
+        if source:
+            ov += [f"data.eval={d}/shards/source/eval", "data.tokenizer="]
+        else:
+            ov += [f"data.eval={d}/shards/new/eval", f"data.tokenizer={tok}"]
+        cons = [d] + ([p_file] if p_file else []) + ([model] if model.startswith(out) else [])
+        return Job(name, "evaluate", config, ov, rd, f"{rd}/eval.json", consumes=cons, script="slurm/evaluate.sh",
+                   role=role)
+
+    def finetune(name, kind, seed, p_file="", role=None):
+        rd = f"{out}/{name}"
+        ov = [f"run_dir={rd}", f"model.path={st.small_model}", f"init.kind={kind}", f"init.p_file={p_file}",
+              f"optim.lr={cfg.ft_lr}", f"optim.weight_decay={cfg.ft_weight_decay}", f"train.steps={cfg.ft_steps}",
+              f"train.seed={seed}", *train]
+        if kind == "orig_tok":
+            ov += _data_overrides(d, source=True) + [f"data.tokenizer={st.source_tokenizer}"]
+        else:
+            ov += new_data
+        if st.local:
+            ov += ["engine.kind=plain"]
+        return Job(name, "finetune", "configs/finetune_olmo1b.yaml", ov, rd, f"{rd}/result.json",
+                   consumes=[d] + ([p_file] if p_file else []), produces=[f"{rd}/final"],
+                   script="slurm/finetune_7b.sh", role=role)
+
+    for seed in cfg.seeds:
+        s = f"seed{seed}"
+        p_files = {}
+        for method, kind in KINDS.items():
+            j = translate(f"{s}/translate_{kind}", kind, 0.0, cfg.p_lr, seed)
+            jobs.append(j)
+            p_files[method] = j.produces[0]
+        transfer_p = {}
+        for a in cfg.alphas:
+            if a == 0 and cfg.transfer_p_lr == cfg.p_lr:
+                transfer_p[a] = p_files["s2t2"]
+                continue
+            j = translate(f"{s}/translate_sparse_transfer_{_alpha_tag(a)}", "sparse", a, cfg.transfer_p_lr, seed)
+            jobs.append(j)
+            transfer_p[a] = j.produces[0]
+        for method in KINDS:  # P only: the frozen small model read through the learned P
+            jobs.append(evaluate(f"{s}/eval_{method}", st.small_model, "translated", p_files[method],
+                                 role=("table1", method, seed)))
+        for method in KINDS:  # + CFT
+            jobs.append(finetune(f"{s}/ft_{method}_cft", "translated", seed, p_files[method],
+                                 role=("table1", f"{method}_cft", seed)))
+        jobs.append(finetune(f"{s}/ft_orig_tok", "orig_tok", seed, role=("table1", "ft_orig_tok", seed)))
+        jobs.append(finetune(f"{s}/ft_new_tok", "new_tok_truncate", seed, role=("table1", "ft_new_tok", seed)))
+        for a in cfg.alphas:  # transfer: P of the small model, large model, no finetuning
+            jobs.append(evaluate(f"{s}/transfer_s2t2_{_alpha_tag(a)}", st.large_model, "translated", transfer_p[a],
+                                 role=("transfer", f"s2t2_{_alpha_tag(a)}", seed),
+                                 config="configs/evaluate_transfer_7b.yaml"))
+    # the transfer baselines train nothing: one run, whatever the seed
+    jobs.append(evaluate("transfer/new_tok", st.large_model, "new_tok_truncate", role=("transfer", "new_tok", None),
+                         config="configs/evaluate_transfer_7b.yaml"))
+    jobs.append(evaluate("transfer/orig_tok", st.large_model, "orig_tok", source=True,
+                         role=("transfer", "orig_tok", None), config="configs/evaluate_transfer_7b.yaml"))
+    return jobs
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# paper scale: SLURM submissions, printed and validated
+
+
+PAPER_OUT = "runs/paper"
+PAPER_DATA = "data/uniref50"
+OLMO_1B, OLMO_7B = "allenai/OLMo-1B-hf", "allenai/OLMo-7B-hf"
+
+
+def paper_setting(out: str = PAPER_OUT) -> Setting:
+    return Setting(out=out, data=PAPER_DATA, small_model=OLMO_1B, large_model=OLMO_7B, source_tokenizer=OLMO_1B,
+                   local=False)
+
+
+def _var(name: str) -> str:
+    return "J_" + "".join(c if c.isalnum() else "_" for c in name)
+
+
+def paper_commands(jobs: list[Job]) -> list[str]:
+    """One `sbatch` line per job (S2T2_CONFIG selects the shipped config, dotted overrides follow), chained by
+    --dependency=afterok on the jobs whose outputs it reads."""
+    producer = {p: j for j in jobs for p in j.produces}
+    lines = []
+    for j in jobs:
+        deps = sorted({_var(producer[c].name) for c in j.consumes if c in producer and producer[c] is not j})
+        dep = f" --dependency=afterok:{':'.join('$' + v for v in deps)}" if deps else ""
+        extra = "".join(" " + shlex.quote(x) for x in j.sbatch)
+        args = " ".join(shlex.quote(o) for o in j.overrides)
+        lines.append(f"{_var(j.name)}=$(S2T2_CONFIG={j.config} sbatch --parsable --job-name=s2t2-{j.name.replace('/', '-')}"
+                     f"{dep}{extra} {j.script} {args})")
+    return lines
+
+
+def paper_script(cfg: ReproduceConfig, jobs: list[Job]) -> str:
+    head = [
+        "#!/bin/bash",
+        "# S2T2 at the paper's scale: OLMo-1B (Table 1, P learned for the transfer) and OLMo-7B (transfer), UniRef50.",
+        "# Generated by `s2t2 reproduce --scale paper`. Run from the repository root on the SLURM cluster; every job",
+        "# checkpoints and requeues itself (slurm/common.sh). Raw data first: data/raw/uniref50.fasta.gz.",
+        f"# Seeds {cfg.seeds}; P: {cfg.p_steps} steps, lr {cfg.p_lr:g} (transfer runs: lr {cfg.transfer_p_lr:g}, "
+        f"alphas {cfg.alphas}); finetuning: {cfg.ft_steps} steps, lr {cfg.ft_lr:g}; batch {cfg.batch_size} x "
+        f"{cfg.context_len} tokens.",
+        f"# When every job has finished: s2t2 reproduce --scale paper --collect {PAPER_OUT}",
+        "set -euo pipefail",
+    ]
+    return "\n".join(head + paper_commands(jobs)) + "\n"
+
+
+def _stage_config_class(stage: str):
+    if stage == "prepare":
+        from s2t2_dist.data.config import DataConfig
+
+        return DataConfig
+    if stage == "translate":
+        from s2t2_dist.stages.translate import TranslateConfig
+
+        return TranslateConfig
+    if stage == "finetune":
+        from s2t2_dist.stages.finetune import FinetuneConfig
+
+        return FinetuneConfig
+    from s2t2_dist.stages.evaluate import EvaluateConfig
+
+    return EvaluateConfig
+
+
+def validate_plan(jobs: list[Job], cluster_inputs: tuple[str, ...] = ("data/raw/",)) -> list[str]:
+    """Problems of a paper-scale plan (empty: valid): the batch scripts and configs exist, each job's config loads
+    through the config system with its overrides (the stage's own argument handling), every path a job reads is
+    written by an earlier job (or is a raw input on the cluster), and every run directory is distinct."""
+    problems: list[str] = []
+    produced: set[str] = set()
+    run_dirs: dict[str, str] = {}
+    for j in jobs:
+        where = f"{j.name} ({j.stage})"
+        for f in (j.script, j.config):
+            if not (REPO_ROOT / f).is_file():
+                problems.append(f"{where}: {f} does not exist")
+        if j.run_dir in run_dirs:
+            problems.append(f"{where}: run directory {j.run_dir} is also {run_dirs[j.run_dir]}'s")
+        run_dirs[j.run_dir] = j.name
+        try:
+            _load_stage_config(j)
+        except ConfigError as e:
+            problems.append(f"{where}: {e}")
+        for c in j.consumes:
+            if c not in produced and not c.startswith(cluster_inputs) and c not in (OLMO_1B, OLMO_7B):
+                problems.append(f"{where}: reads {c}, which no earlier job writes")
+        produced.update(j.produces)
+    return problems
+
+
+def _load_stage_config(j: Job):
+    cls = _stage_config_class(j.stage)
+    path = REPO_ROOT / j.config
+    if j.stage in ("finetune", "evaluate"):  # their entry points translate launcher arguments first
+        from s2t2_dist.stages.finetune import engine_overrides
+
+        overrides = engine_overrides(list(j.overrides))
+    else:
+        overrides = list(j.overrides)
+    cwd = os.getcwd()
+    os.chdir(REPO_ROOT)  # config paths (ds_config, ...) are repository-relative, as on the cluster
+    try:
+        return load_config(cls, path, overrides)
+    except ConfigError as e:
+        # the raw UniRef50 file exists only on the cluster: accept exactly that error
+        if j.stage == "prepare" and "inputs:" in str(e) and "does not exist" in str(e):
+            return None
+        raise
+    finally:
+        os.chdir(cwd)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# local scales: prepare, source LMs, then every job in order
+
+
+def _say(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+def run_local(cfg: ReproduceConfig, out: Path, *, ranks: int = 1, cache: Path | None = None, echo: bool = True
+              ) -> dict:
+    from s2t2_dist.stages.orchestrate import english_bytes, prepare_protein
+    from s2t2_dist.stages.reproduce_report import collect, write_outputs
+    from s2t2_dist.utils.io import atomic_write_json
+
+    t0 = time.time()
+    out.mkdir(parents=True, exist_ok=True)
+    from s2t2_dist.config import save_config
+
+    save_config(cfg, out / "reproduce_config.yaml")
+    cache = cache or out / "source_lm"
+    timings: dict[str, float] = {}
+    _say(f"S2T2 reproduction, scale {cfg.scale} -> {out}\n  seeds {cfg.seeds}, P {cfg.p_steps} steps, finetuning "
+         f"{cfg.ft_steps} steps, batch {cfg.batch_size} x {cfg.context_len}, alphas {cfg.alphas}, {ranks} rank(s)")
+
+    _say("\n[source LMs] two byte-level English LMs (same recipe and vocabulary, two widths) on the shipped text")
+    t = time.time()
+    sources = {}
+    for key in ("small", "large"):
+        recipe = asdict(getattr(cfg, key))
+        path, info = english_bytes(cache, log=lambda m: _say("  " + m), **recipe)
+        sources[key] = {"path": str(path), "recipe": recipe, "val_loss": info.get("val_loss_after"),
+                        "seconds": info.get("seconds"),
+                        "val_bpb": info.get("val_bpb_after"), "params": _n_params(path)}
+        _say(f"  {key}: {path.name} ({sources[key]['params']:,} parameters), English validation loss "
+             f"{info.get('val_loss_after', float('nan')):.3f} nats/byte")
+    timings["source_lms"] = round(time.time() - t, 1)
+    timings["source_lms_compute"] = round(sum(float(s.get("seconds") or 0) for s in sources.values()), 1)
+
+    _say("\n[data] the shipped protein sample -> BPE + shards (new tokenizer and the source LMs' byte tokenizer)")
+    t = time.time()
+    data = out / "data"
+    summary = prepare_protein(data, vocab_size=cfg.vocab_size, context_len=cfg.context_len,
+                              source_tokenizer=sources["small"]["path"], progress=False)
+    timings["prepare"] = round(time.time() - t, 1)
+    st = Setting(out=str(out / "runs"), data=str(data), small_model=sources["small"]["path"],
+                 large_model=sources["large"]["path"], source_tokenizer=sources["small"]["path"])
+    jobs = build_plan(cfg, st)
+    atomic_write_json(out / "plan.json", [asdict(j) for j in jobs])
+    runner = Runner(ranks=ranks, log_dir=out / "logs", echo=echo)
+    t = time.time()
+    for k, j in enumerate(jobs, 1):
+        elapsed = time.time() - t
+        eta = f", about {fmt_seconds(elapsed / (k - 1) * (len(jobs) - k + 1))} left" if k > 1 else ""
+        _say(f"\n[{k}/{len(jobs)}] {j.name}: {j.stage}   (t = {fmt_seconds(time.time() - t0)}{eta})")
+        r = runner.run(j.stage, ["--config", str(REPO_ROOT / j.config), *j.overrides], j.run_dir,
+                       j.name.replace("/", "_"), result_file=j.result)
+        _say(f"  {_one_line(j, r.result)}" + ("  (reused)" if r.reused else f"  ({fmt_seconds(r.seconds)})"))
+    timings["runs"] = round(time.time() - t, 1)
+    timings["runs_compute"] = round(sum(r.seconds for r in runner.history), 1)  # incl. reused runs' first time
+    timings["total"] = round(time.time() - t0, 1)
+    results = collect(cfg, jobs, st, extra={"sources": sources, "data_summary": _data_summary(summary),
+                                            "ranks": ranks, "seconds": timings})
+    paths = write_outputs(results, out)
+    _say(f"\nDone in {fmt_seconds(timings['total'])}.")
+    for k, p in paths.items():
+        _say(f"  {k:<12} {p}")
+    _say(f"  tensorboard  tensorboard --logdir {out / 'runs'}")
+    return results
+
+
+def _n_params(path) -> int:
+    from safetensors import safe_open
+
+    n = 0
+    with safe_open(str(Path(path) / "model.safetensors"), framework="pt") as f:
+        for k in f.keys():
+            n += int(math.prod(f.get_slice(k).get_shape()))
+    return n
+
+
+def _data_summary(summary: dict) -> dict:
+    sp = summary.get("split") or {}
+    comp = ((summary.get("tokenizer") or {}).get("compression") or {}).get("tokenizers", {})
+    return {"train_records": sp.get("train_records"), "eval_records": sp.get("eval_records"),
+            "bytes_per_token": {k: v.get("bytes_per_token") for k, v in comp.items()}}
+
+
+def _one_line(j: Job, r: dict) -> str:
+    if j.stage == "translate":
+        return f"final loss {r.get('final_loss', float('nan')):.4f}, P -> {r.get('p_file')}"
+    m = r.get("metrics") if j.stage == "evaluate" else r.get("eval")
+    if not m:
+        return "done"
+    return f"perplexity {m['perplexity']:.2f}, BpB {m['bpb']:.4f} (random guess BpB {m['random_guess_bpb']:.4f})"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# entry point
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(prog="s2t2 reproduce", description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scale", choices=["tiny", "small", "paper"], default="tiny")
+    ap.add_argument("--out", default=None, help="output directory (default runs/reproduce_SCALE)")
+    ap.add_argument("--ranks", type=int, default=1, help="ranks per stage run (1: in this process; N: torchrun)")
+    ap.add_argument("--cache", default=None, help="cache of the pretrained source LMs (default OUT/source_lm)")
+    ap.add_argument("--collect", default=None, metavar="RUNS",
+                    help="paper scale: build the table and plots from the finished cluster runs under RUNS")
+    ap.add_argument("--quiet", action="store_true", help="do not echo the stage subprocesses' output")
+    ap.add_argument("overrides", nargs="*", help="ReproduceConfig keys, e.g. seeds=[0,1] p_steps=50 alphas=[0,0.1]")
+    args = ap.parse_args(argv)
+    return args, with_overrides(preset(args.scale), args.overrides)
+
+
+def with_overrides(cfg: ReproduceConfig, overrides: list[str]) -> ReproduceConfig:
+    """The preset with dotted `key=value` overrides, through the config system (types and keys checked)."""
+    import tempfile
+
+    import yaml
+
+    from s2t2_dist.config import to_dict
+
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / f"reproduce_{cfg.scale}.yaml"
+        base.write_text(yaml.safe_dump(to_dict(cfg)))
+        return load_config(ReproduceConfig, base, list(overrides))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("S2T2_LOG_LEVEL", "WARNING")  # the stages' own summaries: we print one line per run
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no "Loading weights" bars for every run
+    from s2t2_dist.stages.orchestrate import stage_available
+
+    missing = [s for s in ("finetune", "evaluate") if not stage_available(s)]
+    if missing:  # INTEGRATION POINT: stage 2 and evaluation come from the finetune branch
+        print(f"s2t2 reproduce: this build has no {' / '.join(missing)} stage (s2t2_dist/stages/)", file=sys.stderr)
+        return 2
+    try:
+        args, cfg = parse(argv)
+    except ConfigError as e:
+        print(f"s2t2 reproduce: {e}", file=sys.stderr)
+        return 2
+    if args.scale == "paper":
+        runs = args.collect or PAPER_OUT
+        jobs = build_plan(cfg, paper_setting(runs))
+        if args.collect:
+            from s2t2_dist.stages.reproduce_report import collect, write_outputs
+
+            out = Path(args.out or Path(runs).parent / "reproduce_paper")
+            results = collect(cfg, jobs, paper_setting(runs))
+            for k, p in write_outputs(results, out).items():
+                print(f"  {k:<12} {p}")
+            return 0
+        problems = validate_plan(jobs)
+        print(paper_script(cfg, jobs), end="")
+        if problems:
+            print("# INVALID PLAN:\n" + "\n".join(f"#   {p}" for p in problems), file=sys.stderr)
+            return 1
+        print(f"# {len(jobs)} jobs; configs, overrides and dependencies validated.", file=sys.stderr)
+        return 0
+    out = Path(args.out or f"runs/reproduce_{args.scale}").resolve()
+    try:
+        run_local(cfg, out, ranks=args.ranks, cache=Path(args.cache).resolve() if args.cache else None,
+                  echo=not args.quiet)
+    except StageFailed as e:
+        print(f"\ns2t2 reproduce: a stage failed:\n{e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
