@@ -21,12 +21,15 @@ from s2t2_dist.testing.faults import effective_history, read_trace
 from s2t2_dist.train.checkpoint import Checkpointer
 
 pytestmark = pytest.mark.faults
+#: S2T2_FAULTS_ROUNDS=N repeats the chaos run N times with new random steps (a soak; CI: 1)
+ROUNDS = int(os.environ.get("S2T2_FAULTS_ROUNDS") or 1)
 
 STEPS = 10
 NAN = "nan_grad_at_step:3@1"  # in every launch, like a batch that overflows: the same step each time
 
 
-def test_finetune_zero3_survives_kills_and_preemption(tiny_data, stories, stage1_p, tmp_path, rng):
+@pytest.mark.parametrize("round_", range(ROUNDS))
+def test_finetune_zero3_survives_kills_and_preemption(round_, tiny_data, stories, stage1_p, tmp_path, rng):
     seed = f"(S2T2_FAULTS_SEED={rng.seed_value})"
 
     def launch(run, trace, fault=None, name="ft") -> Job:

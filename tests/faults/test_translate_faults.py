@@ -22,6 +22,8 @@ from s2t2_dist.testing.faults import effective_history
 from s2t2_dist.train.checkpoint import Checkpointer
 
 pytestmark = pytest.mark.faults
+#: S2T2_FAULTS_ROUNDS=N repeats the chaos run N times with new random steps (a soak; CI: 1)
+ROUNDS = int(os.environ.get("S2T2_FAULTS_ROUNDS") or 1)
 
 STEPS = TRANSLATE_STEPS  # 20 steps per epoch: the run crosses an epoch boundary
 N_SAMPLES = 80
@@ -40,7 +42,9 @@ def _next_ckpt(after: int, every: int = 2) -> int:
     return (after // every + 1) * every
 
 
-def test_translate_survives_kills_signals_and_full_disk(tiny_data, stories, tmp_path, translate_reference, rng):
+@pytest.mark.parametrize("round_", range(ROUNDS))
+def test_translate_survives_kills_signals_and_full_disk(round_, tiny_data, stories, tmp_path, translate_reference,
+                                                       rng):
     ref_run, ref_hist = translate_reference
     run, trace = tmp_path / "run", tmp_path / "trace"
     args = translate_args(tiny_data, stories, run, f"train.steps={STEPS}")
