@@ -123,8 +123,8 @@ def preset(scale: str) -> ReproduceConfig:
             large=SourceRecipe(n_layers=2, d_model=48, n_heads=4, context_len=64, batch_size=16, steps=40))
     if scale == "small":  # ~20 min on 2 CPU cores (the source LMs are cached for later runs)
         return ReproduceConfig(
-            scale="small", seeds=[0, 1, 2], vocab_size=256, context_len=128, batch_size=8, p_steps=80,
-            ft_steps=80, p_lr_sweep=[1e-5, 1e-4, 1e-3, 1e-2], alphas=[0.0, 0.1, 1.0], log_every=4,
+            scale="small", seeds=[0, 1, 2], vocab_size=256, context_len=128, batch_size=8, p_steps=200,
+            ft_steps=200, p_lr_sweep=[1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0], alphas=[0.0, 0.1, 1.0], log_every=10,
             small=SourceRecipe(n_layers=2, d_model=64, n_heads=4, context_len=64, batch_size=16, steps=300),
             # more width and more steps: the transfer needs a target model that is better on English
             large=SourceRecipe(n_layers=2, d_model=128, n_heads=4, context_len=64, batch_size=16, steps=600))
@@ -501,6 +501,10 @@ def run_local(cfg: ReproduceConfig, out: Path, *, ranks: int = 1, cache: Path | 
     timings["runs"] = round(time.time() - t, 1)
     timings["runs_compute"] = round(sum(r.seconds for r in runner.history), 1)  # incl. reused runs' first time
     timings["total"] = round(time.time() - t0, 1)
+    from s2t2_dist.stages.orchestrate import unigram_reference
+
+    extra["unigram"] = {split: unigram_reference(data / "shards" / split / "train", data / "shards" / split / "eval")
+                        for split in ("new", "source")}
     results = collect(cfg, jobs, st, extra={"sources": sources, "data_summary": _data_summary(summary),
                                             "ranks": ranks, "seconds": timings, **extra})
     paths = write_outputs(results, out)
@@ -583,9 +587,9 @@ def with_overrides(cfg: ReproduceConfig, overrides: list[str]) -> ReproduceConfi
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    os.environ.setdefault("S2T2_LOG_LEVEL", "WARNING")  # the stages' own summaries: we print one line per run
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no "Loading weights" bars for every run
-    from s2t2_dist.stages.orchestrate import stage_available
+    from s2t2_dist.stages.orchestrate import quiet_process_env, stage_available
+
+    quiet_process_env()
 
     missing = [s for s in ("finetune", "evaluate") if not stage_available(s)]
     if missing:  # INTEGRATION POINT: stage 2 and evaluation come from the finetune branch
