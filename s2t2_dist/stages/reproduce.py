@@ -15,9 +15,16 @@ without finetuning, to a LARGER model with the same source vocabulary; against N
 and the random-guess line ln u.
 
 Local scales (tiny, small) use two real byte-level English LMs pretrained here on the shipped Shakespeare text by
-`models.pretrain_english` (same recipe and byte vocabulary, two widths; the paper's source tokens are bytes too)
-and the shipped protein sample; they are cached under `--cache` (default OUT/source_lm). The target BPE has
-u = 256 tokens locally (<= the byte LMs' 264 embedding rows, so that the new-tok truncation baseline exists).
+`models.pretrain_english` (same recipe and byte vocabulary; the larger one wider and trained longer; the paper's
+source tokens are bytes too) and the shipped protein sample; the LMs are cached under `--cache` (default
+OUT/source_lm). The target BPE has u = 256 tokens locally (<= the byte LMs' 264 embedding rows, so that the
+new-tok truncation baseline exists).
+
+Hyperparameters: the paper's (P lr 1e-3, finetuning lr 2e-5, transfer P lr 2e-5, 2000 steps) at the paper scale.
+The local scales train tiny models for tens to hundreds of steps, so they finetune at lr 1e-3 and, with
+`p_lr_sweep`, give each translator the P learning rate with its lowest final TRAINING loss (the translators' C
+parametrisations differ by orders of magnitude in how far one Adam step moves P). Reference lines: the random guess
+ln u and a unigram model (the train split's token frequencies) of each tokenizer.
 
 Every stage run is a real `translate` / `finetune` / `evaluate` run (1 rank: in this process; `--ranks N`:
 torchrun) from the shipped configs plus dotted overrides; a rerun reuses finished runs. Outputs in OUT:
@@ -459,7 +466,7 @@ def run_local(cfg: ReproduceConfig, out: Path, *, ranks: int = 1, cache: Path | 
     _say(f"S2T2 reproduction, scale {cfg.scale} -> {out}\n  seeds {cfg.seeds}, P {cfg.p_steps} steps, finetuning "
          f"{cfg.ft_steps} steps, batch {cfg.batch_size} x {cfg.context_len}, alphas {cfg.alphas}, {ranks} rank(s)")
 
-    _say("\n[source LMs] two byte-level English LMs (same recipe and vocabulary, two widths) on the shipped text")
+    _say("\n[source LMs] two byte-level English LMs (same recipe and byte vocabulary, two sizes) on the shipped text")
     t = time.time()
     sources = {}
     for key in ("small", "large"):

@@ -57,8 +57,10 @@ def p_stats(p_file: str) -> dict | None:
     vals = p.values.double()
     pos = vals[vals > 0]
     cols = p.indices[1][vals != 0].bincount(minlength=u)
+    signed = bool((vals < 0).any())  # the unconstrained translator's P is not a distribution: no entropy
     return {"v": v, "u": u, "nnz": int((vals != 0).sum()), "density": float((vals != 0).sum()) / (v * u),
-            "col_nnz_mean": float(cols.double().mean()), "entropy": float(-(pos * pos.log()).sum()),
+            "col_nnz_mean": float(cols.double().mean()),
+            "entropy": None if signed else float(-(pos * pos.log()).sum()), "signed": signed,
             "entropy_uniform": math.log(v * u), "kind": p.kind}
 
 
@@ -390,7 +392,9 @@ def plots(results: dict, out_dir: Path) -> dict[str, Path]:
             ys = [v[key]["mean"] for v in pts]
             es = [v[key]["std"] for v in pts]
             ax.errorbar(xs, ys, yerr=es, marker="o", capsize=4, color="tab:green", label="S2T2 (sparse)")
-            for kind, col in (("softmax", "tab:blue"), ("unconstrained", "tab:gray")):
+            # the unconstrained P is not a distribution (signed entries): no entropy reference for it
+            refs = (("softmax", "tab:blue"),) + ((("unconstrained", "tab:gray"),) if key == "density" else ())
+            for kind, col in refs:
                 ref = [v for v in sp.values() if v["kind"] == kind and v["alpha"] == 0]
                 if ref and key in ref[0]:
                     ax.axhline(ref[0][key]["mean"], color=col, ls=":", label=f"{kind} P (alpha 0)")
@@ -399,7 +403,8 @@ def plots(results: dict, out_dir: Path) -> dict[str, Path]:
             ax.set_xscale("symlog", linthresh=min([a for a in xs if a > 0], default=0.01))
             ax.set(xlabel="entropy weight alpha", ylabel=ylabel)
             ax.legend(fontsize=8)
-        axes[0].set_title("Sparsity of P vs the entropy regulariser")
+        axes[0].set_title("Sparsity of P vs the entropy weight alpha")
+        axes[1].set_title("Entropy of P vs alpha (lower: sparser)")
         fig.tight_layout()
         paths["sparsity"] = out_dir / "sparsity_vs_alpha.png"
         fig.savefig(paths["sparsity"], dpi=120)
