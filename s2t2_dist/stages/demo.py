@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from s2t2_dist.stages.orchestrate import Runner, StageFailed, fmt_seconds, stage_available
+from s2t2_dist.stages.orchestrate import Runner, StageFailed, fmt_seconds, quiet_process_env, stage_available
 
 SOURCES = ("stories260k", "english-bytes")
 
@@ -131,7 +131,7 @@ def parse(argv):
 def run(args) -> dict:
     from s2t2_dist.stages.finetune import FinetuneConfig
     from s2t2_dist.stages.evaluate import EvaluateConfig
-    from s2t2_dist.stages.orchestrate import english_bytes, prepare_protein, stories260k
+    from s2t2_dist.stages.orchestrate import english_bytes, prepare_protein, stories260k, unigram_reference
     from s2t2_dist.stages.translate import TranslateConfig
     from s2t2_dist.utils.io import atomic_write_json, atomic_write_text
 
@@ -219,8 +219,11 @@ def run(args) -> dict:
         "evaluate", ["--config", str(ecfg)], runs / "evaluate", "evaluate")
     m = evr.result["metrics"]
     results["evaluate"] = {"run_dir": str(runs / "evaluate"), "metrics": m, "command": evr.command}
+    uni = unigram_reference(common_data["train"], common_data["eval"])
+    results["unigram"] = uni
     rows = [("random guess (uniform over the u target tokens)", math.exp(m["random_guess_nll_per_token"]),
              m["random_guess_bpb"]),
+            ("unigram (only the train split's token frequencies)", uni["perplexity"], uni["bpb"]),
             ("S2T2: learned P, frozen source LM (stage 1 only)", ev.get("perplexity"), ev.get("bpb")),
             ("S2T2 + CFT: finetuned, exported HF model", m["perplexity"], m["bpb"])]
     results["table"] = [{"model": r[0], "perplexity": r[1], "bpb": r[2]} for r in rows]
@@ -295,11 +298,8 @@ def _report(r: dict, rows) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import os
-
     args = parse(list(sys.argv[1:] if argv is None else argv))
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no "Loading weights" bars in every stage
-    os.environ.setdefault("S2T2_LOG_LEVEL", "WARNING")  # the stages' JSON summaries: the demo prints its own lines
+    quiet_process_env()
     missing = [s for s in ("finetune", "evaluate") if not stage_available(s)]
     if missing:  # INTEGRATION POINT: stage 2 and evaluation come from the finetune branch
         print(f"s2t2 demo: this build has no {' / '.join(missing)} stage (s2t2_dist/stages/); the demo needs them",

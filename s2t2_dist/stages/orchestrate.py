@@ -11,6 +11,7 @@ continues where it stopped; a run with other arguments is started afresh.
 from __future__ import annotations
 
 import importlib
+import math
 import json
 import os
 import shlex
@@ -54,6 +55,17 @@ def stage_available(stage: str) -> bool:
             return False
         raise
     return True
+
+
+def quiet_process_env() -> None:
+    """For stages run in this process: no per-run "Loading weights" bars, no stage JSON summaries (the demo and
+    reproduce print one line per run), DeepSpeed told it is on a CPU instead of warning about it."""
+    import torch
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("S2T2_LOG_LEVEL", "WARNING")
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
 def child_env(ranks: int, extra: dict | None = None) -> dict:
@@ -338,3 +350,31 @@ def manifest_bytes_per_token(shard_dir: str | Path) -> float:
 
 def fmt_seconds(s: float) -> str:
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
+
+
+def unigram_reference(train_shards: str | Path, eval_shards: str | Path) -> dict:
+    """A model that knows only token frequencies: the train split's unigram distribution (add-one smoothed)
+    scored on the eval documents exactly as the models are (every token after the document's first; BpB over the
+    documents' UTF-8 bytes). The level any LM of that tokenizer should beat once it has learned anything beyond
+    frequencies."""
+    import numpy as np
+
+    from s2t2_dist.data.loader import EvalDocs, ShardReader
+    from s2t2_dist.data.shards import load_manifest
+
+    m = load_manifest(train_shards)
+    V = int(m["tokenizer"]["vocab_size"])
+    reader = ShardReader(m)
+    counts = np.ones(V, dtype=np.float64)
+    for index, sample in reader.iter_range(list(range(len(m["shards"]))), 0, int(m["totals"]["n_samples"])):
+        ids = reader.decode_ids(index, sample, "?").astype(np.int64)
+        counts += np.bincount(ids[ids < V], minlength=V)
+    logp = np.log(counts / counts.sum())
+    nll, n_bytes, n_tok = 0.0, 0, 0
+    for doc in EvalDocs(eval_shards):
+        ids = doc["input_ids"][1:].numpy()
+        nll -= float(logp[ids].sum())
+        n_bytes += int(doc["n_bytes"])
+        n_tok += int(ids.size)
+    return {"nll_per_token": nll / n_tok, "perplexity": math.exp(nll / n_tok), "bpb": nll / (math.log(2) * n_bytes),
+            "vocab_size": V, "tokens": n_tok, "bytes": n_bytes}

@@ -15,9 +15,16 @@ without finetuning, to a LARGER model with the same source vocabulary; against N
 and the random-guess line ln u.
 
 Local scales (tiny, small) use two real byte-level English LMs pretrained here on the shipped Shakespeare text by
-`models.pretrain_english` (same recipe and byte vocabulary, two widths; the paper's source tokens are bytes too)
-and the shipped protein sample; they are cached under `--cache` (default OUT/source_lm). The target BPE has
-u = 256 tokens locally (<= the byte LMs' 264 embedding rows, so that the new-tok truncation baseline exists).
+`models.pretrain_english` (same recipe and byte vocabulary; the larger one wider and trained longer; the paper's
+source tokens are bytes too) and the shipped protein sample; the LMs are cached under `--cache` (default
+OUT/source_lm). The target BPE has u = 256 tokens locally (<= the byte LMs' 264 embedding rows, so that the
+new-tok truncation baseline exists).
+
+Hyperparameters: the paper's (P lr 1e-3, finetuning lr 2e-5, transfer P lr 2e-5, 2000 steps) at the paper scale.
+The local scales train tiny models for tens to hundreds of steps, so they finetune at lr 1e-3 and, with
+`p_lr_sweep`, give each translator the P learning rate with its lowest final TRAINING loss (the translators' C
+parametrisations differ by orders of magnitude in how far one Adam step moves P). Reference lines: the random guess
+ln u and a unigram model (the train split's token frequencies) of each tokenizer.
 
 Every stage run is a real `translate` / `finetune` / `evaluate` run (1 rank: in this process; `--ranks N`:
 torchrun) from the shipped configs plus dotted overrides; a rerun reuses finished runs. Outputs in OUT:
@@ -123,8 +130,8 @@ def preset(scale: str) -> ReproduceConfig:
             large=SourceRecipe(n_layers=2, d_model=48, n_heads=4, context_len=64, batch_size=16, steps=40))
     if scale == "small":  # ~20 min on 2 CPU cores (the source LMs are cached for later runs)
         return ReproduceConfig(
-            scale="small", seeds=[0, 1, 2], vocab_size=256, context_len=128, batch_size=8, p_steps=80,
-            ft_steps=80, p_lr_sweep=[1e-5, 1e-4, 1e-3, 1e-2], alphas=[0.0, 0.1, 1.0], log_every=4,
+            scale="small", seeds=[0, 1, 2], vocab_size=256, context_len=128, batch_size=8, p_steps=200,
+            ft_steps=200, p_lr_sweep=[1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0], alphas=[0.0, 0.1, 1.0], log_every=10,
             small=SourceRecipe(n_layers=2, d_model=64, n_heads=4, context_len=64, batch_size=16, steps=300),
             # more width and more steps: the transfer needs a target model that is better on English
             large=SourceRecipe(n_layers=2, d_model=128, n_heads=4, context_len=64, batch_size=16, steps=600))
@@ -459,7 +466,7 @@ def run_local(cfg: ReproduceConfig, out: Path, *, ranks: int = 1, cache: Path | 
     _say(f"S2T2 reproduction, scale {cfg.scale} -> {out}\n  seeds {cfg.seeds}, P {cfg.p_steps} steps, finetuning "
          f"{cfg.ft_steps} steps, batch {cfg.batch_size} x {cfg.context_len}, alphas {cfg.alphas}, {ranks} rank(s)")
 
-    _say("\n[source LMs] two byte-level English LMs (same recipe and vocabulary, two widths) on the shipped text")
+    _say("\n[source LMs] two byte-level English LMs (same recipe and byte vocabulary, two sizes) on the shipped text")
     t = time.time()
     sources = {}
     for key in ("small", "large"):
@@ -501,6 +508,10 @@ def run_local(cfg: ReproduceConfig, out: Path, *, ranks: int = 1, cache: Path | 
     timings["runs"] = round(time.time() - t, 1)
     timings["runs_compute"] = round(sum(r.seconds for r in runner.history), 1)  # incl. reused runs' first time
     timings["total"] = round(time.time() - t0, 1)
+    from s2t2_dist.stages.orchestrate import unigram_reference
+
+    extra["unigram"] = {split: unigram_reference(data / "shards" / split / "train", data / "shards" / split / "eval")
+                        for split in ("new", "source")}
     results = collect(cfg, jobs, st, extra={"sources": sources, "data_summary": _data_summary(summary),
                                             "ranks": ranks, "seconds": timings, **extra})
     paths = write_outputs(results, out)
@@ -583,9 +594,9 @@ def with_overrides(cfg: ReproduceConfig, overrides: list[str]) -> ReproduceConfi
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    os.environ.setdefault("S2T2_LOG_LEVEL", "WARNING")  # the stages' own summaries: we print one line per run
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no "Loading weights" bars for every run
-    from s2t2_dist.stages.orchestrate import stage_available
+    from s2t2_dist.stages.orchestrate import quiet_process_env, stage_available
+
+    quiet_process_env()
 
     missing = [s for s in ("finetune", "evaluate") if not stage_available(s)]
     if missing:  # INTEGRATION POINT: stage 2 and evaluation come from the finetune branch

@@ -57,8 +57,10 @@ def p_stats(p_file: str) -> dict | None:
     vals = p.values.double()
     pos = vals[vals > 0]
     cols = p.indices[1][vals != 0].bincount(minlength=u)
+    signed = bool((vals < 0).any())  # the unconstrained translator's P is not a distribution: no entropy
     return {"v": v, "u": u, "nnz": int((vals != 0).sum()), "density": float((vals != 0).sum()) / (v * u),
-            "col_nnz_mean": float(cols.double().mean()), "entropy": float(-(pos * pos.log()).sum()),
+            "col_nnz_mean": float(cols.double().mean()),
+            "entropy": None if signed else float(-(pos * pos.log()).sum()), "signed": signed,
             "entropy_uniform": math.log(v * u), "kind": p.kind}
 
 
@@ -212,6 +214,11 @@ def checks(results: dict) -> list[dict]:
     add("FT orig. tok. has by far the worst BpB (paper: 7.24 vs <= 4.09, x1.77 the worst other column)",
         ratio > 1.2, f"FT orig. tok. {val['ft_orig_tok']['bpb']:.3f} vs worst other {max(others):.3f} "
                      f"(x{ratio:.2f}); best other {min(others):.3f}")
+    uni = results.get("unigram") or {}
+    if uni:
+        for k, split in (("s2t2_cft", "new"), ("ft_new_tok", "new"), ("ft_orig_tok", "source")):
+            add(f"{COLUMN_NAMES[k]} beats the unigram reference of its tokenizer (BpB)", val[k]["bpb"] < uni[split]["bpb"],
+                f"{val[k]['bpb']:.3f} vs unigram {uni[split]['bpb']:.3f} bits/byte")
     for k in KINDS:
         add(f"finetuning improves {COLUMN_NAMES[k]} (BpB)", val[f"{k}_cft"]["bpb"] < val[k]["bpb"],
             f"{fmt(k, 'bpb')} -> {fmt(k + '_cft', 'bpb')}")
@@ -262,9 +269,16 @@ def table1_markdown(results: dict) -> str:
             "| *paper perp.* | " + " | ".join(f"*{PAPER_TABLE1[k][0]:.2f}*" for k in TABLE1) + " |",
             "| *paper BpB* | " + " | ".join(f"*{PAPER_TABLE1[k][1]:.2f}*" for k in TABLE1) + " |"]
     spread = "mean ± standard deviation over" if n > 1 else "one run per column,"
+    uni = results.get("unigram") or {}
+    if uni:
+        rows.append("| *unigram ref.* | " + " | ".join(
+            f"*{uni['source' if k == 'ft_orig_tok' else 'new']['perplexity']:.2f} / "
+            f"{uni['source' if k == 'ft_orig_tok' else 'new']['bpb']:.3f}*" for k in TABLE1) + " |")
     return "\n".join([head, sep, *rows, "",
                       f"Held-out protein sequences; {spread} {n} seed(s). Perplexity per token of each column's "
-                      "tokenizer; BpB = total NLL / (ln 2 x UTF-8 bytes). Paper: OLMo-1B on UniRef50 (Table 1)."])
+                      "tokenizer; BpB = total NLL / (ln 2 x UTF-8 bytes). Paper: OLMo-1B on UniRef50 (Table 1)."
+                      + (" Unigram ref. (perplexity / BpB): a model that knows only the train split's token "
+                         "frequencies, for the column's tokenizer." if uni else "")])
 
 
 def transfer_markdown(results: dict) -> str:
@@ -281,6 +295,10 @@ def transfer_markdown(results: dict) -> str:
     if rg:
         lines.append(f"| random guess (ln u) | {rg['nll_per_token']:.3f} | {math.exp(rg['nll_per_token']):.2f} | "
                      f"{rg['bpb']:.3f} |")
+    uni = (results.get("unigram") or {}).get("new")
+    if uni:
+        lines.append(f"| unigram ref. (new tokenizer's train frequencies) | {uni['nll_per_token']:.3f} | "
+                     f"{uni['perplexity']:.2f} | {uni['bpb']:.3f} |")
     return "\n".join(lines)
 
 
@@ -317,6 +335,10 @@ def plots(results: dict, out_dir: Path) -> dict[str, Path]:
               ls="-" if method.endswith("_cft") else "--")
     if rg:
         axes[1].axhline(rg["bpb"], color="red", ls="--", lw=1, label="random guess (new tokenizer)")
+    for split, ls, what in (("new", ":", "new tokenizer"), ("source", "-.", "byte tokenizer")):
+        uni = (results.get("unigram") or {}).get(split)
+        if uni:
+            axes[1].axhline(uni["bpb"], color="k", ls=ls, lw=1, label=f"unigram ref., eval ({what})")
     axes[1].set(title="Stage 2: finetuning (same step budget)", xlabel="step",
                 ylabel="train loss (bits / byte, split average)")
     axes[1].legend(fontsize=8)
@@ -344,7 +366,10 @@ def plots(results: dict, out_dir: Path) -> dict[str, Path]:
             ax.bar_label(bars, fmt="%.2f", fontsize=8)
             if rgt:
                 ax.axhline(rgt[line], color="red", ls="--", lw=1.5, label="random guess (ln u, new tokenizer)")
-                ax.legend(fontsize=8, loc="lower right")
+            uni = (results.get("unigram") or {}).get("new")
+            if uni:
+                ax.axhline(uni[line], color="k", ls=":", lw=1.2, label="unigram ref. (new tokenizer)")
+            ax.legend(fontsize=8, loc="upper left")
             ax.set_xticks(range(len(order)), labels, rotation=20)
             ax.set(ylabel=ylabel)
         axes[0].set_title("Transfer: P learned on the small LM, applied to the large LM (no finetuning)")
@@ -367,7 +392,9 @@ def plots(results: dict, out_dir: Path) -> dict[str, Path]:
             ys = [v[key]["mean"] for v in pts]
             es = [v[key]["std"] for v in pts]
             ax.errorbar(xs, ys, yerr=es, marker="o", capsize=4, color="tab:green", label="S2T2 (sparse)")
-            for kind, col in (("softmax", "tab:blue"), ("unconstrained", "tab:gray")):
+            # the unconstrained P is not a distribution (signed entries): no entropy reference for it
+            refs = (("softmax", "tab:blue"),) + ((("unconstrained", "tab:gray"),) if key == "density" else ())
+            for kind, col in refs:
                 ref = [v for v in sp.values() if v["kind"] == kind and v["alpha"] == 0]
                 if ref and key in ref[0]:
                     ax.axhline(ref[0][key]["mean"], color=col, ls=":", label=f"{kind} P (alpha 0)")
@@ -376,7 +403,8 @@ def plots(results: dict, out_dir: Path) -> dict[str, Path]:
             ax.set_xscale("symlog", linthresh=min([a for a in xs if a > 0], default=0.01))
             ax.set(xlabel="entropy weight alpha", ylabel=ylabel)
             ax.legend(fontsize=8)
-        axes[0].set_title("Sparsity of P vs the entropy regulariser")
+        axes[0].set_title("Sparsity of P vs the entropy weight alpha")
+        axes[1].set_title("Entropy of P vs alpha (lower: sparser)")
         fig.tight_layout()
         paths["sparsity"] = out_dir / "sparsity_vs_alpha.png"
         fig.savefig(paths["sparsity"], dpi=120)
@@ -399,7 +427,11 @@ def plots(results: dict, out_dir: Path) -> dict[str, Path]:
             if rg:
                 ax.axhline(math.exp(rg["nll_per_token"]) if metric == "perplexity" else rg["bpb"], color="red",
                            ls="--", lw=1, label="random guess (new tokenizer)")
-                ax.legend(fontsize=8)
+            uni = results.get("unigram") or {}
+            for split, ls, what in (("new", ":", "new tokenizer"), ("source", "-.", "byte tokenizer")):
+                if split in uni and (metric == "bpb" or split == "new"):
+                    ax.axhline(uni[split][metric], color="k", ls=ls, lw=1, label=f"unigram ref. ({what})")
+            ax.legend(fontsize=8)
         axes[0].set_title("Table 1 (lower is better; pale: P only, no finetuning)")
         fig.tight_layout()
         paths["table1"] = out_dir / "table1.png"
