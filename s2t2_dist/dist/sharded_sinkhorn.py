@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from s2t2_dist.ot.sinkhorn import DEFAULT_COL_K, DEFAULT_ROW_K, dykstra
+from s2t2_dist.ot.sinkhorn import DEFAULT_COL_K, DEFAULT_ROW_K, dykstra, log_sinkhorn
 from s2t2_dist.ot.sparsemax import SimplexProjector, Support, compute_dtype
 
 __all__ = [
@@ -246,38 +246,36 @@ def sharded_sparse_sinkhorn(C_local: Tensor, mu: Tensor, nu_local: Tensor, u: in
 # --------------------------------------------------------------------------------------------------------------
 
 
-class _DistRowSoftmax(torch.autograd.Function):
-    """``mu_i * softmax(row i)`` of a column-sharded matrix: max and sum of exponentials all-reduced per row.
+class _DistRowLogSoftmax(torch.autograd.Function):
+    """``log_softmax(row i)`` of a column-sharded matrix: the row max and the sum of exponentials all-reduced.
 
-    Backward: ``grad = y * (g - sum_j g_j p_j)`` with the row sum all-reduced."""
+    Backward: ``grad = g - softmax * sum_j g_j``, the row sum all-reduced."""
 
     @staticmethod
-    def forward(ctx, z: Tensor, mu: Tensor, comm: GroupComm):
-        m = comm.all_reduce(z.detach().amax(1), "max") if z.shape[1] else comm.all_reduce(
-            torch.full((z.shape[0],), float("-inf"), dtype=z.dtype, device=z.device), "max")
-        e = (z.detach() - m.unsqueeze(1)).exp_()
-        s = comm.all_reduce(e.sum(1), "sum")
-        p = e.div_(s.unsqueeze(1))
+    def forward(ctx, z: Tensor, comm: GroupComm):
+        zd = z.detach()
+        local_max = zd.amax(1) if zd.shape[1] else zd.new_full((zd.shape[0],), float("-inf"))
+        m = comm.all_reduce(local_max, "max")
+        lse = comm.all_reduce((zd - m.unsqueeze(1)).exp().sum(1), "sum").log_() + m
+        out = zd - lse.unsqueeze(1)
         ctx.comm = comm
-        ctx.save_for_backward(p, mu)
-        return p * mu.unsqueeze(1)
+        ctx.save_for_backward(out)
+        return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g: Tensor):
-        p, mu = ctx.saved_tensors
-        dot = ctx.comm.all_reduce((g * p).sum(1), "sum")
-        return p * mu.unsqueeze(1) * (g - dot.unsqueeze(1)), None, None
+        (out,) = ctx.saved_tensors
+        gsum = ctx.comm.all_reduce(g.sum(1), "sum")
+        return g - out.exp() * gsum.unsqueeze(1), None
 
 
 def sharded_softmax_sinkhorn(C_local: Tensor, mu: Tensor, nu_local: Tensor, group=None, n_iter: int = 3,
                              comm: Optional[GroupComm] = None) -> Tensor:
-    """The dense baseline (scaled softmax Dykstra) on a column-sharded C; equals the single-process result."""
+    """The dense baseline (log-domain Sinkhorn, see :func:`~s2t2_dist.ot.sinkhorn.softmax_sinkhorn`) on a
+    column-sharded C: two all-reduces of v numbers per row step; equals the single-process result."""
     comm = comm or GroupComm(group)
-    mu_c = mu.detach().to(device=C_local.device, dtype=C_local.dtype)
-    nu_c = nu_local.detach().to(device=C_local.device, dtype=C_local.dtype).unsqueeze(0)
-    return dykstra(C_local, lambda Z: _DistRowSoftmax.apply(Z, mu_c, comm),
-                   lambda Z: nu_c * torch.softmax(Z, 0), n_iter)
+    return log_sinkhorn(C_local, mu, nu_local, n_iter, lambda Z: _DistRowLogSoftmax.apply(Z, comm))
 
 
 # --------------------------------------------------------------------------------------------------------------

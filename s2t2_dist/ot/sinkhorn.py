@@ -8,7 +8,8 @@ are the row and column marginals (non-negative, each summing to one).
   iterations it converges to ``argmin ||P - C||_F^2`` s.t. ``P >= 0, P 1 = mu, P^T 1 = nu``. Implemented by a fused
   autograd Function that saves only the supports of the 2 * n_iter projections and runs the adjoint recursion of
   Dykstra in closed form (see :class:`_ThresholdDykstra`).
-* :func:`softmax_sinkhorn` -- the paper's dense baseline: scaled softmax in place of sparsemax.
+* :func:`softmax_sinkhorn` -- the paper's dense baseline: scaled softmax in place of sparsemax, i.e. the KL
+  (entropic) counterpart of Algorithm 1: classic Sinkhorn scaling of ``exp(C)``, run in the log domain.
 * :func:`unconstrained_plan` -- ``P = C * nu`` so that the normalised weights ``P / nu`` equal ``C``.
 
 ``n_iter`` counts full (row, column) iterations: ``n_iter=3`` is the paper's "iterating 3 times" (its loop
@@ -28,6 +29,7 @@ __all__ = [
     "SparseSinkhorn",
     "sparse_sinkhorn",
     "softmax_sinkhorn",
+    "log_sinkhorn",
     "unconstrained_plan",
     "validate_plan_inputs",
     "DEFAULT_ROW_K",
@@ -427,17 +429,36 @@ def sparse_sinkhorn(
 
 
 def softmax_sinkhorn(C: Tensor, mu: Tensor, nu: Tensor, n_iter: int = 3, *, validate: bool = True) -> Tensor:
-    """The paper's dense baseline: Algorithm 1 with ``mu_i * softmax(row i)`` and ``nu_j * softmax(column j)``.
+    """The paper's dense baseline: scaled softmax in place of sparsemax, ``P`` (v, u) with columns exactly ``nu``.
 
-    Every entry of the result is positive (no sparsity); columns sum exactly to ``nu``. The softmax maps are not
-    projections, so unlike the sparse version the rows are not guaranteed to converge to ``mu`` with more
-    iterations. Autograd through the softmaxes.
+    Softmax is the KL (Bregman) projection onto a scaled simplex, as sparsemax is the Euclidean one. For KL
+    projections onto the affine sets C1, C2 Dykstra's correction terms vanish and Algorithm 1 becomes the classic
+    Sinkhorn scaling of ``K = exp(C)``: ``Z <- log mu_i + log_softmax(Z_i.)``, then ``Z <- log nu_j +
+    log_softmax(Z_.j)``, ``P = exp(Z)``. (Plugging softmax literally into the Euclidean correction terms of
+    :func:`dykstra` is wrong: the column step then sees ``Y + Q``, which no longer contains ``C``, and the plan is
+    ~``mu nu^T`` whatever ``C`` is -- the translator cannot learn.) Every entry is positive; the rows converge to
+    ``mu`` as ``n_iter`` grows. ``C = log P`` reproduces a feasible, positive ``P`` exactly. Autograd throughout.
     """
     if validate:
         validate_plan_inputs(C, mu, nu)
-    mu_c = mu.detach().to(device=C.device, dtype=C.dtype).unsqueeze(1)
-    nu_c = nu.detach().to(device=C.device, dtype=C.dtype).unsqueeze(0)
-    return dykstra(C, lambda Z: mu_c * torch.softmax(Z, 1), lambda Z: nu_c * torch.softmax(Z, 0), n_iter)
+    return log_sinkhorn(C, mu, nu, n_iter, lambda Z: torch.log_softmax(Z, 1))
+
+
+def log_sinkhorn(C: Tensor, mu: Tensor, nu: Tensor, n_iter: int, row_log_softmax: Callable[[Tensor], Tensor]
+                 ) -> Tensor:
+    """Sinkhorn scaling of ``exp(C)`` in the log domain, generic in the row log-softmax (the sharded translator's
+    rows span ranks); the column step is always local. Zero marginals are floored at the dtype's smallest normal
+    number (their rows / columns come out ~0, not NaN)."""
+    if n_iter < 1:
+        raise ValueError(f"n_iter must be >= 1, got {n_iter}")
+    tiny = torch.finfo(C.dtype).tiny
+    log_mu = mu.detach().to(device=C.device, dtype=C.dtype).clamp_min(tiny).log().unsqueeze(1)
+    log_nu = nu.detach().to(device=C.device, dtype=C.dtype).clamp_min(tiny).log().unsqueeze(0)
+    Z = C
+    for _ in range(n_iter):
+        Z = log_mu + row_log_softmax(Z)
+        Z = log_nu + torch.log_softmax(Z, 0)
+    return Z.exp()
 
 
 def unconstrained_plan(C: Tensor, nu: Tensor) -> Tensor:
