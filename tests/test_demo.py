@@ -22,7 +22,8 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo") / "out"
-    proc = run_cmd([sys.executable, str(REPO / "launch" / "demo.py"), "--out", str(out)], timeout=900)
+    # fewer steps than the default 300 (CI time): the same code path, a shorter run
+    proc = run_cmd([sys.executable, str(REPO / "launch" / "demo.py"), "--out", str(out), "--steps", "60"], timeout=900)
     return out, proc.stdout + proc.stderr
 
 
