@@ -1,7 +1,7 @@
 """`s2t2 reproduce --scale tiny|small|paper`: the paper's Table 1 and its transfer experiment (Figure 2).
 
     s2t2 reproduce --scale tiny                    # CI-sized: minutes on a CPU
-    s2t2 reproduce --scale small --out runs/small  # ~20 min on 2 CPU cores
+    s2t2 reproduce --scale small --out runs/small  # ~3.5 min on 2 idle CPU cores; results: BENCHMARKS.md
     s2t2 reproduce --scale small seeds=[0,1] p_steps=200 alphas=[0,0.1]     # any key of ReproduceConfig
     s2t2 reproduce --scale paper                   # PRINTS the SLURM submissions (OLMo-1B/7B, UniRef50)
     s2t2 reproduce --scale paper --collect runs/paper   # afterwards: the same table/plots from the cluster's runs
@@ -128,7 +128,7 @@ def preset(scale: str) -> ReproduceConfig:
             p_lr_sweep=[1e-4, 1e-3], alphas=[0.0, 0.1], eval_max_docs=30, log_every=2,
             small=SourceRecipe(n_layers=1, d_model=32, n_heads=2, context_len=64, batch_size=16, steps=40),
             large=SourceRecipe(n_layers=2, d_model=48, n_heads=4, context_len=64, batch_size=16, steps=40))
-    if scale == "small":  # ~20 min on 2 CPU cores (the source LMs are cached for later runs)
+    if scale == "small":  # ~3.5 min on 2 idle CPU cores (the source LMs, 25 s, are cached for later runs)
         return ReproduceConfig(
             scale="small", seeds=[0, 1, 2], vocab_size=256, context_len=128, batch_size=8, p_steps=200,
             ft_steps=200, p_lr_sweep=[1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0], alphas=[0.0, 0.1, 1.0], log_every=10,
