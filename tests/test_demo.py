@@ -93,7 +93,13 @@ def test_demo_tensorboard_logs_and_report(demo):
 def test_demo_rerun_reuses_finished_runs(demo):
     """A second run with the same settings finds every stage's finished result (nothing retrains)."""
     out, _ = demo
-    proc = run_cmd([sys.executable, str(REPO / "launch" / "demo.py"), "--out", str(out), "--quiet"], timeout=600)
+    first = json.loads((out / "results.json").read_text())
+    assert first["reused_runs"] == []
+    mtimes = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("*") if p.is_file()}
+    proc = run_cmd([sys.executable, str(REPO / "launch" / "demo.py"), "--out", str(out), "--quiet", "--steps", "60"],
+                   timeout=600)
     r = json.loads((out / "results.json").read_text())
-    assert r["seconds"]["translate"] < 30 and r["seconds"]["finetune"] < 30, r["seconds"]
+    assert r["reused_runs"] == ["translate", "finetune", "evaluate"]
+    assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes  # no run file was rewritten
+    assert r["evaluate"]["metrics"] == first["evaluate"]["metrics"]
     assert "Done in" in proc.stdout

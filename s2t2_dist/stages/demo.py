@@ -235,6 +235,7 @@ def run(args) -> dict:
     ph.start("report", "report")
     ph.end()
     results["seconds"] = {**ph.times, "total": round(time.time() - ph.t0, 1)}
+    results["reused_runs"] = [r.name for r in (*runner.history, evr) if r.reused]  # finished earlier, same settings
     results["tensorboard"] = f"tensorboard --logdir {runs}"
     atomic_write_json(out / "results.json", results)
     atomic_write_text(out / "report.md", _report(results, rows))
