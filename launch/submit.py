@@ -4,6 +4,7 @@
 import sys
 
 from s2t2_dist.launch.submit import main
+from s2t2_dist.dist.exit import exit_process
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_process(main(sys.argv[1:]))

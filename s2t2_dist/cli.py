@@ -38,5 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     return int(module.main(rest) or 0)
 
 
+def entry() -> None:
+    """The `s2t2` console script: a rank that ran distributed exits without Python's finalization (dist/exit.py)."""
+    from s2t2_dist.dist.exit import exit_process
+
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -171,9 +171,9 @@ def main(argv=None):
         results["nan_check"] = nan_check(engine, task, loader, tcfg, rank, world)
 
     (out / f"results_rank{rank}.json").write_text(json.dumps(results))
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    from s2t2_dist.stages.common import teardown
+
+    teardown()  # barrier, destroy, and mark the process for exit_process
 
 
 def _plain_model(args, hf_cfg):
@@ -219,4 +219,7 @@ def nan_check(engine, task, loader, tcfg, rank, world):
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
+    from s2t2_dist.dist.exit import exit_process
+
     main()
+    exit_process(0)
