@@ -58,7 +58,8 @@ def test_finetune_zero3_survives_kills_and_preemption(round_, tiny_data, stories
 
     # 3. SIGTERM to the whole job step (preemption) at a random step: checkpoint at the boundary
     job = launch(run, trace, name="l3")
-    at = job.wait_for_step(c - 2 + rng.randint(1, 2))["step"]
+    # at most STEPS - 3, so that step 4's kill -9 still lands before the last step (l3 resumes at c - 2 <= 6)
+    at = job.wait_for_step(min(c - 2 + rng.randint(1, 2), STEPS - 3))["step"]
     job.signal_group(signal.SIGTERM)
     job.wait()
     result = json.loads((run / "result.json").read_text())
@@ -77,7 +78,8 @@ def test_finetune_zero3_survives_kills_and_preemption(round_, tiny_data, stories
     launch(run, trace, name="l5").expect(rc_ok=True)
     final, ref = json.loads((run / "result.json").read_text()), json.loads((ref_run / "result.json").read_text())
     assert final["finished"] and final["bad_steps"] == ref["bad_steps"] == 1, (final["bad_steps"], seed)
-    assert final["losses"][-1] == ref["losses"][-1]
+    # (the last launch's own `losses` can be empty: a late kill may land after the final checkpoint; the traces below
+    # compare every step's loss across all launches with the reference)
     for r in (0, 1):
         h, hr = effective_history(read_trace(trace, r)), effective_history(read_trace(ref_trace, r))
         assert h["losses"] == hr["losses"], (r, seed)
