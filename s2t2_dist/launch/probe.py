@@ -139,11 +139,16 @@ def main(argv: list[str] | None = None) -> int:
         (out / "result.json").write_text(json.dumps(
             {k: record[k] for k in ("step", "finished", "preempted", "final_loss", "world_size", "job_id")}))
     if dist.is_initialized():
+        from s2t2_dist.dist.exit import mark_torn_down
+
         dist.destroy_process_group()
+        mark_torn_down()
     print(f"probe rank {rank}/{world} on {node_name}: step {result.step} finished={result.finished} "
           f"preempted={result.preempted}", flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from s2t2_dist.dist.exit import exit_process
+
+    exit_process(main())  # see dist/exit.py: seen here, a DeepSpeed-launched rank aborting after this print
