@@ -4,8 +4,8 @@ After the process group is torn down, Python's own shutdown can still kill a ran
 backend (gloo / NCCL work handles still referenced from Python, e.g. by DeepSpeed's ZeRO-3 prefetching) are
 destroyed during interpreter finalization, and a C++ destructor that needs the GIL or meets a joinable thread calls
 std::terminate ("terminate called without an active exception", SIGABRT). The run has finished and written its
-results by then, but the launcher and SLURM see a failed rank (seen once in CI: a ZeRO-3 run on 2 gloo ranks, both
-ranks' results written, exit status 250). So a process whose process group was torn down leaves through os._exit
+results by then, but the launcher and SLURM see a failed rank (seen twice in CI under the deepspeed launcher: a
+ZeRO-3 run on 2 gloo ranks, exit status 250, and the SLURM probe, after its last line was printed). So a process whose process group was torn down leaves through os._exit
 after flushing, skipping finalization; any other process exits normally.
 """
 
@@ -19,9 +19,12 @@ from typing import NoReturn
 _tore_down = False
 
 
-def mark_torn_down() -> None:
-    """Called after destroy_process_group(): this process ran distributed and may exit the hard way."""
+def destroy_process_group() -> None:
+    """``torch.distributed.destroy_process_group()``, remembering that this process may exit the hard way."""
+    import torch.distributed as dist
+
     global _tore_down
+    dist.destroy_process_group()
     _tore_down = True
 
 

@@ -139,10 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         (out / "result.json").write_text(json.dumps(
             {k: record[k] for k in ("step", "finished", "preempted", "final_loss", "world_size", "job_id")}))
     if dist.is_initialized():
-        from s2t2_dist.dist.exit import mark_torn_down
+        from s2t2_dist.dist.exit import destroy_process_group
 
-        dist.destroy_process_group()
-        mark_torn_down()
+        destroy_process_group()
     print(f"probe rank {rank}/{world} on {node_name}: step {result.step} finished={result.finished} "
           f"preempted={result.preempted}", flush=True)
     return 0

@@ -83,11 +83,10 @@ def teardown() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        from s2t2_dist.dist.exit import mark_torn_down
+        from s2t2_dist.dist.exit import destroy_process_group
 
         dist.barrier()
-        dist.destroy_process_group()
-        mark_torn_down()
+        destroy_process_group()
 
 
 #: errors about the user's inputs or the run's state whose message says what is wrong (config keys and values,

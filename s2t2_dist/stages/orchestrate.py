@@ -11,8 +11,8 @@ continues where it stopped; a run with other arguments is started afresh.
 from __future__ import annotations
 
 import importlib
-import math
 import json
+import math
 import os
 import shlex
 import shutil

@@ -302,6 +302,19 @@ def transfer_markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+#: line style and name of each tokenizer's unigram reference in the plots
+_UNIGRAM_STYLE = {"new": (":", "new tokenizer"), "source": ("-.", "byte tokenizer")}
+
+
+def _unigram_lines(ax, results: dict, metric: str, splits: tuple[str, ...]) -> None:
+    """Horizontal reference lines: the unigram model of each tokenizer in `splits` (when the results have it)."""
+    uni = results.get("unigram") or {}
+    for split in splits:
+        if split in uni:
+            ls, what = _UNIGRAM_STYLE[split]
+            ax.axhline(uni[split][metric], color="k", ls=ls, lw=1, label=f"unigram ref. ({what})")
+
+
 def plots(results: dict, out_dir: Path) -> dict[str, Path]:
     import matplotlib
 
@@ -335,10 +348,7 @@ def plots(results: dict, out_dir: Path) -> dict[str, Path]:
               ls="-" if method.endswith("_cft") else "--")
     if rg:
         axes[1].axhline(rg["bpb"], color="red", ls="--", lw=1, label="random guess (new tokenizer)")
-    for split, ls, what in (("new", ":", "new tokenizer"), ("source", "-.", "byte tokenizer")):
-        uni = (results.get("unigram") or {}).get(split)
-        if uni:
-            axes[1].axhline(uni["bpb"], color="k", ls=ls, lw=1, label=f"unigram ref., eval ({what})")
+    _unigram_lines(axes[1], results, "bpb", ("new", "source"))
     axes[1].set(title="Stage 2: finetuning (same step budget)", xlabel="step",
                 ylabel="train loss (bits / byte, split average)")
     axes[1].legend(fontsize=8)
@@ -366,9 +376,7 @@ def plots(results: dict, out_dir: Path) -> dict[str, Path]:
             ax.bar_label(bars, fmt="%.2f", fontsize=8)
             if rgt:
                 ax.axhline(rgt[line], color="red", ls="--", lw=1.5, label="random guess (ln u, new tokenizer)")
-            uni = (results.get("unigram") or {}).get("new")
-            if uni:
-                ax.axhline(uni[line], color="k", ls=":", lw=1.2, label="unigram ref. (new tokenizer)")
+            _unigram_lines(ax, results, line, ("new",))
             ax.legend(fontsize=8, loc="upper left")
             ax.set_xticks(range(len(order)), labels, rotation=20)
             ax.set(ylabel=ylabel)
@@ -427,10 +435,8 @@ def plots(results: dict, out_dir: Path) -> dict[str, Path]:
             if rg:
                 ax.axhline(math.exp(rg["nll_per_token"]) if metric == "perplexity" else rg["bpb"], color="red",
                            ls="--", lw=1, label="random guess (new tokenizer)")
-            uni = results.get("unigram") or {}
-            for split, ls, what in (("new", ":", "new tokenizer"), ("source", "-.", "byte tokenizer")):
-                if split in uni and (metric == "bpb" or split == "new"):
-                    ax.axhline(uni[split][metric], color="k", ls=ls, lw=1, label=f"unigram ref. ({what})")
+            # per-token perplexities of the two tokenizers are not comparable: the byte one only in BpB
+            _unigram_lines(ax, results, metric, ("new", "source") if metric == "bpb" else ("new",))
             ax.legend(fontsize=8)
         axes[0].set_title("Table 1 (lower is better; pale: P only, no finetuning)")
         fig.tight_layout()
