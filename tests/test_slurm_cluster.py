@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from s2t2_dist.testing.slurm_cluster import LocalSlurmCluster, missing_packages
+from s2t2_dist.testing.slurm_cluster import LocalSlurmCluster, require_packages
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[1]
@@ -28,12 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def cluster():
-    missing = missing_packages(accounting=True)
-    if missing:
-        msg = f"SLURM is not installed (missing Debian packages: {' '.join(missing)}); run .ci/install_slurm.sh"
-        if os.environ.get("CI"):
-            pytest.fail(msg + " -- CI must provide a real SLURM", pytrace=False)
-        pytest.skip(msg)
+    require_packages(accounting=True)
     # its own folder under /tmp (pytest's tmp folders are private to root: munged and MariaDB refuse them);
     # removed at the end unless S2T2_KEEP_SLURM=1 (to read the daemons' logs)
     # 8 CPUs and 8 fake GPUs declared per node (more than the host has) so that several jobs run at once

@@ -82,6 +82,18 @@ def missing_packages(accounting: bool = True) -> list[str]:
     return sorted({pkg for b, pkg in wanted.items() if which(b) is None})
 
 
+def require_packages(accounting: bool = True) -> None:
+    """In a pytest fixture: skip when SLURM is not installed here, but fail under CI (which must provide it)."""
+    import pytest
+
+    missing = missing_packages(accounting)
+    if missing:
+        msg = f"SLURM is not installed (missing Debian packages: {' '.join(missing)}); run .ci/install_slurm.sh"
+        if os.environ.get("CI"):
+            pytest.fail(msg + " -- CI must provide a real SLURM", pytrace=False)
+        pytest.skip(msg)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

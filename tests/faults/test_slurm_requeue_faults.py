@@ -21,14 +21,9 @@ pytestmark = [pytest.mark.faults, pytest.mark.slurm]
 
 @pytest.fixture(scope="module")
 def cluster():
-    from s2t2_dist.testing.slurm_cluster import LocalSlurmCluster, missing_packages
+    from s2t2_dist.testing.slurm_cluster import LocalSlurmCluster, require_packages
 
-    missing = missing_packages(accounting=True)
-    if missing:
-        msg = f"SLURM is not installed (missing Debian packages: {' '.join(missing)}); run .ci/install_slurm.sh"
-        if os.environ.get("CI"):
-            pytest.fail(msg + " -- CI must provide a real SLURM", pytrace=False)
-        pytest.skip(msg)
+    require_packages(accounting=True)
     c = LocalSlurmCluster(nodes=2, cpus_per_node=4, gpus_per_node=0, keep_root=bool(os.environ.get("S2T2_KEEP_SLURM")))
     try:
         c.start()
