@@ -115,6 +115,8 @@ class TokenTranslator(nn.Module):
         self.register_buffer("nu", nu.to(device=device, dtype=dtype).clone())
         self.C = nn.Parameter(torch.full((self.v, self.col_end - self.col_start), 1.0 / self.v, dtype=dtype,
                                          device=device))
+        #: P is computed from C / temperature (1: the plain plan; > 1 while annealing from dense to sparse)
+        self.temperature = 1.0
         self._solver = None
         self._solver_key = None
         self._comm = None
@@ -188,7 +190,8 @@ class TokenTranslator(nn.Module):
         self._cache_val = None
 
     def _compute_P(self) -> Tensor:
-        C = self.C
+        # temperature > 1 (annealing): the plan of C / T, denser than C's (see StepRecipe)
+        C = self.C if self.temperature == 1.0 else self.C / self.temperature
         if self.kind == "sparse":
             return self._sparse_solver()(C, self.n_iter)
         if self.kind == "softmax":
@@ -206,7 +209,7 @@ class TokenTranslator(nn.Module):
         detached cached value is returned while C is unchanged (e.g. for the several statistics of a report).
         Both caches are dropped when backward reaches P (a hook on that step's P; nothing is registered on C), so
         no copy of P is held between training steps."""
-        ver = self.C._version
+        ver = (self.C._version, self.temperature)
         if torch.is_grad_enabled() and self.C.requires_grad:
             if self._cache_grad is not None and self._cache_grad[0] == ver:
                 return self._cache_grad[1]
@@ -317,6 +320,63 @@ class TokenTranslator(nn.Module):
         }
 
     @torch.no_grad()
+    def mass_stats(self, P: Optional[Tensor] = None) -> Dict[str, float]:
+        """Mass-based sparsity of the global W = P / nu (head weights; each column sums to one), identical on every
+        rank: ``max_weight_mean`` is the mean over target columns of their largest weight (1.0: every target reads
+        one source token), ``col_entropy_mean`` the mean entropy of W's columns in nats (0: one source each;
+        log v: uniform). Unlike the non-zero counts of :meth:`density_stats`, a column with 99% of its mass on one
+        entry counts as (almost) one-hot. Zero-mass columns are left out."""
+        P = self.P() if P is None else P.detach()
+        live = self.nu_local > 0
+        W = self.weights(P, "head")[:, live]  # one v x u_local temporary, in P's dtype; sums in float64
+        if W.shape[1]:
+            mx = W.max(0).values.double().sum()
+            H = -torch.special.xlogy(W, W).sum(0).double().sum()
+        else:
+            mx = H = torch.zeros((), dtype=torch.float64, device=W.device)
+        t = torch.stack([mx, H, torch.tensor(float(W.shape[1]), dtype=torch.float64, device=W.device)])
+        if self.sharded:
+            t = self.comm().all_reduce(t, "sum")
+        n = max(float(t[2]), 1.0)
+        return {"max_weight_mean": float(t[0]) / n, "col_entropy_mean": float(t[1]) / n}
+
+    # ------------------------------------------------------------------ gradient monitor (freeze detection)
+    def watch_grad(self) -> None:
+        """Count, after every backward, the entries of this rank's C with a non-zero gradient (a hook on C after
+        accumulation: the last call of a step sees the step's whole gradient). :meth:`grad_stats` reads them."""
+        if getattr(self, "_grad_hook", None) is None:
+            self._grad_live, self._grad_zero_run, self._grad_seen = 0, 0, 0
+            self._grad_hook = self.C.register_post_accumulate_grad_hook(self._count_grad)
+
+    def _count_grad(self, p: Tensor) -> None:
+        g = p.grad
+        self._grad_live = int((g != 0).sum()) if g is not None else 0
+
+    def end_step(self) -> None:
+        """Close a step of the gradient monitor (call once per optimiser step, before the gradient is zeroed or
+        after: only the count recorded by the hook is used)."""
+        if getattr(self, "_grad_hook", None) is None:
+            return
+        self._grad_seen += 1
+        self._grad_zero_run = self._grad_zero_run + 1 if self._grad_live == 0 else 0
+
+    @torch.no_grad()
+    def grad_stats(self) -> Dict[str, float]:
+        """Global gradient-monitor statistics (collective when sharded): ``grad_live_frac``, the fraction of all
+        v x u entries of C whose gradient was non-zero on the last step; ``grad_zero_steps``, the number of
+        consecutive steps, ending now, on which the gradient on the whole C was exactly zero (the minimum over
+        ranks of each rank's own run)."""
+        if getattr(self, "_grad_hook", None) is None:
+            raise RuntimeError("grad_stats: call watch_grad() first")
+        live = torch.tensor([float(self._grad_live)], dtype=torch.float64, device=self.C.device)
+        run = torch.tensor([float(self._grad_zero_run)], dtype=torch.float64, device=self.C.device)
+        if self.sharded:
+            c = self.comm()
+            live = c.all_reduce(live, "sum")
+            run = c.all_reduce(run, "min")
+        return {"grad_live_frac": float(live) / float(self.v * self.u), "grad_zero_steps": float(run)}
+
+    @torch.no_grad()
     def marginal_errors(self, P: Optional[Tensor] = None) -> Dict[str, float]:
         """Max abs error of the row sums (vs mu) and column sums (vs nu) of the global P after n_iter."""
         P = self.P() if P is None else P.detach()
@@ -389,3 +449,105 @@ class TokenTranslator(nn.Module):
     def extra_repr(self) -> str:
         return (f"v={self.v}, u={self.u}, kind={self.kind}, n_iter={self.n_iter}, normalization={self.normalization}, "
                 f"columns=[{self.col_start}, {self.col_end}) of {self.u} on rank {self.rank}/{self.world_size}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# step sizes and initialisation (recipes); measured in bench/bench_planted.py, see BENCHMARKS.md
+# ---------------------------------------------------------------------------------------------------------------
+
+RECIPES = ("default", "paper")
+#: the paper's lr for P (section "Training details"): absolute, whatever v
+PAPER_LR = 1e-3
+#: default step size of C per kind in units of C's natural scale (step_unit): lr = DEFAULT_STEP[kind] * unit
+DEFAULT_STEP = {"sparse": 0.025, "softmax": 0.1, "unconstrained": 0.025}
+#: default annealing (start temperature, fraction of the run)
+DEFAULT_ANNEAL = (1.0, 0.0)
+
+
+def step_unit(kind: str, v: int) -> float:
+    """The natural scale of C's entries: 1/v for the sparse plan (the row projections act at the 1/v scale of
+    ``mu``; AdamW moves every entry by ~lr per step, so lr must be a fraction of 1/v) and for the unconstrained
+    weights (C = W starts at 1/v); 1 for the softmax plan (C are logits: only differences of O(1) matter)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    return 1.0 if kind == "softmax" else 1.0 / v
+
+
+class StepRecipe:
+    """The resolved step size and initialisation of C for one run (see :func:`resolve_step`).
+
+    ``init``: "uniform" (C = 1/v, the paper's) or "noise" (plus Gaussian noise of ``noise`` x the unit).
+    Annealing (sparse and softmax): P is computed from C / T with T going geometrically from ``anneal_t0`` to 1 over
+    the first ``anneal_frac`` of the run: the plan starts denser (every gradient alive) and sharpens to the plain
+    sparse (or softmax) plan, which the rest of the run and the exported P use."""
+
+    def __init__(self, kind: str, v: int, recipe: str, lr: float, init: str = "uniform", noise: float = 0.0,
+                 anneal_t0: float = 1.0, anneal_frac: float = 0.0, steps: int = 0):
+        self.kind, self.v, self.recipe, self.lr = kind, v, recipe, lr
+        self.init, self.noise = init, noise
+        self.anneal_t0, self.anneal_frac, self.steps = anneal_t0, anneal_frac, steps
+        if kind == "unconstrained":  # P = C * nu: a temperature would only rescale the weights
+            self.anneal_t0 = 1.0
+
+    def temperature(self, step: int) -> float:
+        n = int(round(self.anneal_frac * self.steps))
+        if self.anneal_t0 == 1.0 or n <= 0 or step >= n:
+            return 1.0
+        return float(self.anneal_t0 ** (1.0 - step / n))
+
+    def apply_init(self, tr: "TokenTranslator", seed: int = 0):
+        """Initialise ``tr.C`` (in place); returns ``schedule(step)``, to call before every step's forward (it
+        sets ``tr.temperature``)."""
+        if self.init == "noise" and self.noise > 0:
+            g = torch.Generator().manual_seed(seed + 7919 * tr.rank)
+            with torch.no_grad():
+                z = torch.randn(tr.C.shape, generator=g, dtype=torch.float64).to(tr.C)
+                tr.C.add_(z * self.noise * step_unit(tr.kind, tr.v))
+
+        def schedule(step: int) -> None:
+            tr.temperature = self.temperature(step)
+
+        schedule(0)
+        return schedule
+
+    def __repr__(self) -> str:
+        return (f"StepRecipe(kind={self.kind}, v={self.v}, recipe={self.recipe}, lr={self.lr:.3g} (lr x v = "
+                f"{self.lr * self.v:.3g}), init={self.init}, anneal T {self.anneal_t0:g} -> 1 over "
+                f"{self.anneal_frac:g} of the run)")
+
+
+def resolve_step(kind: str, v: int, *, recipe: str = "default", lr: float = 0.0, init: str = "",
+                 noise: float = 0.1, anneal_t0: float = -1.0, anneal_frac: float = -1.0, steps: int = 0
+                 ) -> StepRecipe:
+    """The absolute lr of C and its initialisation and annealing (negative / empty arguments: the recipe's).
+
+    ``recipe="paper"``: the paper's literal recipe: C = 1/v, ``lr`` absolute (0: the paper's 1e-3), no annealing.
+    ``recipe="default"``: ``lr`` is in units of :func:`step_unit` (0: ``DEFAULT_STEP[kind]``), so one value
+    works for every v; annealing per ``DEFAULT_ANNEAL``."""
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe must be one of {RECIPES}, got {recipe!r}")
+    if lr < 0:
+        raise ValueError(f"lr must be >= 0 (0: the recipe's default), got {lr}")
+    if recipe == "paper":
+        return StepRecipe(kind, v, recipe, lr or PAPER_LR, init or "uniform", noise,
+                          max(anneal_t0, 1.0), max(anneal_frac, 0.0), steps)
+    t0, frac = DEFAULT_ANNEAL
+    eff = (lr or DEFAULT_STEP[kind]) * step_unit(kind, v)
+    return StepRecipe(kind, v, recipe, eff, init or "uniform", noise, anneal_t0 if anneal_t0 >= 1 else t0,
+                      anneal_frac if anneal_frac >= 0 else frac, steps)
+
+
+#: lr x v from which the sparse plan's gradient dies within a few hundred steps (bench/bench_planted.py)
+FREEZE_LR_X_V = 1.0
+
+
+def freeze_warning(kind: str, v: int, lr: float) -> str:
+    """A one-line warning when ``lr`` (absolute) is in the range where the sparse plan freezes for this ``v``
+    (AdamW moves every entry of C by ~lr per step; past the 1/v scale of the row projections every support
+    collapses to one entry and sparsemax's Jacobian, hence the gradient on C, is exactly zero); '' otherwise."""
+    if kind != "sparse" or lr * v < FREEZE_LR_X_V:
+        return ""
+    return (f"lr {lr:.3g} is in the freezing range of the sparse translator for v={v} source tokens (lr x v = "
+            f"{lr * v:.3g} >= {FREEZE_LR_X_V:g}): AdamW moves every entry of C by ~lr per step, far past the 1/v "
+            f"scale of the projections, and the gradient on C soon becomes exactly zero; use translator.recipe="
+            f"default (lr in units of 1/v; default {DEFAULT_STEP['sparse']} x 1/v)")

@@ -74,12 +74,31 @@ class TranslatorConfig:
     init_p: str = ""
     #: rows x cols of P shown as a heatmap image in TensorBoard
     heatmap: list[int] = field(default_factory=lambda: [128, 64])
+    #: default: optim.lr is in units of C's natural scale (1/v for sparse and unconstrained, 1 for softmax), so one
+    #: value works for every v, and 0 takes the measured default of the kind (bench/bench_planted.py);
+    #: paper: the paper's literal recipe, C = 1/v and optim.lr absolute (0: the paper's 1e-3)
+    recipe: Literal["default", "paper"] = "default"
+    #: warn (and flag it in result.json) when the gradient on C has been exactly zero for this many steps (0: off)
+    freeze_steps: int = 50
 
     def validate(self) -> None:
         if self.n_iter < 1:
             raise ConfigError(f"n_iter: must be >= 1, got {self.n_iter}")
         if self.alpha < 0:
             raise ConfigError(f"alpha: must be >= 0, got {self.alpha}")
+        if self.freeze_steps < 0:
+            raise ConfigError(f"freeze_steps: must be >= 0, got {self.freeze_steps}")
+
+
+@dataclass
+class TranslateOptimConfig(OptimConfig):
+    #: 0: the default of translator.recipe and translator.kind; see translator.recipe for the units
+    lr: float = 0.0
+
+    def validate(self) -> None:
+        if self.lr < 0:
+            raise ConfigError(f"lr: must be >= 0 (0: the recipe's default), got {self.lr}")
+        OptimConfig.validate(OptimConfig(**{**self.__dict__, "lr": self.lr or 1.0}))
 
 
 @dataclass
@@ -88,7 +107,7 @@ class TranslateConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataPaths = field(default_factory=DataPaths)
     translator: TranslatorConfig = field(default_factory=TranslatorConfig)
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, weight_decay=0.0))
+    optim: TranslateOptimConfig = field(default_factory=lambda: TranslateOptimConfig(weight_decay=0.0))
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
@@ -103,6 +122,8 @@ class TranslateTask:
         self.alpha = cfg.translator.alpha
         self.target_vocab, self.source_vocab = target_vocab, source_vocab
         self.eval_docs = eval_docs
+        self.frozen_at = None
+        self.lr = cfg.optim.lr
 
     def embeddings(self):
         E_new, L_new = self.translator.embed_and_head(self.E, self.L, self.src_ids)
@@ -127,6 +148,8 @@ class TranslateTask:
         stats = {f"P/{k}": v for k, v in tr.density_stats().items()}
         stats.update({f"P/{k}": v for k, v in tr.marginal_errors().items()})
         stats["P/entropy"] = float(tr.entropy())
+        stats.update({f"P/{k}": v for k, v in tr.mass_stats().items()})
+        stats.update(self.check_gradient(step))
         # both are collectives when C is sharded: every rank takes part, rank 0 writes
         top = tr.top_translations(k=3)
         block = tr.gather_block(*self.cfg.translator.heatmap)
@@ -138,6 +161,25 @@ class TranslateTask:
                 lines.append(f"| `{self.target_vocab[j]!r}` | {srcs} |")
             logger.text(step, "P/top_translations", "\n".join(lines))
         return stats
+
+    def check_gradient(self, step: int) -> dict[str, float]:
+        """The gradient monitor's global statistics (collective); warns once (rank 0) when the gradient on C has
+        been exactly zero for translator.freeze_steps consecutive steps, and remembers it for the summary."""
+        g = self.translator.grad_stats()
+        n = self.cfg.translator.freeze_steps
+        if n and g["grad_zero_steps"] >= n and self.frozen_at is None:
+            self.frozen_at = step
+            if self.rt.env.is_main:
+                log.warning("translate: the gradient on C has been exactly zero for %d steps (step %d): P is frozen "
+                            "and no longer learns (the supports of the sparse projections collapsed; lower optim.lr, "
+                            "see translator.recipe)", int(g["grad_zero_steps"]), step)
+        return {f"C/{k}": v for k, v in g.items()}
+
+    def gradient_summary(self, step: int) -> dict:
+        g = self.check_gradient(step)
+        return {"frozen": self.frozen_at is not None, "frozen_at_step": self.frozen_at,
+                "zero_grad_steps_at_end": int(g["C/grad_zero_steps"]), "live_grad_frac_at_end": g["C/grad_live_frac"],
+                "lr": self.lr, "lr_x_v": self.lr * self.translator.v}
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -169,7 +211,7 @@ def build(cfg: TranslateConfig, rt: Runtime):
     from s2t2_dist.data.loader import EvalDocs, TrainLoader
     from s2t2_dist.models.hf import get_embedding_and_head, load_causal_lm, source_token_ids
     from s2t2_dist.models.translated import TranslatedLM
-    from s2t2_dist.translator import TokenTranslator
+    from s2t2_dist.translator import TokenTranslator, freeze_warning, resolve_step
 
     env = rt.env
     model = load_causal_lm(cfg.model.path, dtype=rt.dtype, device=rt.device, frozen=True,
@@ -203,11 +245,19 @@ def build(cfg: TranslateConfig, rt: Runtime):
         p = load_p(cfg.translator.init_p)
         p.check_compatible(hashes["source"], hashes["target"], where=f"{cfg.translator.init_p}: ")
         translator.init_from_dense(p.dense())
+    step = resolve_step(cfg.translator.kind, v, recipe=cfg.translator.recipe, lr=cfg.optim.lr,
+                        init="file" if cfg.translator.init_p else "")
+    if not cfg.translator.init_p:
+        step.apply_init(translator, seed=cfg.train.seed)
+    warning = freeze_warning(cfg.translator.kind, v, step.lr)
+    if warning and env.is_main:
+        log.warning("translate: %s", warning)
+    translator.watch_grad()
     lm = TranslatedLM(model, freeze_model=True, gradient_checkpointing=cfg.model.activation_checkpointing)
     from s2t2_dist.engines.torch_engine import TorchEngine
 
     o = cfg.optim
-    engine = TorchEngine(translator, lr=o.lr, weight_decay=o.weight_decay, betas=o.betas, eps=o.eps,
+    engine = TorchEngine(translator, lr=step.lr, weight_decay=o.weight_decay, betas=o.betas, eps=o.eps,
                          total_steps=cfg.train.steps, warmup_frac=o.warmup_frac, final_frac=o.final_lr_frac,
                          grad_clip=o.grad_clip, params="sharded")
     loader = TrainLoader(cfg.data.train, batch_size=cfg.train.micro_batch_size, rank=env.rank,
@@ -221,6 +271,9 @@ def build(cfg: TranslateConfig, rt: Runtime):
                          [tgt.tokenizer.id_to_token(i) or str(i) for i in range(u)],
                          _vocab_strings(src_tok, src_ids.tolist()), eval_docs)
     task.lm_param_fraction = local / total
+    task.lr = step.lr
+    if env.is_main:
+        log.info("translate: %s", step)
     return task, engine, loader, hashes
 
 
@@ -245,10 +298,11 @@ def run(cfg: TranslateConfig) -> dict:
     fp = fingerprint(**config_part(cfg, "model", "translator"), data=cfg.data.train,
                      tokenizers=hashes, world_size=rt.env.world_size, train=[cfg.train.batch_size, cfg.train.seed])
     ck = Checkpointer(rt.run_dir, keep=cfg.train.keep_checkpoints, fingerprint=fp)
-    result = train(cfg.train, task, engine, loader, ck, rt.logger)
+    result = train(cfg.train, task, engine, loader, ck, rt.logger, on_step=lambda s, _: task.translator.end_step())
     summary = {"step": result.step, "finished": result.finished, "preempted": result.preempted,
                "bad_steps": result.bad_steps, "final_loss": result.losses[-1][1] if result.losses else None,
-               "lm_param_fraction_per_rank": task.lm_param_fraction}
+               "lm_param_fraction_per_rank": task.lm_param_fraction,
+               "gradient_on_C": task.gradient_summary(result.step)}
     if result.finished:
         summary["p_file"] = str(export_p(rt.run_dir / "P.safetensors", task, hashes))
         if task.eval_docs is not None:

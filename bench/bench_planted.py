@@ -1,0 +1,192 @@
+"""Planted-translation benchmark: can a translator recover a token translation whose optimum is known?
+
+A frozen language model over v source tokens (a context-window MLP LM: the last 3 tokens' embeddings through a
+tanh MLP with a residual, then the head; random weights, not a bigram table) writes target text through a planted
+translation sigma (target j -> source sigma(j)): the target data are SAMPLED from the translated model whose
+weights W* = P*/nu are the one-hot columns of sigma, so W* is the best translation there is and its loss on
+held-out text is the oracle. Two regimes:
+
+* ``many``: v > u, each target token stands for one source token (sigma injective; most sources unused);
+* ``split``: v < u, the paper's regime: each source token is written as one of u/v target tokens (sigma onto).
+
+Every translator (``TokenTranslator``: sparse = S2T2, softmax, unconstrained) is trained by the translate stage's
+own engine (AdamW, cosine schedule, clipping) from the stage's initialisation, with the step size resolved as the
+stage resolves it (``s2t2_dist.translator.resolve_step``). Reported: recovery (fraction of targets whose largest
+weight is on sigma(j)), loss gap to the oracle (nats/token, held out), mass-based sparsity (mean largest weight per
+column of W, mean column entropy), the fraction of C with a live gradient at the end, and the loss of the uniform
+P (the start) for scale.
+
+    python bench/bench_planted.py --v 256 --regime split --kinds sparse softmax unconstrained
+    python bench/bench_planted.py --v 4096 --regime many --recipe paper --kinds sparse
+    python bench/bench_planted.py --table           # the BENCHMARKS.md table (long: run under nice)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from s2t2_dist.engines.torch_engine import TorchEngine
+from s2t2_dist.translator import TokenTranslator, resolve_step
+
+
+class ContextMLPLM(nn.Module):
+    """Frozen LM: logits_t = scale * (x_t + MLP([x_{t-2}, x_{t-1}, x_t])) @ L^T, x = E[ids] (E, L given)."""
+
+    def __init__(self, d: int, ctx: int = 3, hidden: int = 128, scale: float = 1.0, seed: int = 0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.ctx, self.scale = ctx, scale
+        self.w1 = nn.Parameter(torch.randn(ctx * d, hidden, generator=g) / math.sqrt(ctx * d), requires_grad=False)
+        self.w2 = nn.Parameter(torch.randn(hidden, d, generator=g) * 2.0 / math.sqrt(hidden), requires_grad=False)
+
+    def hidden(self, x):  # x: B, T, d
+        shifted = [F.pad(x, (0, 0, k, 0))[:, : x.shape[1]] for k in range(self.ctx)]
+        return x + torch.tanh(torch.cat(shifted, -1) @ self.w1) @ self.w2
+
+    def forward(self, ids, E_new, L_new):
+        return self.scale * self.hidden(E_new[ids]) @ L_new.t()
+
+
+@dataclass
+class Problem:
+    v: int
+    u: int
+    sigma: torch.Tensor  # u: the planted source of each target
+    E: torch.Tensor
+    L: torch.Tensor
+    lm: ContextMLPLM
+    train: torch.Tensor  # N x T target ids
+    held: torch.Tensor
+
+    def loss(self, E_new, L_new, ids) -> torch.Tensor:
+        logits = self.lm(ids[:, :-1], E_new, L_new)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1))
+
+
+def make_problem(v: int, u: int, regime: str, d: int = 32, seq: int = 33, n_train: int = 4096, n_held: int = 256,
+                 seed: int = 0, temp_scale: float = 3.0) -> Problem:
+    g = torch.Generator().manual_seed(seed)
+    if regime == "many":
+        if u > v:
+            raise ValueError("regime many needs u <= v")
+        sigma = torch.randperm(v, generator=g)[:u]
+    elif regime == "split":
+        if u % v:
+            raise ValueError("regime split needs u a multiple of v")
+        sigma = torch.randperm(u, generator=g) % v  # every source written as u/v targets
+    else:
+        raise ValueError(regime)
+    E = torch.randn(v, d, generator=g)
+    L = torch.randn(v, d, generator=g) / math.sqrt(d)
+    lm = ContextMLPLM(d, scale=temp_scale, seed=seed + 1)
+    E_star, L_star = E[sigma], L[sigma]
+    with torch.no_grad():
+        n = n_train + n_held
+        ids = torch.randint(0, u, (n, 1), generator=g)
+        for _ in range(seq - 1):  # sample target text from the model translated by the planted map
+            logits = lm(ids[:, -3:], E_star, L_star)[:, -1]
+            ids = torch.cat([ids, torch.multinomial(logits.softmax(-1), 1, generator=g)], 1)
+    return Problem(v, u, sigma, E, L, lm, ids[:n_train], ids[n_train:])
+
+
+def uniform_loss(pb: Problem) -> float:
+    with torch.no_grad():
+        m = pb.E.mean(0, keepdim=True).expand(pb.u, -1), pb.L.mean(0, keepdim=True).expand(pb.u, -1)
+        return float(pb.loss(m[0], m[1], pb.held))
+
+
+def oracle_loss(pb: Problem) -> float:
+    with torch.no_grad():
+        return float(pb.loss(pb.E[pb.sigma], pb.L[pb.sigma], pb.held))
+
+
+def run_one(pb: Problem, kind: str, *, recipe: str = "default", lr: float = 0.0, steps: int = 300, batch: int = 32,
+            init: str = "", noise: float = 0.1, anneal_t0: float = -1.0, anneal_frac: float = -1.0, seed: int = 0,
+            log_every: int = 0) -> dict:
+    """Train one translator on the planted problem; returns the metrics (see the module docstring)."""
+    torch.manual_seed(seed)
+    tr = TokenTranslator(pb.v, pb.u, kind=kind)
+    step = resolve_step(kind, pb.v, recipe=recipe, lr=lr, init=init, noise=noise, anneal_t0=anneal_t0,
+                        anneal_frac=anneal_frac, steps=steps)
+    schedule = step.apply_init(tr, seed)
+    tr.watch_grad()
+    engine = TorchEngine(tr, lr=step.lr, weight_decay=0.0, betas=[0.9, 0.95], eps=1e-5, total_steps=steps,
+                         warmup_frac=0.2, final_frac=0.1, grad_clip=1.0, params="sharded")
+    g = torch.Generator().manual_seed(seed)
+    t0 = time.perf_counter()
+    for s in range(steps):
+        schedule(s)
+        idx = torch.randint(0, pb.train.shape[0], (batch,), generator=g)
+        E_new, L_new = tr.embed_and_head(pb.E, pb.L)
+        loss = pb.loss(E_new, L_new, pb.train[idx])
+        engine.backward(loss)
+        engine.step()
+        tr.end_step()
+        if log_every and (s + 1) % log_every == 0:
+            print(f"  step {s + 1} loss {float(loss):.4f} {tr.grad_stats()} {tr.mass_stats()}", file=sys.stderr)
+    dt = time.perf_counter() - t0
+    with torch.no_grad():
+        E_new, L_new = tr.embed_and_head(pb.E, pb.L)
+        held = float(pb.loss(E_new, L_new, pb.held))
+        W = tr.weights(tr.P(), "head")
+        rec = float((W.argmax(0) == pb.sigma).double().mean())
+        ms = tr.mass_stats()
+    gs = tr.grad_stats()
+    return {"kind": kind, "recipe": recipe, "lr": step.lr, "lr_x_v": step.lr * pb.v, "init": step.init,
+            "anneal": f"{step.anneal_t0:g}/{step.anneal_frac:g}", "steps": steps, "held_loss": held, "recovery": rec,
+            "max_weight_mean": ms["max_weight_mean"], "col_entropy_mean": ms["col_entropy_mean"],
+            "grad_live_frac": gs["grad_live_frac"], "grad_zero_steps": gs["grad_zero_steps"],
+            "seconds": round(dt, 1)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--v", type=int, default=256)
+    ap.add_argument("--u", type=int, default=0, help="default: 2v (split) or min(v/2, 512) (many)")
+    ap.add_argument("--regime", choices=["many", "split"], default="split")
+    ap.add_argument("--kinds", nargs="+", default=["sparse", "softmax", "unconstrained"])
+    ap.add_argument("--recipe", choices=["default", "paper"], default="default")
+    ap.add_argument("--lr", type=float, nargs="+", default=[0.0], help="0: the recipe's default for the kind")
+    ap.add_argument("--init", default="", help="'' (recipe default), uniform, noise")
+    ap.add_argument("--noise", type=float, default=0.1, help="init noise, in units of C's scale (init noise)")
+    ap.add_argument("--anneal-t0", type=float, default=-1.0, help="start temperature (-1: recipe default)")
+    ap.add_argument("--anneal-frac", type=float, default=-1.0, help="fraction of the run annealed (-1: default)")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--log-every", type=int, default=0)
+    ap.add_argument("--json", default="", help="append one JSON line per run to this file")
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    u = a.u or (2 * a.v if a.regime == "split" else min(a.v // 2, 512))
+    pb = make_problem(a.v, u, a.regime, seed=a.seed)
+    base = {"v": a.v, "u": u, "regime": a.regime, "uniform_loss": uniform_loss(pb), "oracle_loss": oracle_loss(pb)}
+    print(f"# v={a.v} u={u} regime={a.regime}: oracle {base['oracle_loss']:.4f}, uniform P {base['uniform_loss']:.4f}")
+    print("| kind | recipe | init | anneal T0/frac | lr | lr x v | recovery | loss gap | max weight | col entropy | live grad "
+          "| zero-grad steps | s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for kind in a.kinds:
+        for lr in a.lr:
+            r = run_one(pb, kind, recipe=a.recipe, lr=lr, steps=a.steps, batch=a.batch, init=a.init,
+                        noise=a.noise, anneal_t0=a.anneal_t0, anneal_frac=a.anneal_frac, seed=a.seed, log_every=a.log_every)
+            r.update(base, gap=r["held_loss"] - base["oracle_loss"])
+            print(f"| {kind} | {a.recipe} | {r['init']} | {r['anneal']} | {r['lr']:.3g} | {r['lr_x_v']:.3g} | "
+                  f"{r['recovery']:.3f} | {r['gap']:.4f} | {r['max_weight_mean']:.3f} | {r['col_entropy_mean']:.3f} | "
+                  f"{r['grad_live_frac']:.4f} | {r['grad_zero_steps']:.0f} | {r['seconds']} |", flush=True)
+            if a.json:
+                with open(a.json, "a") as f:
+                    f.write(json.dumps(r) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
