@@ -1,6 +1,7 @@
 """Stage 1 end to end on real files: prepared protein shards, a tiny OLMo from the real config, real launchers."""
 
 import json
+import logging
 import sys
 
 import pytest
@@ -29,7 +30,7 @@ def _overrides(data, model, run_dir, *extra):
             f"data.train={data}/shards/new/train", f"data.eval={data}/shards/new/eval",
             f"data.tokenizer={data}/tokenizer", "train.context_len=64", "train.batch_size=4",
             "train.micro_batch_size=2", "train.log_every=2", "train.ckpt_every=3", "train.eval_max_docs=8",
-            "optim.lr=0.01", "translator.heatmap=[32,16]", *extra]
+            "translator.heatmap=[32,16]", *extra]
 
 
 def _losses(run_dir):
@@ -64,6 +65,10 @@ def test_translate_single_process_learns_and_exports(inputs, tmp_path):
     assert float(P.sum(1).sub(p.mu.double()).abs().mean()) < 0.5 * float(p.mu.mean())
     assert (P > 0).float().mean() < 0.95  # sparsity has begun to appear (the paper init 1/v is fully dense)
     res = json.loads((tmp_path / "run" / "result.json").read_text())
+    # the default step size (in units of 1/v) keeps C's gradient alive; mass-based sparsity is logged
+    assert res["gradient_on_C"]["frozen"] is False and res["gradient_on_C"]["live_grad_frac_at_end"] > 0.01, res
+    for t in ("P/max_weight_mean", "P/col_entropy_mean", "C/grad_live_frac", "C/grad_zero_steps"):
+        assert t in tags["scalars"], (t, tags["scalars"])
     assert res["eval"]["bpb"] > 0 and res["eval"]["random_guess_nll_per_token"] == pytest.approx(
         __import__("math").log(p.nu.numel()))
     with pytest.raises(PFileError, match="different target tokenizer"):
@@ -108,3 +113,21 @@ def test_translate_frozen_lm_partitioned_with_fsdp_matches_replicated(inputs, tm
         assert a == pytest.approx(b, rel=1e-5)
     pa, pb = load_p(tmp_path / "none" / "P.safetensors"), load_p(tmp_path / "fsdp" / "P.safetensors")
     torch.testing.assert_close(pa.dense(), pb.dense(), atol=1e-6, rtol=1e-4)
+
+
+def test_translate_warns_and_flags_a_frozen_C(inputs, tmp_path, caplog):
+    """The paper's recipe with an lr far past the 1/v scale: warned about at start; C's gradient dies, which is
+    warned about once and recorded in result.json (the default run above records frozen=False)."""
+    data, model = inputs
+    cfg = load_config(TranslateConfig, REPO / "configs" / "translate_olmo1b.yaml",
+                      _overrides(data, model, tmp_path / "run", "train.steps=30", "train.micro_batch_size=4",
+                                 "data.eval=", "translator.recipe=paper", "optim.lr=10", "translator.freeze_steps=3",
+                                 "train.log_every=1"))
+    with caplog.at_level(logging.WARNING, logger="s2t2.translate"):
+        summary = run(cfg)
+    g = json.loads((tmp_path / "run" / "result.json").read_text())["gradient_on_C"]
+    assert g == summary["gradient_on_C"]
+    assert g["frozen"] is True and g["frozen_at_step"] <= 30 and g["live_grad_frac_at_end"] == 0.0, g
+    assert g["lr"] == 10 and g["lr_x_v"] == 5120
+    assert "freezing range" in caplog.text
+    assert caplog.text.count("has been exactly zero") == 1, caplog.text
