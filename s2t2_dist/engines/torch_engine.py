@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from s2t2_dist.engines.base import Engine
-from s2t2_dist.train.optim import build_adamw, build_scheduler
+from s2t2_dist.train.optim import build_adamw, build_scheduler, cosine_lr_factor
 
 
 def _world() -> tuple[int, int]:
@@ -42,6 +42,7 @@ class TorchEngine(Engine):
             raise ValueError("TorchEngine: the module has no trainable parameters")
         self.optimizer = build_adamw([p for _, p in self.trainable], lr, weight_decay, betas, eps)
         self.scheduler = build_scheduler(self.optimizer, total_steps, warmup_frac, final_frac)
+        self._warmup_frac, self._final_frac = warmup_frac, final_frac
         self.grad_clip = grad_clip
         self.rank, self.world = _world()
         if params == "replicated" and self.world > 1:
@@ -92,6 +93,21 @@ class TorchEngine(Engine):
 
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
+
+    def set_phase(self, lr: float, start: int, end: int, reset_state: bool) -> None:
+        """Train steps [start, end) on a schedule of their own (warm-up, cosine, floor as configured) with peak
+        ``lr``, optionally from a fresh AdamW state: e.g. the translator's dense warm-up, then its sparse plan
+        (the moments of the old objective's gradients would be wrong in scale). Idempotent; call it again after a
+        resume (the schedule function is not part of the saved state; lr and moments are)."""
+        if reset_state:
+            self.optimizer.state.clear()
+        n = max(end - start, 1)
+        wf, ff = self._warmup_frac, self._final_frac
+        fn = lambda s: cosine_lr_factor(s - start, n, wf, ff)  # noqa: E731
+        self.scheduler.lr_lambdas = [fn for _ in self.scheduler.lr_lambdas]
+        self.scheduler.base_lrs = [lr for _ in self.scheduler.base_lrs]
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr * fn(self.scheduler.last_epoch)
 
     def _file(self, directory: Path) -> Path:
         return Path(directory) / f"engine_rank{self.rank:05d}.pt"

@@ -78,6 +78,12 @@ class TranslatorConfig:
     #: value works for every v, and 0 takes the measured default of the kind (bench/bench_planted.py);
     #: paper: the paper's literal recipe, C = 1/v and optim.lr absolute (0: the paper's 1e-3)
     recipe: Literal["default", "paper"] = "default"
+    #: sparse only: the fraction of the run that first trains the dense (softmax) plan of C from the uniform start,
+    #: then switches to the sparse plan starting at that P (escapes the uniform start's poor optimum; see
+    #: BENCHMARKS.md #16a); -1: the recipe's default (default: 0.5, paper: 0); off when init_p is given
+    dense_frac: float = -1.0
+    #: the warm-up's lr (softmax units: logits); 0: the recipe's default
+    dense_lr: float = 0.0
     #: warn (and flag it in result.json) when the gradient on C has been exactly zero for this many steps (0: off)
     freeze_steps: int = 50
 
@@ -86,6 +92,10 @@ class TranslatorConfig:
             raise ConfigError(f"n_iter: must be >= 1, got {self.n_iter}")
         if self.alpha < 0:
             raise ConfigError(f"alpha: must be >= 0, got {self.alpha}")
+        if not (self.dense_frac == -1.0 or 0 <= self.dense_frac < 1):
+            raise ConfigError(f"dense_frac: must be in [0, 1) or -1 (the recipe's default), got {self.dense_frac}")
+        if self.dense_lr < 0:
+            raise ConfigError(f"dense_lr: must be >= 0 (0: the recipe's default), got {self.dense_lr}")
         if self.freeze_steps < 0:
             raise ConfigError(f"freeze_steps: must be >= 0, got {self.freeze_steps}")
 
@@ -123,6 +133,7 @@ class TranslateTask:
         self.target_vocab, self.source_vocab = target_vocab, source_vocab
         self.eval_docs = eval_docs
         self.frozen_at = None
+        self.schedule = self.engine = None
         self.lr = cfg.optim.lr
 
     def embeddings(self):
@@ -132,6 +143,8 @@ class TranslateTask:
 
     def loss(self, batch):
         ids = batch["input_ids"].to(self.rt.device, non_blocking=True)
+        if self.schedule is not None:  # the recipe's phase for the steps done (dense warm-up, annealing)
+            self.schedule(self.engine.scheduler.last_epoch, self.engine)
         E_new, L_new = self.embeddings()
         with torch.autocast(self.rt.device.type, dtype=torch.bfloat16, enabled=self.rt.dtype == torch.bfloat16):
             out = self.lm(ids, E_new=E_new, L_new=L_new)
@@ -245,10 +258,10 @@ def build(cfg: TranslateConfig, rt: Runtime):
         p = load_p(cfg.translator.init_p)
         p.check_compatible(hashes["source"], hashes["target"], where=f"{cfg.translator.init_p}: ")
         translator.init_from_dense(p.dense())
-    step = resolve_step(cfg.translator.kind, v, recipe=cfg.translator.recipe, lr=cfg.optim.lr,
-                        init="file" if cfg.translator.init_p else "")
-    if not cfg.translator.init_p:
-        step.apply_init(translator, seed=cfg.train.seed)
+    tc = cfg.translator
+    step = resolve_step(tc.kind, v, recipe=tc.recipe, lr=cfg.optim.lr, init="file" if tc.init_p else "",
+                        dense_frac=0.0 if tc.init_p else tc.dense_frac, dense_lr=tc.dense_lr, steps=cfg.train.steps)
+    schedule = step.apply_init(translator, seed=cfg.train.seed) if not tc.init_p else None
     warning = freeze_warning(cfg.translator.kind, v, step.lr)
     if warning and env.is_main:
         log.warning("translate: %s", warning)
@@ -272,6 +285,7 @@ def build(cfg: TranslateConfig, rt: Runtime):
                          _vocab_strings(src_tok, src_ids.tolist()), eval_docs)
     task.lm_param_fraction = local / total
     task.lr = step.lr
+    task.schedule, task.engine = schedule, engine
     if env.is_main:
         log.info("translate: %s", step)
     return task, engine, loader, hashes
