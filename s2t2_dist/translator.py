@@ -324,14 +324,15 @@ class TokenTranslator(nn.Module):
         """Mass-based sparsity of the global W = P / nu (head weights; each column sums to one), identical on every
         rank: ``max_weight_mean`` is the mean over target columns of their largest weight (1.0: every target reads
         one source token), ``col_entropy_mean`` the mean entropy of W's columns in nats (0: one source each;
-        log v: uniform). Unlike the non-zero counts of :meth:`density_stats`, a column with 99% of its mass on one
+        log v: uniform; for the unconstrained kind, of the positive part of W). Unlike the non-zero counts of :meth:`density_stats`, a column with 99% of its mass on one
         entry counts as (almost) one-hot. Zero-mass columns are left out."""
         P = self.P() if P is None else P.detach()
         live = self.nu_local > 0
         W = self.weights(P, "head")[:, live]  # one v x u_local temporary, in P's dtype; sums in float64
         if W.shape[1]:
             mx = W.max(0).values.double().sum()
-            H = -torch.special.xlogy(W, W).sum(0).double().sum()
+            Wp = W.clamp_min(0)  # the unconstrained weights may be negative: entropy of their positive part
+            H = -torch.special.xlogy(Wp, Wp).sum(0).double().sum()
         else:
             mx = H = torch.zeros((), dtype=torch.float64, device=W.device)
         t = torch.stack([mx, H, torch.tensor(float(W.shape[1]), dtype=torch.float64, device=W.device)])
@@ -463,7 +464,7 @@ DEFAULT_STEP = {"sparse": 0.025, "softmax": 0.1, "unconstrained": 0.025}
 #: default annealing (start temperature, fraction of the run)
 DEFAULT_ANNEAL = (1.0, 0.0)
 #: default dense warm-up of the sparse translator (fraction of the run)
-DEFAULT_DENSE_FRAC = 0.5
+DEFAULT_DENSE_FRAC = 0.75
 
 
 def step_unit(kind: str, v: int) -> float:

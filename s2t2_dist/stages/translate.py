@@ -80,7 +80,7 @@ class TranslatorConfig:
     recipe: Literal["default", "paper"] = "default"
     #: sparse only: the fraction of the run that first trains the dense (softmax) plan of C from the uniform start,
     #: then switches to the sparse plan starting at that P (escapes the uniform start's poor optimum; see
-    #: BENCHMARKS.md #16a); -1: the recipe's default (default: 0.5, paper: 0); off when init_p is given
+    #: BENCHMARKS.md #16a); -1: the recipe's default (default: 0.75, paper: 0); off when init_p is given
     dense_frac: float = -1.0
     #: the warm-up's lr (softmax units: logits); 0: the recipe's default
     dense_lr: float = 0.0
