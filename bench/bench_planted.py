@@ -110,10 +110,18 @@ def oracle_loss(pb: Problem) -> float:
 
 def run_one(pb: Problem, kind: str, *, recipe: str = "default", lr: float = 0.0, steps: int = 300, batch: int = 32,
             init: str = "", noise: float = 0.1, anneal_t0: float = -1.0, anneal_frac: float = -1.0, dense_frac: float = -1.0,
-            dense_lr: float = 0.0, eps: float = 1e-5, seed: int = 0, log_every: int = 0) -> dict:
-    """Train one translator on the planted problem; returns the metrics (see the module docstring)."""
+            dense_lr: float = 0.0, eps: float = 1e-5, mu: str = "uniform", seed: int = 0, log_every: int = 0
+            ) -> dict:
+    """Train one translator on the planted problem; returns the metrics (see the module docstring).
+
+    ``mu``: "uniform" (the stage's row marginal) or "freq": the source tokens' frequencies under the planted map
+    (1% of the mass spread uniformly, so no row is empty). With uniform mu and v > u the planted P is infeasible:
+    exact row sums 1/v cap every weight W_ij = P_ij / nu_j at u/v."""
     torch.manual_seed(seed)
-    tr = TokenTranslator(pb.v, pb.u, kind=kind)
+    m = None
+    if mu == "freq":
+        m = torch.bincount(pb.sigma, minlength=pb.v).double() / pb.u * 0.99 + 0.01 / pb.v
+    tr = TokenTranslator(pb.v, pb.u, kind=kind, mu=m)
     step = resolve_step(kind, pb.v, recipe=recipe, lr=lr, init=init, noise=noise, anneal_t0=anneal_t0,
                         anneal_frac=anneal_frac, dense_frac=dense_frac, dense_lr=dense_lr, steps=steps)
     schedule = step.apply_init(tr, seed)
@@ -143,7 +151,7 @@ def run_one(pb: Problem, kind: str, *, recipe: str = "default", lr: float = 0.0,
     gs = tr.grad_stats()
     return {"kind": kind, "recipe": recipe, "lr": step.lr, "lr_x_v": step.lr * pb.v, "init": step.init,
             "anneal": f"{step.anneal_t0:g}/{step.anneal_frac:g}",
-            "dense_frac": step.dense_frac, "dense_lr": step.dense_lr, "eps": eps, "steps": steps, "held_loss": held, "recovery": rec,
+            "dense_frac": step.dense_frac, "dense_lr": step.dense_lr, "eps": eps, "mu": mu, "steps": steps, "held_loss": held, "recovery": rec,
             "max_weight_mean": ms["max_weight_mean"], "col_entropy_mean": ms["col_entropy_mean"],
             "grad_live_frac": gs["grad_live_frac"], "grad_zero_steps": gs["grad_zero_steps"],
             "seconds": round(dt, 1)}
@@ -162,6 +170,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dense-frac", type=float, default=-1.0, help="dense warm-up fraction (-1: recipe default)")
     ap.add_argument("--dense-lr", type=float, default=0.0, help="dense warm-up lr (0: recipe default)")
     ap.add_argument("--eps", type=float, default=1e-5, help="AdamW eps (the stage's optim.eps; paper 1e-5)")
+    ap.add_argument("--mu", choices=["uniform", "freq"], default="uniform", help="row marginal (see run_one)")
     ap.add_argument("--anneal-t0", type=float, default=-1.0, help="start temperature (-1: recipe default)")
     ap.add_argument("--anneal-frac", type=float, default=-1.0, help="fraction of the run annealed (-1: default)")
     ap.add_argument("--steps", type=int, default=300)
@@ -175,7 +184,7 @@ def main(argv=None) -> int:
     u = a.u or (2 * a.v if a.regime == "split" else min(a.v // 2, 512))
     pb = make_problem(a.v, u, a.regime, seed=a.seed)
     base = {"v": a.v, "u": u, "regime": a.regime, "uniform_loss": uniform_loss(pb), "oracle_loss": oracle_loss(pb)}
-    print(f"# v={a.v} u={u} regime={a.regime}: oracle {base['oracle_loss']:.4f}, uniform P {base['uniform_loss']:.4f}")
+    print(f"# v={a.v} u={u} regime={a.regime} mu={a.mu} eps={a.eps:g}: oracle {base['oracle_loss']:.4f}, uniform P {base['uniform_loss']:.4f}")
     print("| kind | recipe | init | dense warm-up | anneal T0/frac | lr | lr x v | recovery | loss gap | max weight | col entropy | live grad "
           "| zero-grad steps | s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -183,7 +192,7 @@ def main(argv=None) -> int:
         for lr in a.lr:
             r = run_one(pb, kind, recipe=a.recipe, lr=lr, steps=a.steps, batch=a.batch, init=a.init,
                         noise=a.noise, anneal_t0=a.anneal_t0, anneal_frac=a.anneal_frac,
-                        dense_frac=a.dense_frac, dense_lr=a.dense_lr, eps=a.eps, seed=a.seed, log_every=a.log_every)
+                        dense_frac=a.dense_frac, dense_lr=a.dense_lr, eps=a.eps, mu=a.mu, seed=a.seed, log_every=a.log_every)
             r.update(base, gap=r["held_loss"] - base["oracle_loss"])
             print(f"| {kind} | {a.recipe} | {r['init']} | {r['dense_frac']:g} | {r['anneal']} | {r['lr']:.3g} | {r['lr_x_v']:.3g} | "
                   f"{r['recovery']:.3f} | {r['gap']:.4f} | {r['max_weight_mean']:.3f} | {r['col_entropy_mean']:.3f} | "

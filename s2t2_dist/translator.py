@@ -460,7 +460,7 @@ RECIPES = ("default", "paper")
 #: the paper's lr for P (section "Training details"): absolute, whatever v
 PAPER_LR = 1e-3
 #: default step size of C per kind in units of C's natural scale (step_unit): lr = DEFAULT_STEP[kind] * unit
-DEFAULT_STEP = {"sparse": 0.025, "softmax": 0.1, "unconstrained": 0.025}
+DEFAULT_STEP = {"sparse": 0.025, "softmax": 0.1, "unconstrained": 2.5}
 #: default annealing (start temperature, fraction of the run)
 DEFAULT_ANNEAL = (1.0, 0.0)
 #: default dense warm-up of the sparse translator (fraction of the run)

@@ -20,7 +20,7 @@ def test_planted_problem_oracle_beats_uniform():
 
 def test_default_recipe_learns_planted_map_and_stays_alive():
     pb = make_problem(16, 32, "split", n_train=512, n_held=128)
-    r = run_one(pb, "sparse", steps=150)
+    r = run_one(pb, "sparse", steps=100)
     assert r["lr_x_v"] == resolve_step("sparse", 16).lr * 16
     assert r["recovery"] >= 0.9, r
     assert r["held_loss"] - oracle_loss(pb) < 0.1, r

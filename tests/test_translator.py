@@ -1,4 +1,6 @@
 """TokenTranslator: shapes, normalisations, tying, kinds, statistics, export; 1-3 gloo ranks equal one process."""
+import math
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -191,6 +193,7 @@ def _run_configs(group=None, rank=0, world=1):
     out = []
     for u, kind, norm, method, tied, freqs in CONFIGS:
         tr = _make(u, kind, norm, group=group, method=method, freqs=freqs)
+        tr.watch_grad()
         Lm = E if tied else L
         # (a) every rank computes the same loss, with the global entropy
         Ep, Lp = tr.embed_and_head(E, Lm, ids)
@@ -203,11 +206,13 @@ def _run_configs(group=None, rank=0, world=1):
         loss_r = _loss(Ep, Lp, 100 + rank) + ALPHA * tr.entropy_local()
         loss_r.backward()
         g_dp = tr.C.grad.clone()
+        tr.end_step()
         with torch.no_grad():
             res = dict(P=tr.P().clone(), Ep=Ep.detach().clone(), Lp=Lp.detach().clone(), loss=loss.detach(),
                        g_same=g_same, g_dp=g_dp, H=tr.entropy(), stats=tr.density_stats(),
                        marg=tr.marginal_errors(), sparse=tr.gather_sparse(), block=tr.gather_block(7, 9),
-                       top=tr.top_translations(k=3), cols=(tr.col_start, tr.col_end), tied=Ep is Lp)
+                       top=tr.top_translations(k=3), cols=(tr.col_start, tr.col_end), tied=Ep is Lp,
+                       mass=tr.mass_stats(), grad=tr.grad_stats(), g_live=int((g_dp != 0).sum()))
         out.append(res)
     return out
 
@@ -251,6 +256,9 @@ def test_sharded_translator_equals_single_process(world, single):
             assert torch.equal(p["sparse"][0], ref["sparse"][0])
             assert torch.allclose(p["sparse"][1], ref["sparse"][1], atol=1e-13)
             assert torch.allclose(p["block"], ref["block"], atol=1e-13)
+            assert p["mass"] == pytest.approx(ref["mass"], rel=1e-12)
+            assert p["grad"]["grad_zero_steps"] == 0 and p["grad"]["grad_live_frac"] == sum(
+                q["g_live"] for q in per) / (V * u)  # global: every rank's local count summed
             assert p["top"].keys() == ref["top"].keys()
             assert all([i for i, _ in p["top"][j]] == [i for i, _ in ref["top"][j]] for j in ref["top"])
         G = torch.cat([p["g_same"] for p in per], 1)
@@ -258,3 +266,28 @@ def test_sharded_translator_equals_single_process(world, single):
         G_dp = torch.cat([p["g_dp"] for p in per], 1)
         expect = _single_dp_grad(cfg, world)
         assert torch.allclose(G_dp, expect, atol=1e-11, rtol=0), (cfg, (G_dp - expect).abs().max())
+
+
+def test_mass_stats_and_gradient_monitor():
+    tr = TokenTranslator(4, 3, dtype=torch.float64)
+    m = tr.mass_stats()  # the uniform start: every column spread over the 4 sources
+    assert m["max_weight_mean"] == pytest.approx(0.25) and m["col_entropy_mean"] == pytest.approx(math.log(4))
+    P = torch.zeros(4, 3, dtype=torch.float64)
+    P[0, 0], P[1, 1], P[2, 2], P[3, 2] = 1 / 3, 1 / 3, 0.99 / 3, 0.01 / 3  # one-hot, one-hot, 99% on one entry
+    m = tr.mass_stats(P)
+    assert m["max_weight_mean"] == pytest.approx((1 + 1 + 0.99) / 3)
+    assert m["col_entropy_mean"] == pytest.approx(-(0.99 * math.log(0.99) + 0.01 * math.log(0.01)) / 3)
+    assert tr.density_stats(P)["density"] == pytest.approx(4 / 12)  # counts the 1% entry like any other
+    tr.watch_grad()
+    with pytest.raises(RuntimeError, match="watch_grad"):
+        TokenTranslator(4, 3).grad_stats()
+    for step in range(3):  # a loss that does not depend on C: exactly zero gradient, counted per step
+        (tr.C * 0).sum().backward()
+        tr.end_step()
+        assert tr.grad_stats() == {"grad_live_frac": 0.0, "grad_zero_steps": step + 1}
+        tr.C.grad = None
+    E = torch.randn(4, 2, dtype=torch.float64)
+    tr.embed_and_head(E)[1].square().sum().backward()
+    tr.end_step()
+    g = tr.grad_stats()
+    assert g["grad_zero_steps"] == 0 and g["grad_live_frac"] == float((tr.C.grad != 0).double().mean()) > 0
