@@ -67,6 +67,7 @@ def test_translate_single_process_learns_and_exports(inputs, tmp_path):
     res = json.loads((tmp_path / "run" / "result.json").read_text())
     # the default step size (in units of 1/v) keeps C's gradient alive; mass-based sparsity is logged
     assert res["gradient_on_C"]["frozen"] is False and res["gradient_on_C"]["live_grad_frac_at_end"] > 0.01, res
+    assert res["gradient_on_C"]["start_warning"] == "" and res["gradient_on_C"]["lr_x_v"] == pytest.approx(0.025)
     for t in ("P/max_weight_mean", "P/col_entropy_mean", "C/grad_live_frac", "C/grad_zero_steps"):
         assert t in tags["scalars"], (t, tags["scalars"])
     assert res["eval"]["bpb"] > 0 and res["eval"]["random_guess_nll_per_token"] == pytest.approx(
@@ -130,5 +131,5 @@ def test_translate_warns_and_flags_a_frozen_C(inputs, tmp_path, caplog):
     assert g == summary["gradient_on_C"]
     assert g["frozen"] is True and g["frozen_at_step"] <= 30 and g["live_grad_frac_at_end"] == 0.0, g
     assert g["lr"] == 10 and g["lr_x_v"] == 5120
-    assert "freezing range" in caplog.text
+    assert "freezing range" in caplog.text and "freezing range" in g["start_warning"]
     assert caplog.text.count("has been exactly zero") == 1, caplog.text

@@ -134,6 +134,7 @@ class TranslateTask:
         self.eval_docs = eval_docs
         self.frozen_at = None
         self.schedule = self.engine = None
+        self.start_warning = ""
         self.lr = cfg.optim.lr
 
     def embeddings(self):
@@ -192,7 +193,7 @@ class TranslateTask:
         g = self.check_gradient(step)
         return {"frozen": self.frozen_at is not None, "frozen_at_step": self.frozen_at,
                 "zero_grad_steps_at_end": int(g["C/grad_zero_steps"]), "live_grad_frac_at_end": g["C/grad_live_frac"],
-                "lr": self.lr, "lr_x_v": self.lr * self.translator.v}
+                "lr": self.lr, "lr_x_v": self.lr * self.translator.v, "start_warning": self.start_warning}
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -284,7 +285,7 @@ def build(cfg: TranslateConfig, rt: Runtime):
                          [tgt.tokenizer.id_to_token(i) or str(i) for i in range(u)],
                          _vocab_strings(src_tok, src_ids.tolist()), eval_docs)
     task.lm_param_fraction = local / total
-    task.lr = step.lr
+    task.lr, task.start_warning = step.lr, warning
     task.schedule, task.engine = schedule, engine
     if env.is_main:
         log.info("translate: %s", step)
