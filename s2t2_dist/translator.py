@@ -501,7 +501,8 @@ class StepRecipe:
 
     @property
     def dense_steps(self) -> int:
-        return int(round(self.dense_frac * self.steps))
+        # at least the last step is sparse, so the exported plan is
+        return min(int(round(self.dense_frac * self.steps)), max(self.steps - 1, 0))
 
     def temperature(self, step: int) -> float:
         n = int(round(self.anneal_frac * self.steps))
@@ -519,11 +520,16 @@ class StepRecipe:
                 z = torch.randn(tr.C.shape, generator=g, dtype=torch.float64).to(tr.C)
                 tr.C.add_(z * self.noise * step_unit(tr.kind, tr.v))
         final_kind = tr.kind
+        first = [True]
 
         def schedule(step: int, engine=None) -> None:
             tr.temperature = self.temperature(step)
             if not self.dense_steps:
                 return
+            if first:  # C after `step` steps is the warm-up's (logits) up to and including step == dense_steps
+                tr.kind = "softmax" if step <= self.dense_steps else final_kind
+                tr._drop_grad_cache()
+                first.clear()
             want = "softmax" if step < self.dense_steps else final_kind
             switched = tr.kind != want
             if switched:

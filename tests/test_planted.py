@@ -35,3 +35,40 @@ def test_paper_lr_at_large_lr_x_v_freezes_and_is_detected():
     assert "freezing range" in freeze_warning("sparse", 64, 0.05)
     assert "freezing range" in freeze_warning("sparse", 50280, resolve_step("sparse", 50280, recipe="paper").lr)
     assert freeze_warning("softmax", 50280, 1e-3) == ""
+
+
+def _train(pb, steps, total, tmp=None, resume=None):
+    from s2t2_dist.engines.torch_engine import TorchEngine
+    from s2t2_dist.translator import TokenTranslator
+
+    tr = TokenTranslator(pb.v, pb.u, dtype=torch.float64)
+    schedule = resolve_step("sparse", pb.v, dense_frac=0.5, steps=total).apply_init(tr)
+    eng = TorchEngine(tr, lr=1.0, weight_decay=0.0, betas=[0.9, 0.95], eps=1e-5, total_steps=total, warmup_frac=0.2,
+                      final_frac=0.1, grad_clip=1.0, params="sharded")
+    start = 0
+    if resume is not None:
+        eng.load(resume)
+        start = eng.scheduler.last_epoch
+    for s in range(start, steps):
+        schedule(s, eng)
+        E, L = tr.embed_and_head(pb.E.double(), pb.L.double())
+        eng.backward(pb.loss(E.float(), L.float(), pb.train[s % 8 * 4: s % 8 * 4 + 4]))
+        eng.step()
+    if tmp is not None:
+        eng.save(tmp)
+    return tr
+
+
+def test_dense_warm_up_switch_and_resume_at_any_step(tmp_path):
+    """Dense warm-up (steps 0-3 softmax, then sparse from its P): a run stopped and resumed before, exactly at, or
+    after the switch ends with the uninterrupted run's P; the end plan is sparse."""
+    pb = make_problem(8, 16, "split", n_train=32, n_held=8)
+    ref = _train(pb, 8, 8)
+    assert ref.kind == "sparse" and bool((ref.P() == 0).any())
+    for stop in (2, 4, 6):
+        d = tmp_path / f"s{stop}"
+        d.mkdir()
+        _train(pb, stop, 8, tmp=d)
+        again = _train(pb, 8, 8, resume=d)
+        assert again.kind == "sparse"
+        torch.testing.assert_close(again.P(), ref.P(), rtol=0, atol=1e-12)
