@@ -16,7 +16,7 @@
 # Variables (all optional):
 #   S2T2_HOME         repository root holding slurm/ and launch/ (default: the folder sbatch was run from)
 #   S2T2_PYTHON       python interpreter (default: python, else python3)
-#   S2T2_ENTRY        what python runs, e.g. "launch/translate.py" or "-m s2t2_dist.launch.probe"
+#   S2T2_ENTRY        what python runs, e.g. "launch/translate.py" or "-m s2t2_dist.cluster.probe"
 #   S2T2_CONFIG       the stage's YAML config
 #   S2T2_MASTER_ADDR  rendezvous address (default: NodeAddr of the first node of the allocation)
 #   S2T2_MASTER_PORT  rendezvous port (default: 20000 + job id % 20000)

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from s2t2_dist.stages.orchestrate import stage_available, tb_scalars
+from s2t2_dist.recipes.orchestrate import stage_available, tb_scalars
 from stage_fixtures import REPO, run_cmd
 
 pytestmark = [

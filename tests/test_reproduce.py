@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from s2t2_dist.config import ConfigError
-from s2t2_dist.stages.orchestrate import stage_available
-from s2t2_dist.stages.reproduce import (
+from s2t2_dist.recipes.orchestrate import stage_available
+from s2t2_dist.recipes.reproduce import (
     KINDS,
     TABLE1,
     build_plan,

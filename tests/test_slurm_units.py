@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from s2t2_dist.dist.env import default_backend, detect
-from s2t2_dist.launch.submit import (
+from s2t2_dist.cluster.submit import (
     RENDEZVOUS_SETUP, SlurmConfig, StageJob, build_executor, resolve_slurm_config, timeout_minutes)
 from s2t2_dist.train.metrics import MetricsLogger, format_top_translations, heatmap_image, p_sparsity_stats
 

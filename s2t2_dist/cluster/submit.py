@@ -46,7 +46,7 @@ STAGES = {
     "translate": "s2t2_dist.stages.translate",
     "finetune": "s2t2_dist.stages.finetune",
     "evaluate": "s2t2_dist.stages.evaluate",
-    "probe": "s2t2_dist.launch.probe",
+    "probe": "s2t2_dist.cluster.probe",
 }
 _STOP_SIGNALS = {int(signal.SIGTERM), int(signal.SIGUSR1), int(signal.SIGUSR2)}
 

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from s2t2_dist.stages.orchestrate import Runner, StageFailed, fmt_seconds, quiet_process_env, stage_available
+from s2t2_dist.recipes.orchestrate import Runner, StageFailed, fmt_seconds, quiet_process_env, stage_available
 
 SOURCES = ("stories260k", "english-bytes")
 
@@ -132,7 +132,7 @@ def parse(argv):
 def run(args) -> dict:
     from s2t2_dist.stages.finetune import FinetuneConfig
     from s2t2_dist.stages.evaluate import EvaluateConfig
-    from s2t2_dist.stages.orchestrate import english_bytes, prepare_protein, stories260k, unigram_reference
+    from s2t2_dist.recipes.orchestrate import english_bytes, prepare_protein, stories260k, unigram_reference
     from s2t2_dist.stages.translate import TranslateConfig
     from s2t2_dist.utils.io import atomic_write_json, atomic_write_text
 
@@ -249,7 +249,7 @@ def run(args) -> dict:
 
 
 def _first_last(run_dir: Path) -> str:
-    from s2t2_dist.stages.orchestrate import tb_scalars
+    from s2t2_dist.recipes.orchestrate import tb_scalars
 
     pts = tb_scalars(run_dir / "tb" / "global", "train/loss")
     if not pts:

@@ -289,7 +289,7 @@ def prepare_protein(out: Path, *, vocab_size: int, context_len: int, eval_fracti
 
 def stories260k(cache: Path) -> Path:
     """The shipped stories260K (llama2.c) converted to a Hugging Face directory, once, under `cache`."""
-    from s2t2_dist.models.llama2c import default_checkpoint, save_hf
+    from s2t2_dist.recipes.llama2c import default_checkpoint, save_hf
     from s2t2_dist.utils.io import sha256_file
 
     out = Path(cache) / "stories260k"
@@ -311,7 +311,7 @@ def stories260k(cache: Path) -> Path:
 def english_bytes(cache: Path, log=print, **recipe) -> tuple[Path, dict]:
     """A byte-level English LM pretrained by `models.pretrain_english` on the shipped English text (cached by
     recipe + data hash under `cache`). Returns (HF directory, recipe info incl. its validation loss)."""
-    from s2t2_dist.models.pretrain_english import EnglishLMConfig, pretrain_english
+    from s2t2_dist.recipes.pretrain_english import EnglishLMConfig, pretrain_english
 
     data = recipe.pop("data", None) or [str(english_sample())]
     cfg = EnglishLMConfig(data=list(data), **recipe)

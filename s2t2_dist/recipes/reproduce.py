@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from s2t2_dist.config import ConfigError, load_config
-from s2t2_dist.stages.orchestrate import REPO_ROOT, Runner, StageFailed, fmt_seconds
+from s2t2_dist.recipes.orchestrate import REPO_ROOT, Runner, StageFailed, fmt_seconds
 
 # ----------------------------------------------------------------------------------------------------------------
 # configuration
@@ -217,7 +217,7 @@ def sweep_plan(cfg: ReproduceConfig, st: Setting) -> list[Job]:
 
 def final_train_loss(run_dir: str | Path) -> float:
     """Mean training loss over the last quarter of a run's logged steps (TensorBoard train/loss)."""
-    from s2t2_dist.stages.orchestrate import tb_scalars
+    from s2t2_dist.recipes.orchestrate import tb_scalars
 
     pts = tb_scalars(Path(run_dir) / "tb" / "global", "train/loss")
     if not pts:
@@ -452,8 +452,8 @@ def _say(msg: str = "") -> None:
 
 def run_local(cfg: ReproduceConfig, out: Path, *, ranks: int = 1, cache: Path | None = None, echo: bool = True
               ) -> dict:
-    from s2t2_dist.stages.orchestrate import english_bytes, prepare_protein
-    from s2t2_dist.stages.reproduce_report import collect, write_outputs
+    from s2t2_dist.recipes.orchestrate import english_bytes, prepare_protein
+    from s2t2_dist.recipes.reproduce_report import collect, write_outputs
     from s2t2_dist.utils.io import atomic_write_json
 
     t0 = time.time()
@@ -508,7 +508,7 @@ def run_local(cfg: ReproduceConfig, out: Path, *, ranks: int = 1, cache: Path | 
     timings["runs"] = round(time.time() - t, 1)
     timings["runs_compute"] = round(sum(r.seconds for r in runner.history), 1)  # incl. reused runs' first time
     timings["total"] = round(time.time() - t0, 1)
-    from s2t2_dist.stages.orchestrate import unigram_reference
+    from s2t2_dist.recipes.orchestrate import unigram_reference
 
     extra["unigram"] = {split: unigram_reference(data / "shards" / split / "train", data / "shards" / split / "eval")
                         for split in ("new", "source")}
@@ -594,7 +594,7 @@ def with_overrides(cfg: ReproduceConfig, overrides: list[str]) -> ReproduceConfi
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from s2t2_dist.stages.orchestrate import quiet_process_env, stage_available
+    from s2t2_dist.recipes.orchestrate import quiet_process_env, stage_available
 
     quiet_process_env()
 
@@ -611,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = args.collect or PAPER_OUT
         jobs = build_plan(cfg, paper_setting(runs))
         if args.collect:
-            from s2t2_dist.stages.reproduce_report import collect, write_outputs
+            from s2t2_dist.recipes.reproduce_report import collect, write_outputs
 
             out = Path(args.out or Path(runs).parent / "reproduce_paper")
             results = collect(cfg, jobs, paper_setting(runs))

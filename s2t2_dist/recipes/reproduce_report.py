@@ -11,8 +11,8 @@ import math
 import statistics
 from pathlib import Path
 
-from s2t2_dist.stages.orchestrate import manifest_bytes_per_token, tb_scalars
-from s2t2_dist.stages.reproduce import KINDS, PAPER_TABLE1, TABLE1, Job, ReproduceConfig, Setting, _alpha_tag
+from s2t2_dist.recipes.orchestrate import manifest_bytes_per_token, tb_scalars
+from s2t2_dist.recipes.reproduce import KINDS, PAPER_TABLE1, TABLE1, Job, ReproduceConfig, Setting, _alpha_tag
 
 LN2 = math.log(2)
 COLUMN_NAMES = {
