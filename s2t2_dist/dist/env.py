@@ -37,10 +37,6 @@ class DistEnv:
         return self.rank == 0
 
     @property
-    def is_node_main(self) -> bool:
-        return self.local_rank == 0
-
-    @property
     def distributed(self) -> bool:
         return self.world_size > 1
 

@@ -38,7 +38,6 @@ __all__ = [
     "GroupComm",
     "ShardedSparseSinkhorn",
     "shard_bounds",
-    "sharded_sparse_sinkhorn",
     "world_of",
 ]
 
@@ -232,13 +231,6 @@ class ShardedSparseSinkhorn:
             if p.scale.dtype != cdt or p.scale.device != C_local.device:
                 p.scale = m.detach().to(device=C_local.device, dtype=cdt)
         return dykstra(C_local, self.rows, self.cols, n_iter)
-
-
-def sharded_sparse_sinkhorn(C_local: Tensor, mu: Tensor, nu_local: Tensor, u: int, group=None, n_iter: int = 3,
-                            method: str = "threshold", row_k: int = DEFAULT_ROW_K, col_k: int = DEFAULT_COL_K,
-                            validate: bool = True) -> Tensor:
-    """One-shot :class:`ShardedSparseSinkhorn` (no warm start)."""
-    return ShardedSparseSinkhorn(mu, nu_local, u, group, method, row_k, col_k, validate)(C_local, n_iter)
 
 
 # --------------------------------------------------------------------------------------------------------------

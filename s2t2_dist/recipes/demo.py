@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from s2t2_dist.recipes.orchestrate import Runner, StageFailed, fmt_seconds, quiet_process_env, stage_available
+from s2t2_dist.recipes.orchestrate import Runner, StageFailed, fmt_seconds, quiet_process_env
 
 SOURCES = ("stories260k", "english-bytes")
 
@@ -303,11 +303,6 @@ def _report(r: dict, rows) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse(list(sys.argv[1:] if argv is None else argv))
     quiet_process_env()
-    missing = [s for s in ("finetune", "evaluate") if not stage_available(s)]
-    if missing:  # INTEGRATION POINT: stage 2 and evaluation come from the finetune branch
-        print(f"s2t2 demo: this build has no {' / '.join(missing)} stage (s2t2_dist/stages/); the demo needs them",
-              file=sys.stderr)
-        return 2
     try:
         run(args)
     except StageFailed as e:

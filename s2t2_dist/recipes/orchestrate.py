@@ -23,16 +23,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from s2t2_dist.cli import COMMANDS
+
 #: the repository (or installed package parent) holding launch/ and s2t2_dist/
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 ASSETS = PACKAGE_ROOT / "assets"
 
-STAGE_MODULES = {
-    "translate": "s2t2_dist.stages.translate",
-    "finetune": "s2t2_dist.stages.finetune",
-    "evaluate": "s2t2_dist.stages.evaluate",
-}
 #: the file each stage writes when it has finished (relative to its run directory)
 RESULT_FILES = {"translate": "result.json", "finetune": "result.json", "evaluate": "eval.json"}
 RUN_INFO = "orchestrate.json"
@@ -44,17 +41,6 @@ class StageFailed(RuntimeError):
 
 def launch_script(stage: str) -> Path:
     return REPO_ROOT / "launch" / f"{stage}.py"
-
-
-def stage_available(stage: str) -> bool:
-    """Whether this build has the stage's module."""
-    try:
-        importlib.import_module(STAGE_MODULES[stage])
-    except ModuleNotFoundError as e:
-        if e.name == STAGE_MODULES[stage]:
-            return False
-        raise
-    return True
 
 
 def quiet_process_env() -> None:
@@ -211,7 +197,7 @@ class Runner:
         return run
 
     def _in_process(self, stage: str, argv: list[str], name: str, printable: str) -> None:
-        module = importlib.import_module(STAGE_MODULES[stage])
+        module = importlib.import_module(COMMANDS[stage][0])
         try:
             rc = module.main(list(argv))
         except SystemExit as e:  # argparse / config errors

@@ -12,7 +12,7 @@ import statistics
 from pathlib import Path
 
 from s2t2_dist.recipes.orchestrate import manifest_bytes_per_token, tb_scalars
-from s2t2_dist.recipes.reproduce import KINDS, PAPER_TABLE1, TABLE1, Job, ReproduceConfig, Setting, _alpha_tag
+from s2t2_dist.recipes.paper_plan import KINDS, PAPER_TABLE1, TABLE1, Job, ReproduceConfig, Setting, alpha_tag
 
 LN2 = math.log(2)
 COLUMN_NAMES = {
@@ -135,7 +135,7 @@ def _sparsity(cfg: ReproduceConfig, jobs: list[Job], per_run: dict) -> dict:
         e = per_run.get(j.name)
         if j.stage != "translate" or not e or not e.get("P"):
             continue
-        key = f"{e['kind']}_{_alpha_tag(e['alpha'])}_lr{e['lr']:g}"
+        key = f"{e['kind']}_{alpha_tag(e['alpha'])}_lr{e['lr']:g}"
         groups.setdefault(key, []).append(e["P"])
     out = {}
     for key, ps in groups.items():
