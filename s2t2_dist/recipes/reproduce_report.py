@@ -52,16 +52,7 @@ def p_stats(p_file: str) -> dict | None:
 
     if not Path(p_file).is_file():
         return None
-    p = load_p(p_file)
-    v, u = p.shape
-    vals = p.values.double()
-    pos = vals[vals > 0]
-    cols = p.indices[1][vals != 0].bincount(minlength=u)
-    signed = bool((vals < 0).any())  # the unconstrained translator's P is not a distribution: no entropy
-    return {"v": v, "u": u, "nnz": int((vals != 0).sum()), "density": float((vals != 0).sum()) / (v * u),
-            "col_nnz_mean": float(cols.double().mean()),
-            "entropy": None if signed else float(-(pos * pos.log()).sum()), "signed": signed,
-            "entropy_uniform": math.log(v * u), "kind": p.kind}
+    return load_p(p_file).stats()
 
 
 def _override(job: Job, key: str) -> str | None:
