@@ -113,12 +113,9 @@ def timeout_minutes(value: str | int) -> int:
 
 
 # Exported once in the batch script (before srun), so no rank has to ask slurmctld: the first node's address as
-# SLURM knows it (node names need not resolve) and a port every task derives from the job id.
-RENDEZVOUS_SETUP = [
-    'export MASTER_ADDR=${S2T2_MASTER_ADDR:-$(scontrol show node "$(scontrol show hostnames "$SLURM_JOB_NODELIST" '
-    "| head -n 1)\" | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p' | head -n 1)}",
-    "export MASTER_PORT=${S2T2_MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}",
-]
+# SLURM knows it (node names need not resolve) and a port every task derives from the job id (dist/rendezvous.py,
+# the one place they are computed; run by the interpreter submitit runs the job with).
+RENDEZVOUS_SETUP = [f'eval "$({shlex.quote(sys.executable)} -m s2t2_dist.dist.rendezvous)"']
 
 
 class StageJob:
@@ -146,7 +143,7 @@ class StageJob:
     def setup_environment(self) -> dict[str, str]:
         import submitit
 
-        from s2t2_dist.dist.env import slurm_first_host_addr, slurm_port
+        from s2t2_dist.dist.rendezvous import slurm_first_host_addr, slurm_port
 
         job = submitit.JobEnvironment()
         os.environ.update(self.env)
