@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from s2t2_dist.config import ConfigError
 from s2t2_dist.engines.build import EngineConfig
+from s2t2_dist.models.hf import ModelPathConfig
 from s2t2_dist.stages.common import Runtime, config_part, fingerprint, parse_args, setup, teardown
 from s2t2_dist.stages.init_model import InitConfig, InitPlan
 from s2t2_dist.stages.translate import DataPaths
@@ -63,23 +64,9 @@ def _paper_optim() -> OptimConfig:
 
 
 @dataclass
-class FinetuneModelConfig:
-    """The source model (its architecture and weights; init replaces the embedding and head). Finetuning keeps
-    float32 master weights (train.precision selects bf16 compute), so there is no dtype key."""
-
-    #: Hugging Face model directory or hub id (production: allenai/OLMo-1B-hf)
-    path: str = ""
-    trust_remote_code: bool = False
-
-    def validate(self) -> None:
-        if not self.path:
-            raise ConfigError("path: the source model (a Hugging Face directory or hub id) is required")
-
-
-@dataclass
 class FinetuneConfig:
     run_dir: str = "runs/finetune"
-    model: FinetuneModelConfig = field(default_factory=FinetuneModelConfig)
+    model: ModelPathConfig = field(default_factory=ModelPathConfig)
     #: shards and the tokenizer the model will speak (the new BPE; the source tokenizer for init.kind=orig_tok)
     data: DataPaths = field(default_factory=DataPaths)
     #: plain | deepspeed (ZeRO, from --ds_config) | fsdp; see engines/build.py
