@@ -436,15 +436,16 @@ class SimplexProjector:
                 self.stats["full"] = n_slices
                 return full_threshold.to(z3.dtype), Support(
                     "full", torch.full((n_slices,), float(n_total), dtype=z3.dtype, device=dev))
-        st = self._candidate_thresholds(z3, inplace_ok, full_first, scale, n_total)
-        unresolved, full_bound = self._settle_full_support(z3, st, full_first, scale, n_total)
+        state = self._candidate_thresholds(z3, inplace_ok, full_first, scale, n_total)
+        unresolved, full_bound = self._settle_full_support(z3, state, full_first, scale, n_total)
         if unresolved.numel():
-            self._refine_unresolved(z3, st, unresolved, full_bound, scale, n_total)
-        tau = st.tau64.to(z3.dtype)
-        full = st.counts == n_total
-        support = self._build_support(z3, tau, st.counts, st.counts.to(z3.dtype), full, int(full.sum()), st.covered,
-                                      st.cand_vals, st.cand_idx, st.support_pieces, st.needs_extraction)
-        self._adapt_for_next_call(z3, st, support, full, n_total, inplace_ok)
+            self._refine_unresolved(z3, state, unresolved, full_bound, scale, n_total)
+        tau = state.tau64.to(z3.dtype)
+        full = state.counts == n_total
+        support = self._build_support(z3, tau, state.counts, state.counts.to(z3.dtype), full, int(full.sum()),
+                                      state.covered, state.cand_vals, state.cand_idx, state.support_pieces,
+                                      state.needs_extraction)
+        self._adapt_for_next_call(z3, state, support, full, n_total, inplace_ok)
         return tau, support
 
     def _candidate_thresholds(self, z3: Tensor, inplace_ok: bool, full_first, scale: Tensor,
@@ -479,38 +480,38 @@ class SimplexProjector:
             tau64[missed], counts[missed], covered[missed] = t_m, c_m, cov_m
         return _ThresholdState(tau64, counts, covered, vals, fidx)
 
-    def _settle_full_support(self, z3: Tensor, st: "_ThresholdState", full_first, scale: Tensor,
+    def _settle_full_support(self, z3: Tensor, state: "_ThresholdState", full_first, scale: Tensor,
                              n_total: int) -> Tuple[Tensor, Tensor]:
         """Exact thresholds of the uncovered slices whose support is everything; returns the slices still
         unresolved and, for each, the threshold its support would have if it were everything (a lower bound)."""
         if full_first is not None:
             full_threshold, is_full = full_first
-            st.tau64 = torch.where(is_full, full_threshold, st.tau64)
-            st.counts = torch.where(is_full, torch.full_like(st.counts, n_total), st.counts)
-            uncovered = (~st.covered & ~is_full).nonzero().squeeze(1)
+            state.tau64 = torch.where(is_full, full_threshold, state.tau64)
+            state.counts = torch.where(is_full, torch.full_like(state.counts, n_total), state.counts)
+            uncovered = (~state.covered & ~is_full).nonzero().squeeze(1)
             self.stats["full"] = int(is_full.sum())
             self.stats["uncovered"] = int(uncovered.numel())
             return uncovered, full_threshold[uncovered]
-        uncovered = (~st.covered).nonzero().squeeze(1)
+        uncovered = (~state.covered).nonzero().squeeze(1)
         self.stats["uncovered"] = int(uncovered.numel())
         if not uncovered.numel():
             return uncovered, uncovered.new_empty(0, dtype=torch.float64)
         full_threshold, is_full = self._sums_mins(z3, uncovered, n_total, scale)
-        st.tau64[uncovered] = torch.where(is_full, full_threshold, st.tau64[uncovered])
-        st.counts[uncovered] = torch.where(is_full, torch.full_like(st.counts[uncovered], n_total),
-                                           st.counts[uncovered])
+        state.tau64[uncovered] = torch.where(is_full, full_threshold, state.tau64[uncovered])
+        state.counts[uncovered] = torch.where(is_full, torch.full_like(state.counts[uncovered], n_total),
+                                           state.counts[uncovered])
         self.stats["full"] = int(is_full.sum())
         return uncovered[~is_full], full_threshold[~is_full]
 
-    def _refine_unresolved(self, z3: Tensor, st: "_ThresholdState", unresolved: Tensor, full_bound: Tensor,
+    def _refine_unresolved(self, z3: Tensor, state: "_ThresholdState", unresolved: Tensor, full_bound: Tensor,
                            scale: Tensor, n_total: int) -> None:
         """Exact thresholds of the unresolved slices from the best lower bound: a second candidate round when the
         elements above that bound are few, else Michelot's fixed point (step 3)."""
         cdt = z3.dtype
         shp3 = tuple(z3.shape)
-        lower = torch.maximum(st.tau64[unresolved], full_bound)
+        lower = torch.maximum(state.tau64[unresolved], full_bound)
         # size of the set whose threshold `lower` is (n_total if the full-support bound won, unknown otherwise)
-        lower_count = torch.where(full_bound >= st.tau64[unresolved], n_total, -1).long()
+        lower_count = torch.where(full_bound >= state.tau64[unresolved], n_total, -1).long()
         z_u, rd = _slices_2d(z3, unresolved)
         _, above = michelot_partials(z_u, lower.to(cdt).unsqueeze(rd), rd)
         above = self.comm.all_reduce(above.double(), "sum").long()
@@ -518,33 +519,33 @@ class SimplexProjector:
         z_u3 = _as3(z_u, rd)
         if most_above >= self._k_cap(n_total):
             self.stats["michelot"] = int(unresolved.numel())
-            st.tau64[unresolved], st.counts[unresolved] = michelot_refine(z_u, lower, scale[unresolved], rd,
+            state.tau64[unresolved], state.counts[unresolved] = michelot_refine(z_u, lower, scale[unresolved], rd,
                                                                           lower_count, self.comm)
-            st.needs_extraction = unresolved
+            state.needs_extraction = unresolved
             return
         # second round: the top most_above + 1 candidates contain {z > lower} (a superset of the support) and one
         # element <= lower <= tau, so the candidate threshold is exact (covered)
         self.stats["second_round"] = int(unresolved.numel())
         tau2, counts2, covered2, vals2, fidx2 = self._candidates(z_u3, most_above + 1, scale[unresolved], n_total)
-        st.tau64[unresolved] = tau2
-        st.counts[unresolved] = counts2
+        state.tau64[unresolved] = tau2
+        state.counts[unresolved] = counts2
         if vals2.numel():
             positions = _flat_to_orig(fidx2, tuple(z_u3.shape), unresolved, shp3)[0]
-            st.second_round = (unresolved, positions)
+            state.second_round = (unresolved, positions)
             if covered2.numel():
                 above_tau = vals2[:, covered2] > tau2[covered2].to(cdt)
                 slice_id = unresolved[covered2].unsqueeze(0).expand_as(above_tau)
-                st.support_pieces.append((positions[:, covered2][above_tau], slice_id[above_tau]))
+                state.support_pieces.append((positions[:, covered2][above_tau], slice_id[above_tau]))
         rounding_misses = (~covered2).nonzero().squeeze(1)  # only through rounding; finish exactly
         if rounding_misses.numel():
             z_b, rd_b = _slices_2d(z_u3, rounding_misses)
             slices = unresolved[rounding_misses]
-            st.tau64[slices], st.counts[slices] = michelot_refine(z_b, tau2[rounding_misses],
+            state.tau64[slices], state.counts[slices] = michelot_refine(z_b, tau2[rounding_misses],
                                                                   scale[unresolved][rounding_misses], rd_b, None,
                                                                   self.comm)
-            st.needs_extraction = slices
+            state.needs_extraction = slices
 
-    def _adapt_for_next_call(self, z3: Tensor, st: "_ThresholdState", support: Support, full: Tensor,
+    def _adapt_for_next_call(self, z3: Tensor, state: "_ThresholdState", support: Support, full: Tensor,
                              n_total: int, inplace_ok: bool) -> None:
         """k (candidates per slice) and the warm-start positions for the next call; decisions on reduced values,
         so identical on every rank."""
@@ -556,15 +557,15 @@ class SimplexProjector:
         elif support.kind in ("sparse", "mixed") and self.comm.world_size > 1:
             # candidates needed per RANK: the largest local support of a non-full slice, over all ranks
             local = (torch.bincount(support.sid, minlength=n_slices)[~full].max() if support.sid.numel()
-                     else st.counts.new_zeros(()))
+                     else state.counts.new_zeros(()))
             need = int(self.comm.all_reduce(local.reshape(1).double(), "max"))
         else:
-            need = int(st.counts[~full].max())
+            need = int(state.counts[~full].max())
         self._k = min(max(self.k, _next_pow2(need + need // 4 + 1)), max(self.k, self._k_cap(n_total)))
         if inplace_ok:
-            guess = _pad_rows(st.cand_idx, self._k, -1)[: self._k]
-            if st.second_round is not None:
-                slices, positions = st.second_round
+            guess = _pad_rows(state.cand_idx, self._k, -1)[: self._k]
+            if state.second_round is not None:
+                slices, positions = state.second_round
                 guess = guess.clone()
                 guess[:, slices] = _pad_rows(positions, self._k, -1)[: self._k]
             self._guess, self._guess_shape = guess, tuple(z3.shape)
