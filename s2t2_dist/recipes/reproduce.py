@@ -77,8 +77,9 @@ def translate_job(cfg: ReproduceConfig, st: Setting, name: str, kind: str, alpha
     d = st.data
     rd = f"{st.out}/{name}"
     ov = [f"run_dir={rd}", f"model.path={st.small_model}", *_data_overrides(d), f"data.tokenizer={d}/tokenizer",
-          f"translator.kind={kind}", f"translator.alpha={alpha}", "translator.recipe=paper", f"optim.lr={lr}", f"train.steps={cfg.p_steps}",
-          f"train.seed={seed}", *_train_overrides(cfg, st)]
+          f"translator.kind={kind}", f"translator.alpha={alpha}", f"optim.lr={lr}", f"train.steps={cfg.p_steps}",
+          f"train.seed={seed}", *_train_overrides(cfg, st),
+          "translator.recipe=paper"]  # the paper's literal recipe: C = 1/v, optim.lr absolute
     if st.local:
         ov += ["data.eval=", "translator.heatmap=[64,64]"]  # evaluated by the evaluate stage
     return Job(name, "translate", "configs/translate_olmo1b.yaml", ov, rd, f"{rd}/result.json",
