@@ -13,6 +13,12 @@ both). The baselines at initialisation are `init.kind=orig_tok` (source-tokenize
 result.json and final export carry the same metrics. The model is built exactly as finetuning builds its start
 (stages/init_model.py), then held by the chosen engine (plain: a replica per rank; deepspeed / fsdp: sharded).
 
+Raw files: `s2t2 evaluate model.path=DIR data.files=[a.fasta.gz,b.jsonl]` scores the model on FASTA (plain or
+compressed), jsonl, parquet or text files directly. Every record is scored, or counted as left out with its reason
+(malformed, empty, beyond eval.max_docs; the first ones by FILE:LINE) in one summary line and in the JSON. The files
+are tokenized with the tokenizer the model speaks (its own for as_is) through the data pipeline's own steps and
+cached under data.cache_dir, keyed by the files' content hashes and the tokenizer's hash (`data.raw_eval`).
+
 BpB = sum NLL (nats) / (ln 2 * sum UTF-8 bytes) over the documents: a ratio of corpus sums, the same bytes whatever
 the tokenizer; each rank scores its share of the documents and the totals are summed exactly. The JSON result also
 holds the random-guess line ln(u) (u = the tokenizer's vocabulary) in nats per token and in BpB. Results: RUN_DIR/
@@ -53,10 +59,32 @@ class EvalDataConfig:
     eval: str = ""
     #: that tokenizer (the new BPE for translated / new_tok_truncate); empty for as_is / orig_tok: the model's own
     tokenizer: str = ""
+    #: raw files to score instead of shards (FASTA[.gz], jsonl[.gz], parquet, text), tokenized with that tokenizer
+    files: list[str] = field(default_factory=list)
+    #: format of data.files: auto (from the file name), fasta, jsonl, parquet or text
+    format: Literal["auto", "fasta", "jsonl", "parquet", "text"] = "auto"
+    #: column (jsonl, parquet) holding the text of a document
+    text_column: str = "text"
+    #: column holding a document's id (null: FILE:LINE; FASTA ids always come from the headers)
+    id_column: str | None = None
+    #: text files: one document per line, per blank-line separated paragraph, or per file
+    text_mode: Literal["line", "paragraph", "file"] = "line"
+    #: a malformed or empty record in data.files: skip it (counted, reported) or stop with FILE:LINE
+    on_bad_record: Literal["skip", "error"] = "skip"
+    #: where tokenized data.files are cached (default: $S2T2_CACHE_DIR/tokenized or ~/.cache/s2t2/tokenized)
+    cache_dir: str = ""
 
     def validate(self) -> None:
-        if not self.eval:
-            raise ConfigError("eval: the eval shard directory (written by `s2t2 prepare`) is required")
+        import glob
+        import os
+
+        if bool(self.eval) == bool(self.files):
+            raise ConfigError("eval: give either data.eval (shards written by `s2t2 prepare`) or data.files "
+                              "(raw FASTA / jsonl / parquet / text files), not both" if self.eval else
+                              "eval: data.eval (shards written by `s2t2 prepare`) or data.files (raw files) is required")
+        for f in self.files:
+            if not (os.path.exists(f) or glob.glob(f)):
+                raise ConfigError(f"files: {f!r} does not exist")
 
 
 @dataclass
@@ -128,7 +156,9 @@ def run(cfg: EvaluateConfig) -> dict:
     init_dir = cfg.init.dir or str(Path(cfg.run_dir) / "init")
     plan = prepare_initial_model(cfg.init, cfg.model.path, cfg.data.tokenizer, init_dir, is_main=rt.env.is_main,
                                  trust_remote_code=cfg.model.trust_remote_code)
-    docs = EvalDocs(cfg.data.eval, rank=rt.env.rank, world_size=rt.env.world_size)
+    raw = _tokenize_raw_files(cfg, plan, rt.env.is_main) if cfg.data.files else None
+    eval_dir = raw["eval_dir"] if raw else cfg.data.eval
+    docs = EvalDocs(eval_dir, rank=rt.env.rank, world_size=rt.env.world_size)
     check_shards(docs.manifest, plan, "data.eval")
     model, engine = build_eval_model(cfg, plan, rt)
     autocast = torch.bfloat16 if (cfg.engine.kind == "plain" and rt.dtype == torch.bfloat16
@@ -142,9 +172,18 @@ def run(cfg: EvaluateConfig) -> dict:
               "eval_shards": cfg.data.eval, "context_len": cfg.eval.context_len, "max_docs": cfg.eval.max_docs,
               "world_size": rt.env.world_size, "engine": cfg.engine.kind, "metrics": metrics,
               "totals": totals.to_dict()}
+    if raw:
+        from s2t2_dist.data.raw_eval import format_records, leave_out_beyond
+
+        raw["records"] = leave_out_beyond(raw["records"], cfg.eval.max_docs)
+        result.update(files=raw["files"], records=raw["records"], eval_shards=eval_dir)
     out = Path(cfg.output or Path(cfg.run_dir) / "eval.json")
     if rt.env.is_main:
         atomic_write_text(out, json.dumps(result, indent=1))
+        if raw:
+            print(f"evaluate {name}: {format_records(raw['records'])}", flush=True)
+        print(f"evaluate {name}: perplexity {metrics['perplexity']:.4f}, bpb {metrics['bpb']:.4f} over "
+              f"{int(metrics['docs']):,} docs, {int(metrics['tokens']):,} tokens -> {out}", flush=True)
         rt.logger.scalars(0, {f"eval/{name}/{k}": v for k, v in metrics.items()})
         log.info("evaluate %s: perplexity %.4f, bpb %.4f (random guess %.4f) over %d docs", name,
                  metrics["perplexity"], metrics["bpb"], metrics["random_guess_bpb"], int(metrics["docs"]))
@@ -153,8 +192,35 @@ def run(cfg: EvaluateConfig) -> dict:
     return result
 
 
+def _tokenize_raw_files(cfg: EvaluateConfig, plan: InitPlan, is_main: bool) -> dict:
+    """data.files as cached eval shards in the model's tokenizer: rank 0 tokenizes, the others then find the cache
+    (a barrier between; an error on rank 0 is raised on every rank)."""
+    from s2t2_dist.data.raw_eval import tokenize_files
+    from s2t2_dist.stages.init_model import _distributed
+
+    d = cfg.data
+
+    def go(progress: bool) -> dict:
+        return tokenize_files(list(d.files), plan.tokenizer, cache_dir=d.cache_dir or None, format=d.format,
+                              text_column=d.text_column, id_column=d.id_column, text_mode=d.text_mode,
+                              on_bad_record=d.on_bad_record, progress=progress)
+
+    if not _distributed():
+        return go(True)
+    from s2t2_dist.engines._common import raise_if_any_failed
+
+    err, out = None, None
+    if is_main:
+        try:
+            out = go(True)
+        except BaseException as e:  # noqa: BLE001 - raised on every rank below
+            err = e
+    raise_if_any_failed(err, "tokenizing data.files")
+    return out if is_main else go(False)
+
+
 def main(argv: list[str]) -> int:
+    from s2t2_dist.stages.common import run_main
     from s2t2_dist.stages.finetune import parse_command_line
 
-    run(parse_command_line(argv, EvaluateConfig, "s2t2 evaluate"))
-    return 0
+    return run_main("s2t2 evaluate", lambda: run(parse_command_line(argv, EvaluateConfig, "s2t2 evaluate")))
