@@ -48,6 +48,7 @@ class DataConfig:
     tokenizer_kind: Literal["auto", "char", "byte"] = "auto"  # auto: char for protein, byte-level for text
     min_frequency: int = 2
     source_tokenizer: str | None = None  # the source LM's tokenizer (file or dir): compression report + baseline shards
+    tokenizer_path: str | None = None  # use this tokenizer (an earlier run's BPE, a model's own) instead of training one
     tokenizer_max_records: int | None = 500_000  # deterministic sample of the train split for BPE training
     # -- shards ------------------------------------------------------------------------------------------------
     context_len: int = 512
@@ -112,6 +113,9 @@ class DataConfig:
         st = self.source_tokenizer
         if st is not None and not os.path.exists(st) and (os.path.isabs(st) or st.count("/") != 1):
             raise bad("source_tokenizer", f"{st!r} is neither a local tokenizer file/directory nor a hub id owner/name")
+        tp = self.tokenizer_path
+        if tp is not None and not os.path.exists(tp) and (os.path.isabs(tp) or tp.count("/") != 1):
+            raise bad("tokenizer_path", f"{tp!r} is neither a local tokenizer file/directory nor a hub id owner/name")
         if self.tokenizer_max_records is not None and self.tokenizer_max_records < 1:
             raise bad("tokenizer_max_records", "must be >= 1 or null (use the whole train split)")
         if self.context_len < 2:
