@@ -46,6 +46,7 @@ log = logging.getLogger("s2t2.evaluate")
 class EvalModelConfig:
     #: the model evaluated (init.kind=as_is / orig_tok) or the source model a P file is applied to (translated)
     path: str = ""
+    #: let transformers run the model repository's own Python code
     trust_remote_code: bool = False
 
     def validate(self) -> None:
@@ -89,11 +90,13 @@ class EvalDataConfig:
 
 @dataclass
 class EvalOptions:
+    #: tokens the model sees per window (documents longer than this are scored in rolling windows)
     context_len: int = 512
     #: rolling windows per forward call
     batch_size: int = 8
     #: evaluate the first max_docs documents of the split (0: all); independent of the number of ranks
     max_docs: int = 0
+    #: auto: bf16 on GPU, fp32 on CPU; fp32; bf16
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     #: label of this evaluation in the JSON and the TensorBoard tags (default: the init kind)
     name: str = ""
@@ -105,14 +108,21 @@ class EvalOptions:
 
 @dataclass
 class EvaluateConfig:
+    #: run directory: eval.json, TensorBoard logs (tb/), the resolved config.yaml
     run_dir: str = "runs/evaluate"
     #: the JSON result; default RUN_DIR/eval.json
     output: str = ""
+    #: random seed (evaluation itself is deterministic)
     seed: int = 0
+    #: the model evaluated
     model: EvalModelConfig = field(default_factory=EvalModelConfig)
+    #: what it is scored on: prepared eval shards or raw files
     data: EvalDataConfig = field(default_factory=EvalDataConfig)
+    #: how the model is built from model.path (as_is: used as it is)
     init: InitConfig = field(default_factory=lambda: InitConfig(kind="as_is"))
+    #: plain (a replica per rank) | deepspeed | fsdp (sharded, for models that do not fit one device)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    #: scoring options
     eval: EvalOptions = field(default_factory=EvalOptions)
 
 

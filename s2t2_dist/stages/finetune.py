@@ -64,6 +64,7 @@ def _paper_optim() -> OptimConfig:
 
 @dataclass
 class FinetuneConfig:
+    #: run directory: checkpoints, final export, result.json, TensorBoard logs (tb/)
     run_dir: str = "runs/finetune"
     #: the source model (Hugging Face directory or hub id); model.dtype other than auto/float32 is refused
     #: (float32 master weights; train.precision selects bf16 compute)
@@ -72,10 +73,15 @@ class FinetuneConfig:
     data: DataPaths = field(default_factory=DataPaths)
     #: plain | deepspeed (ZeRO, from --ds_config) | fsdp; see engines/build.py
     engine: EngineConfig = field(default_factory=EngineConfig)
+    #: AdamW and its learning-rate schedule (defaults: the paper's stage-2 settings)
     optim: OptimConfig = field(default_factory=_paper_optim)
+    #: steps, batch layout, precision, logging, evaluation and checkpoint cadence
     train: TrainConfig = field(default_factory=TrainConfig)
+    #: the model training starts from: translated (a P file), new_tok_truncate, orig_tok
     init: InitConfig = field(default_factory=InitConfig)
+    #: held-out evaluation options
     eval: FinetuneEvalConfig = field(default_factory=FinetuneEvalConfig)
+    #: the final Hugging Face export
     export: ExportConfig = field(default_factory=ExportConfig)
 
     def validate(self) -> None:

@@ -33,7 +33,9 @@ class ModelConfig:
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     #: source tokens P translates from: all (real vocabulary), single_char (the paper's "bytes"), or a file of ids
     source_vocab: str = "all"
+    #: let transformers run the model repository's own Python code (models not built into transformers)
     trust_remote_code: bool = False
+    #: recompute each block's activations in backward (less memory, about a third more compute)
     activation_checkpointing: bool = False
     #: none: the frozen LM replicated on every rank; fsdp: its transformer blocks partitioned across ranks
     #: (FSDP2, gathered block by block in forward and backward) for models that do not fit one device
@@ -52,7 +54,9 @@ class DataPaths:
     eval: str = ""
     #: the target tokenizer directory (the new BPE)
     tokenizer: str = ""
+    #: DataLoader worker processes reading the train shards (0: in the training process)
     num_workers: int = 0
+    #: train samples shuffled together in a seeded window (larger: better mixing, more memory)
     shuffle_window: int = 4096
 
     def validate(self) -> None:
@@ -65,8 +69,11 @@ class DataPaths:
 
 @dataclass
 class TranslatorConfig:
+    #: sparse: sparse Sinkhorn P (the paper's S2T2); softmax: dense Sinkhorn baseline; unconstrained: W = C, no OT
     kind: Literal["sparse", "softmax", "unconstrained"] = "sparse"
+    #: Sinkhorn / Dykstra iterations per forward (paper: 3)
     n_iter: int = 3
+    #: convex: W_E = W_L = P / nu (E', L' are convex combinations of source rows); paper: the paper's literal W_E = P / mu, W_L = P / nu
     normalization: Literal["convex", "paper"] = "convex"
     #: weight of the entropy regulariser alpha * H(P) (larger: sparser P)
     alpha: float = 0.0
@@ -84,11 +91,17 @@ class TranslatorConfig:
 
 @dataclass
 class TranslateConfig:
+    #: run directory: checkpoints, P.safetensors, TensorBoard logs (tb/), the resolved config.yaml
     run_dir: str = "runs/translate"
+    #: the frozen source LM
     model: ModelConfig = field(default_factory=ModelConfig)
+    #: target-domain shards and tokenizer written by `s2t2 prepare`
     data: DataPaths = field(default_factory=DataPaths)
+    #: how P is parameterised and regularised
     translator: TranslatorConfig = field(default_factory=TranslatorConfig)
+    #: AdamW and its learning-rate schedule (stage 1 trains only P's parameters)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, weight_decay=0.0))
+    #: steps, batch layout, precision, logging, evaluation and checkpoint cadence
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
