@@ -142,7 +142,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("stage", choices=sorted(STAGE_CONFIGS))
     p.add_argument("--config", "-c", help="YAML run config (see configs/)")
     p.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. train.steps=100")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # overrides may come before or after --config
     cls = stage_config(args.stage)
     overrides = list(args.overrides)
     if args.stage in ("finetune", "evaluate"):  # as their entry points read the command line
