@@ -14,20 +14,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from data_files import C4_FILES, ESM, MMSEQS, SHAKESPEARE, needs_c4
 from finetune_fixtures import sample_fasta
 from stage_fixtures import run_cmd, tiny_olmo
 from s2t2_dist.config import load_config
 from s2t2_dist.data.raw_eval import tokenize_files
 from s2t2_dist.stages.evaluate import EvaluateConfig, run
 
-SHARED = Path("/work/shared/data")
-PROTEIN = SHARED / "protein" / "esm_some_proteins_uniref50.fasta"
-C4 = SHARED / "english" / "olmo_c4-sample.01.json.gz"
-C4_2 = SHARED / "english" / "olmo_c4-sample.02.json.gz"
-SHAKESPEARE = SHARED / "english" / "tinyshakespeare_input.txt"
+PROTEIN = ESM  # 15 real UniRef50 sequences (shipped)
+C4, C4_2 = (C4_FILES + [None, None])[:2]  # real C4 jsonl.gz samples (workplace data only)
 CTX = 64
 
-pytestmark = pytest.mark.skipif(not PROTEIN.is_file(), reason=f"real data not found under {SHARED}")
+pytestmark = needs_c4
 
 
 def _fasta_texts(path: Path) -> list[str]:
@@ -55,7 +53,7 @@ class Files:
         self._add(PROTEIN, _fasta_texts(PROTEIN))
         self._add(C4, [json.loads(l)["text"] for l in gzip.open(C4, "rt", encoding="utf-8")])
         # FASTA.gz: 8 real UniProt records (cut to 100 residues) and one record without a sequence
-        plain = sample_fasta(SHARED / "protein" / "mmseqs2_QUERY_uniprotkb.fasta", root / "s.fasta", 8, 100)
+        plain = sample_fasta(MMSEQS, root / "s.fasta", 8, 100)
         fgz = root / "sample.fasta.gz"
         fgz.write_bytes(gzip.compress((plain.read_text() + ">no_sequence here\n").encode()))
         self.empty_line = len(plain.read_text().splitlines()) + 1
