@@ -110,12 +110,17 @@ def _reference(model_dir: Path, texts: list[str]):
 
 
 def test_cli_scores_every_file_kind_and_equals_the_reference(world, tmp_path):
+    """`s2t2 evaluate` on 2 ranks (torchrun): rank 0 tokenizes, both score their share; the totals are the
+    single-process reference's."""
     model, files, root = world
     out = tmp_path / "result.json"
-    proc = run_cmd([sys.executable, "-m", "s2t2_dist.cli", "evaluate", f"model.path={model}", files.arg(),
+    proc = run_cmd([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0",
+                    "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0",
+                    "-m", "s2t2_dist.cli", "evaluate", f"model.path={model}", files.arg(),
                     f"data.cache_dir={root / 'cache'}", f"run_dir={tmp_path / 'run'}", f"output={out}",
                     f"eval.context_len={CTX}", "eval.batch_size=4"])
     r = json.loads(out.read_text())
+    assert r["world_size"] == 2
     n = len(files.texts)
     rec = r["records"]
     assert rec["scored"] == n and rec["left_out"] == files.left_out
