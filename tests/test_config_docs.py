@@ -109,3 +109,13 @@ def test_config_unknown_key_is_one_line_exit_2(capsys):
     assert "translator.alpah" in err and "did you mean 'alpha'" in err
     assert cli(["config", "prepare", "vocab_size=many"]) == 2
     assert "vocab_size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stage", sorted(STAGE_CONFIGS))
+def test_printed_config_loads_back_as_the_same_config(stage, tmp_path, capsys):
+    """What `s2t2 config` prints is a complete config file: fed back with --config it resolves to itself."""
+    assert cli(["config", stage]) == 0
+    first = capsys.readouterr().out
+    (tmp_path / "c.yaml").write_text(first)
+    assert cli(["config", stage, "--config", str(tmp_path / "c.yaml")]) == 0
+    assert capsys.readouterr().out == first
