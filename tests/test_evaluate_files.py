@@ -200,3 +200,17 @@ def test_config_needs_exactly_one_source(tmp_path):
         load_config(EvaluateConfig, None, ["model.path=x", "data.eval=y", f"data.files=[{PROTEIN}]"])
     with pytest.raises(ConfigError, match="data.files.*does not exist"):
         load_config(EvaluateConfig, None, ["model.path=x", f"data.files=[{tmp_path / 'nope.fasta'}]"])
+
+
+def test_characters_the_tokenizer_cannot_spell_are_counted(tmp_path):
+    """A protein BPE scoring English: every letter of it is <unk>; the summary says how many tokens that is."""
+    from s2t2_dist.data import DataConfig, prepare
+    from s2t2_dist.data.raw_eval import format_records
+
+    prepare(DataConfig(inputs=[str(ESM)], output_dir=str(tmp_path / "p"), vocab_size=64, context_len=64,
+                       eval_fraction=0.2), progress=False)
+    f = tmp_path / "mixed.jsonl"
+    f.write_text('{"text": "MKVLA"}\n{"text": "alpha beta"}\n')
+    r = tokenize_files([str(f)], str(tmp_path / "p" / "tokenizer"), cache_dir=tmp_path / "cache", progress=False)
+    assert r["records"]["scored"] == 2 and r["records"]["unk_tokens"] == len("alpha beta")
+    assert "10 scored tokens are <unk>" in format_records(r["records"])

@@ -45,7 +45,7 @@ def tokenize_files(files: list[str], tokenizer: str, *, cache_dir: str | os.Path
     """Tokenize ``files`` with ``tokenizer`` (a tokenizer.json or a directory holding one) into cached eval shards.
 
     Returns ``{"eval_dir", "cache_key", "files": [[path, format]], "records": {read, scored, left_out: {reason: n},
-    examples: [...]}}``. Every record read is either scored or counted under a reason (a malformed record, or an
+    examples: [...], unk_tokens (if the tokenizer has an unknown token)}}``. Every record read is either scored or counted under a reason (a malformed record, or an
     empty one: ``bad:<reason>``); ``on_bad_record="error"`` stops at the first, naming FILE:LINE.
     """
     resolved = resolve_inputs(files, format)
@@ -68,8 +68,24 @@ def tokenize_files(files: list[str], tokenizer: str, *, cache_dir: str | os.Path
                "examples": split_m.get("left_out_examples", [])}
     if records["read"] != records["scored"] + sum(left.values()) or s["train_records"]:
         raise AssertionError(f"{out}: records do not add up: {records} (train {s['train_records']})")
+    if info.unk_id is not None:  # characters the tokenizer cannot spell are scored as <unk>: say how many
+        records["unk_tokens"] = _count_unk(out / "eval", info.unk_id)
     return {"eval_dir": str(out / "eval"), "cache_key": key, "files": [[p, f] for p, f in resolved],
             "records": records}
+
+
+def _count_unk(eval_dir: Path, unk_id: int) -> int:
+    """Tokens equal to the unknown token in the cached shards (counted once, kept next to them)."""
+    from s2t2_dist.utils.io import atomic_write_json, load_json
+
+    from .loader import EvalDocs
+
+    f = eval_dir.parent / "unk_tokens.json"
+    if f.is_file():
+        return int(load_json(f)["unk_tokens"])
+    n = sum(int((d["input_ids"][1:] == unk_id).sum()) for d in EvalDocs(eval_dir))
+    atomic_write_json(f, {"unk_id": unk_id, "unk_tokens": n})
+    return n
 
 
 def leave_out_beyond(records: dict, max_docs: int) -> dict:
@@ -90,4 +106,6 @@ def format_records(records: dict) -> str:
         ex = records.get("examples") or []
         if ex:
             line += "; first: " + ", ".join(f"{e['where']} {e['reason']}" for e in ex[:3])
+    if records.get("unk_tokens"):
+        line += f"; {records['unk_tokens']:,} scored tokens are <unk> (characters the tokenizer cannot spell)"
     return line
