@@ -214,3 +214,19 @@ def test_characters_the_tokenizer_cannot_spell_are_counted(tmp_path):
     r = tokenize_files([str(f)], str(tmp_path / "p" / "tokenizer"), cache_dir=tmp_path / "cache", progress=False)
     assert r["records"]["scored"] == 2 and r["records"]["unk_tokens"] == len("alpha beta")
     assert "10 scored tokens are <unk>" in format_records(r["records"])
+
+
+def test_two_ranks_a_bad_record_is_one_line_from_rank_0(world, tmp_path):
+    """on_bad_record=error on 2 ranks: rank 0 prints the user error naming FILE:LINE, rank 1 one line naming rank 0."""
+    model, files, root = world
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": broken\n')
+    with pytest.raises(AssertionError) as e:
+        run_cmd([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0",
+                 "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", "-m", "s2t2_dist.cli", "evaluate",
+                 f"model.path={model}", f"data.files=[{bad}]", "data.on_bad_record=error",
+                 f"data.cache_dir={tmp_path / 'cache'}", f"run_dir={tmp_path / 'run'}"])
+    err = str(e.value)
+    assert f"[rank 0] s2t2 evaluate: error: DataFormatError: {bad}:2:" in err
+    assert "[rank 1] s2t2 evaluate: error: DataError: data.files: tokenizing the files failed on rank 0" in err
+    assert "s2t2_dist/" not in err  # no traceback through our code (torchrun prints its own report)

@@ -204,9 +204,12 @@ def run(cfg: EvaluateConfig) -> dict:
 
 def _tokenize_raw_files(cfg: EvaluateConfig, plan: InitPlan, is_main: bool) -> dict:
     """data.files as cached eval shards in the model's tokenizer: rank 0 tokenizes, the others then find the cache
-    (a barrier between; an error on rank 0 is raised on every rank)."""
+    (a barrier between). Rank 0's error (e.g. a bad record with on_bad_record=error) stays the user error it is;
+    the other ranks raise one naming rank 0."""
+    import torch.distributed as dist
+
+    from s2t2_dist.data.errors import DataError
     from s2t2_dist.data.raw_eval import tokenize_files
-    from s2t2_dist.stages.init_model import _distributed
 
     d = cfg.data
 
@@ -215,17 +218,24 @@ def _tokenize_raw_files(cfg: EvaluateConfig, plan: InitPlan, is_main: bool) -> d
                               text_column=d.text_column, id_column=d.id_column, text_mode=d.text_mode,
                               on_bad_record=d.on_bad_record, progress=progress)
 
-    if not _distributed():
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         return go(True)
-    from s2t2_dist.engines._common import raise_if_any_failed
-
     err, out = None, None
     if is_main:
         try:
             out = go(True)
-        except BaseException as e:  # noqa: BLE001 - raised on every rank below
+        except Exception as e:  # noqa: BLE001 - every rank learns of it below
             err = e
-    raise_if_any_failed(err, "tokenizing data.files")
+    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    failed = torch.tensor([0.0 if err is None else 1.0], device=dev)  # NCCL reduces device tensors only
+    dist.all_reduce(failed)  # also the barrier: the cache is complete when rank 0 gets here
+    if err is not None:
+        raise err
+    if failed.item():
+        import time
+
+        time.sleep(1.0)  # a launcher stops every rank when the first exits: let rank 0 print the error that matters
+        raise DataError("data.files: tokenizing the files failed on rank 0 (its error names the file)")
     return out if is_main else go(False)
 
 
