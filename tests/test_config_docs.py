@@ -119,3 +119,11 @@ def test_printed_config_loads_back_as_the_same_config(stage, tmp_path, capsys):
     (tmp_path / "c.yaml").write_text(first)
     assert cli(["config", stage, "--config", str(tmp_path / "c.yaml")]) == 0
     assert capsys.readouterr().out == first
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_resolves(path, capsys):
+    """Every YAML file in configs/ uses only known keys of its stage (named by the file's prefix)."""
+    stage = path.name.split("_")[0]
+    assert cli(["config", stage, "--config", str(path)]) == 0
+    assert yaml_load(capsys.readouterr().out)
