@@ -14,7 +14,7 @@ COMMANDS = {
     "prepare": ("s2t2_dist.stages.prepare", "Split, train the BPE tokenizer, write webdataset shards"),
     "translate": ("s2t2_dist.stages.translate", "Stage 1: learn the token translation P through a frozen LM"),
     "finetune": ("s2t2_dist.stages.finetune", "Stage 2: finetune the whole model (DeepSpeed ZeRO / FSDP2)"),
-    "evaluate": ("s2t2_dist.stages.evaluate", "Perplexity and bits-per-byte on the held-out split"),
+    "evaluate": ("s2t2_dist.stages.evaluate", "Perplexity and bits-per-byte on the held-out split, or on any FASTA / jsonl / parquet / text files"),
     "config": ("s2t2_dist.config_docs", "Print a stage's resolved config as YAML (--config F, key=value overrides)"),
     "submit": ("s2t2_dist.launch.submit", "Submit a stage to SLURM with submitit (requeues on preemption)"),
     "demo": ("s2t2_dist.stages.demo", "The whole pipeline on the bundled protein sample, in minutes on a CPU"),
