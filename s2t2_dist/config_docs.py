@@ -6,8 +6,8 @@ it (Sphinx's attribute-doc syntax), so the source is the documentation and nothi
     #: rolling windows per forward call
     batch_size: int = 8
 
-`config_rows(Cls)` lists every dotted key (and section) with its type, default and description; `format_keys` renders them for
---help. `s2t2 config <stage> [--config F] [key=value ...]` prints the resolved config as YAML (an unknown key or a
+`config_rows(Cls)` lists every dotted key (and section) with its type, default and description; `format_keys`
+renders them for --help. `s2t2 config <stage> [--config F] [key=value ...]` prints the resolved config as YAML (an unknown key or a
 wrong type: one line, exit 2; a config that loads but would not pass the stage's validation is printed, with one
 line on stderr saying why).
 """

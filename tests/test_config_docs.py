@@ -59,7 +59,8 @@ class _Outer:
 def test_rows_join_comment_blocks_and_take_defaults_from_the_parent():
     rows = {r.key: r for r in config_rows(_Outer)}
     assert rows["inner"].type == "section" and rows["inner"].doc == "the inner section"
-    assert (rows["inner.a"].type, rows["inner.a"].default, rows["inner.a"].doc) == ("int", "5", "first line second line")
+    a = rows["inner.a"]
+    assert (a.type, a.default, a.doc) == ("int", "5", "first line second line")
     assert rows["inner.b"].doc == ""  # only `#:` blocks count: the check above would catch it
     assert (rows["kind"].type, rows["kind"].default) == ("{p,q}", '"q"')
     assert (rows["tags"].type, rows["tags"].default) == ("list[str] | null", "null")

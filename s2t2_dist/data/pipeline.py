@@ -95,12 +95,14 @@ def prepare(cfg: DataConfig, *, progress: bool = True, steps: tuple[str, ...] = 
     if "tokenizer" in steps:
         compare = {"source": cfg.source_tokenizer} if cfg.source_tokenizer else None
         with _Step(timing, "tokenizer", tok_dir / "tokenizer.json"):
-            rep = adopt_tokenizer(cfg.tokenizer_path, split_dir=split_dir, output_dir=tok_dir,
-                                  compare_with=compare) if cfg.tokenizer_path else train_tokenizer(split_dir=split_dir, output_dir=tok_dir, vocab_size=cfg.vocab_size,
-                                  kind=cfg.resolved_tokenizer_kind(), alphabet=tokenizer_alphabet(cfg),
-                                  min_frequency=cfg.min_frequency, max_records=cfg.tokenizer_max_records,
-                                  seed=cfg.seed, context_len=cfg.context_len, compare_with=compare,
-                                  progress=progress)
+            if cfg.tokenizer_path:  # an existing tokenizer: no training
+                rep = adopt_tokenizer(cfg.tokenizer_path, split_dir=split_dir, output_dir=tok_dir, compare_with=compare)
+            else:
+                rep = train_tokenizer(split_dir=split_dir, output_dir=tok_dir, vocab_size=cfg.vocab_size,
+                                      kind=cfg.resolved_tokenizer_kind(), alphabet=tokenizer_alphabet(cfg),
+                                      min_frequency=cfg.min_frequency, max_records=cfg.tokenizer_max_records,
+                                      seed=cfg.seed, context_len=cfg.context_len, compare_with=compare,
+                                      progress=progress)
         summary["tokenizer"] = {"dir": str(tok_dir), "hash": rep.get("tokenizer_hash"),
                                 "vocab_size": rep.get("vocab_size"), "trained_on": rep.get("trained_on"),
                                 "adopted_from": rep.get("adopted_from"),
@@ -152,7 +154,8 @@ def format_summary(summary: dict) -> str:
     if tk:
         tr = tk.get("trained_on") or {}
         how = (f"adopted from {tk['adopted_from']} (hash {str(tk.get('hash'))[:16]}), not trained"
-               if tk.get("adopted_from") else f"trained on {_n(tr.get('records'))} records ({_n(tr.get('chars'))} characters)")
+               if tk.get("adopted_from")
+               else f"trained on {_n(tr.get('records'))} records ({_n(tr.get('chars'))} characters)")
         lines.append(f"  tokenizer {tk['dir']}: vocab {_n(tk.get('vocab_size'))}, {how}")
         comp = tk.get("compression")
         if comp:

@@ -45,8 +45,9 @@ def tokenize_files(files: list[str], tokenizer: str, *, cache_dir: str | os.Path
     """Tokenize ``files`` with ``tokenizer`` (a tokenizer.json or a directory holding one) into cached eval shards.
 
     Returns ``{"eval_dir", "cache_key", "files": [[path, format]], "records": {read, scored, left_out: {reason: n},
-    examples: [...], unk_tokens (if the tokenizer has an unknown token)}}``. Every record read is either scored or counted under a reason (a malformed record, or an
-    empty one: ``bad:<reason>``); ``on_bad_record="error"`` stops at the first, naming FILE:LINE.
+    examples: [...], unk_tokens (if the tokenizer has an unknown token)}}``. Every record read is either scored or
+    counted under a reason (a malformed record, or an empty one: ``bad:<reason>``); ``on_bad_record="error"`` stops
+    at the first, naming FILE:LINE.
     """
     resolved = resolve_inputs(files, format)
     info = load_tokenizer(tokenizer)

@@ -80,9 +80,9 @@ class EvalDataConfig:
         import os
 
         if bool(self.eval) == bool(self.files):
-            raise ConfigError("eval: give either data.eval (shards written by `s2t2 prepare`) or data.files "
-                              "(raw FASTA / jsonl / parquet / text files), not both" if self.eval else
-                              "eval: data.eval (shards written by `s2t2 prepare`) or data.files (raw files) is required")
+            both = ("data.eval (eval shards written by `s2t2 prepare`) or data.files (raw FASTA / jsonl / parquet "
+                    "/ text files)")
+            raise ConfigError(f"eval: give {both}, not both" if self.eval else f"eval: one of {both} is required")
         for f in self.files:
             if not (os.path.exists(f) or glob.glob(f)):
                 raise ConfigError(f"files: {f!r} does not exist")

@@ -73,7 +73,8 @@ class TranslatorConfig:
     kind: Literal["sparse", "softmax", "unconstrained"] = "sparse"
     #: Sinkhorn / Dykstra iterations per forward (paper: 3)
     n_iter: int = 3
-    #: convex: W_E = W_L = P / nu (E', L' are convex combinations of source rows); paper: the paper's literal W_E = P / mu, W_L = P / nu
+    #: convex: W_E = W_L = P / nu (E', L' are convex combinations of source rows); paper: the paper's literal
+    #: W_E = P / mu, W_L = P / nu
     normalization: Literal["convex", "paper"] = "convex"
     #: weight of the entropy regulariser alpha * H(P) (larger: sparser P)
     alpha: float = 0.0
