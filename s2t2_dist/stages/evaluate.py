@@ -37,21 +37,10 @@ import torch
 
 from s2t2_dist.config import ConfigError
 from s2t2_dist.engines.build import EngineConfig
+from s2t2_dist.models.hf import ModelPathConfig
 from s2t2_dist.stages.init_model import InitConfig, InitPlan
 
 log = logging.getLogger("s2t2.evaluate")
-
-
-@dataclass
-class EvalModelConfig:
-    #: the model evaluated (init.kind=as_is / orig_tok) or the source model a P file is applied to (translated)
-    path: str = ""
-    #: let transformers run the model repository's own Python code
-    trust_remote_code: bool = False
-
-    def validate(self) -> None:
-        if not self.path:
-            raise ConfigError("path: the model to evaluate (a Hugging Face directory or hub id) is required")
 
 
 @dataclass
@@ -114,8 +103,8 @@ class EvaluateConfig:
     output: str = ""
     #: random seed (evaluation itself is deterministic)
     seed: int = 0
-    #: the model evaluated
-    model: EvalModelConfig = field(default_factory=EvalModelConfig)
+    #: the model evaluated (init.kind=as_is / orig_tok) or the source model a P file is applied to (translated)
+    model: ModelPathConfig = field(default_factory=ModelPathConfig)
     #: what it is scored on: prepared eval shards or raw files
     data: EvalDataConfig = field(default_factory=EvalDataConfig)
     #: how the model is built from model.path (as_is: used as it is)
