@@ -167,7 +167,7 @@ def _vocab_strings(tok, ids) -> list[str]:
 def build(cfg: TranslateConfig, rt: Runtime):
     from s2t2_dist.data.bpe import load_tokenizer, tokenizer_hash
     from s2t2_dist.data.loader import EvalDocs, TrainLoader
-    from s2t2_dist.models.hf import get_embedding_and_head, load_causal_lm, source_token_ids
+    from s2t2_dist.models.hf import UnsupportedModel, get_embedding_and_head, load_causal_lm, source_token_ids
     from s2t2_dist.models.translated import TranslatedLM
     from s2t2_dist.translator import TokenTranslator
 
@@ -177,7 +177,11 @@ def build(cfg: TranslateConfig, rt: Runtime):
     from transformers import AutoTokenizer
 
     src_tok = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
-    E, L, tied = get_embedding_and_head(model)
+    try:
+        E, L, tied = get_embedding_and_head(model)
+        TranslatedLM(model, freeze_model=False)  # checks the body and the logits (no state: dropped)
+    except UnsupportedModel as e:
+        raise UnsupportedModel(f"model.path={cfg.model.path}: {e}") from None
     if cfg.model.partition == "fsdp" and env.distributed:
         # Only the blocks are sharded: the translator reads E and L whole (they are the small part of the model),
         # and the LM's own embedding/head modules are never called (TranslatedLM feeds E' and applies L').
