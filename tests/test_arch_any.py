@@ -14,60 +14,14 @@ import shutil
 import pytest
 import torch
 
+from arch_fixtures import ARCHS, CTX, D, ROWS, prepare_arch_data, save_model
+
 from s2t2_dist.config import load_config
-
-D, ROWS, CTX = 32, 72, 32
-
-
-def _configs():
-    import transformers as T
-
-    common = dict(vocab_size=ROWS, hidden_size=D, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=64)
-    return {
-        "llama": lambda: T.LlamaConfig(**common),
-        "olmo": lambda: T.OlmoConfig(**common),
-        "olmo2": lambda: T.Olmo2Config(**common),
-        "qwen2": lambda: T.Qwen2Config(**common),
-        "mistral": lambda: T.MistralConfig(**common),
-        # embeddings scaled by sqrt(d) inside its embedding module
-        "gemma": lambda: T.GemmaConfig(**common, head_dim=8),
-        "gpt_neox": lambda: T.GPTNeoXConfig(vocab_size=ROWS, hidden_size=D, intermediate_size=64, num_hidden_layers=2,
-                                            num_attention_heads=4, max_position_embeddings=64),
-        # Conv1D layers and learned positions
-        "gpt2": lambda: T.GPT2Config(vocab_size=ROWS, n_embd=D, n_layer=2, n_head=4, n_positions=64),
-    }
-
-
-ARCHS = list(_configs())
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from finetune_fixtures import FASTA, sample_fasta
-
-    from s2t2_dist.data import DataConfig, prepare
-
-    root = tmp_path_factory.mktemp("arch_data")
-    fasta = sample_fasta(FASTA, root / "sample.fasta", 60, max_len=300)
-    cfg = DataConfig(inputs=[str(fasta)], output_dir=str(root / "data"), eval_fraction=0.1, vocab_size=64,
-                     context_len=CTX, shard_size=64, num_workers=0, tokenizer_max_records=None)
-    prepare(cfg, progress=False)
-    return root / "data"
-
-
-def _save_model(out, arch: str, tied: bool, tokenizer_dir) -> None:
-    from transformers import AutoModelForCausalLM
-
-    cfg = _configs()[arch]()
-    cfg.tie_word_embeddings = tied
-    cfg.bos_token_id = cfg.eos_token_id = cfg.pad_token_id = None
-    torch.manual_seed(3)
-    model = AutoModelForCausalLM.from_config(cfg)
-    model.save_pretrained(str(out))
-    for f in tokenizer_dir.iterdir():  # the model "speaks" the small BPE (its source tokenizer)
-        if f.is_file():
-            shutil.copy(f, out / f.name)
+    return prepare_arch_data(tmp_path_factory.mktemp("arch_data"))
 
 
 def _common(run_dir, data, model):
@@ -87,7 +41,7 @@ def test_translate_finetune_export_reload(data, tmp_path, arch, tied):
     from s2t2_dist.stages import finetune, translate
 
     model_dir = tmp_path / "model"
-    _save_model(model_dir, arch, tied, data / "tokenizer")
+    save_model(model_dir, arch, tied, data / "tokenizer")
     src = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
     E, L, is_tied = get_embedding_and_head(src)
     assert is_tied is tied and E.shape == (ROWS, D)
