@@ -80,3 +80,47 @@ def test_translate_resumes_on_3_then_1_ranks_like_the_uninterrupted_run(inputs, 
     a, b = load_p(ref / "P.safetensors").dense(), load_p(run / "P.safetensors").dense()
     torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-4)
     assert not torch.allclose(a, torch.full_like(a, float(a.mean())), atol=1e-6)  # P has moved from its start
+
+
+def _finetune(args):
+    import os
+
+    from s2t2_dist.config import load_config
+    from s2t2_dist.stages.finetune import FinetuneConfig, run
+
+    os.environ["S2T2_DEVICE"] = "cpu"
+    return run(load_config(FinetuneConfig, None, args))
+
+
+def test_finetune_fsdp_resumes_on_3_then_1_ranks_like_the_uninterrupted_run(inputs, tmp_path):
+    """Stage 2 under FSDP2: torch DCP re-splits the parameters and the Adam moments over the new mesh."""
+    data, model = inputs
+    ref = tmp_path / "ref"
+    p_file = _translate(_args(data, model, tmp_path / "stage1", "train.steps=2", "train.ckpt_every=0"))["p_file"]
+
+    def args(run_dir, *extra):
+        return [f"run_dir={run_dir}", f"model.path={model}", f"data.train={data}/shards/new/train",
+                f"data.tokenizer={data}/tokenizer", "data.shuffle_window=8", f"init.p_file={p_file}",
+                f"init.dir={tmp_path / 'init'}", "engine.kind=fsdp", f"train.context_len={CTX}",
+                f"train.batch_size={G}", "train.micro_batch_size=1", "train.log_every=1", "train.ckpt_every=2",
+                "train.keep_checkpoints=5", f"train.steps={STEPS}", "optim.lr=1e-2", "optim.warmup_frac=0", *extra]
+
+    ref_out = run_distributed(_finetune, 2, args(ref), timeout=240)[0]
+    run = tmp_path / "elastic"
+    shutil.copytree(ref / "checkpoints" / "step_00000002", run / "checkpoints" / "step_00000002")
+    out = run_distributed(_finetune, 3, args(run, "train.stop_after=2"), timeout=240)[0]
+    assert out["preempted"] and out["step"] == 4
+    got = run_distributed(_finetune, 1, args(run), timeout=240)[0]
+    assert got["finished"]
+    ref_loss, got_loss = dict(ref_out["losses"]), {**dict(out["losses"]), **dict(got["losses"])}
+    assert sorted(got_loss) == list(range(3, STEPS + 1))
+    assert ref_loss[STEPS] < ref_loss[1]  # it learns
+    for s in got_loss:
+        assert got_loss[s] == pytest.approx(ref_loss[s], rel=1e-5, abs=1e-6), (s, got_loss, ref_loss)
+    from transformers import AutoModelForCausalLM
+
+    a = AutoModelForCausalLM.from_pretrained(str(ref / "final")).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(str(run / "final")).state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], atol=1e-6, rtol=1e-4, msg=k)

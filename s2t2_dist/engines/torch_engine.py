@@ -116,7 +116,7 @@ class TorchEngine(Engine):
 
     def load(self, directory: Path) -> None:
         f = self._file(directory)
-        if not f.is_file() and self._layout() and (Path(directory) / "engine_rank00000.pt").is_file():
+        if not f.is_file() and (Path(directory) / "engine_rank00000.pt").is_file():
             f = Path(directory) / "engine_rank00000.pt"  # fewer ranks wrote it: rank 0's file says how many
         if not f.is_file():
             raise FileNotFoundError(f"checkpoint {directory}: no engine state for rank {self.rank} ({f.name})")
@@ -124,7 +124,7 @@ class TorchEngine(Engine):
             state = torch.load(f, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - torch raises several types for damaged or unsafe files
             raise RuntimeError(f"checkpoint {directory}: {f.name} is unreadable ({type(e).__name__}: {e})") from e
-        if state["world_size"] != self.world:
+        if state["world_size"] != self.world and self.params_kind == "sharded":
             if not self._layout() or not state.get("layout"):
                 raise RuntimeError(
                     f"checkpoint {directory} was written by {state['world_size']} ranks, this run has {self.world}"
