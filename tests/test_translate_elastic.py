@@ -12,6 +12,7 @@ import pytest
 import torch
 from arch_fixtures import CTX, prepare_arch_data, save_model
 from distributed import run_distributed
+from stage_fixtures import REPO
 
 STEPS, G = 6, 6
 
@@ -92,26 +93,34 @@ def _finetune(args):
     return run(load_config(FinetuneConfig, None, args))
 
 
-def test_finetune_fsdp_resumes_on_3_then_1_ranks_like_the_uninterrupted_run(inputs, tmp_path):
-    """Stage 2 under FSDP2: torch DCP re-splits the parameters and the Adam moments over the new mesh."""
+@pytest.mark.parametrize("engine", ["fsdp", "deepspeed"])
+def test_finetune_resumes_on_3_then_1_ranks_like_the_uninterrupted_run(inputs, tmp_path, engine):
+    """Stage 2: under FSDP2 torch DCP re-splits the parameters and Adam moments over the new mesh; under DeepSpeed
+    ZeRO-3 the checkpoint is converted once into a universal one (ds_to_universal) that the new ranks load."""
     data, model = inputs
+    kind = ["engine.kind=fsdp"] if engine == "fsdp" else [
+        "engine.kind=deepspeed", f"engine.ds_config={REPO / 'configs' / 'ds_zero3.json'}",
+        "engine.ds_overrides.zero_optimization.stage3_param_persistence_threshold=0"]
+    env = {"DS_ACCELERATOR": "cpu"}
     ref = tmp_path / "ref"
     p_file = _translate(_args(data, model, tmp_path / "stage1", "train.steps=2", "train.ckpt_every=0"))["p_file"]
 
     def args(run_dir, *extra):
         return [f"run_dir={run_dir}", f"model.path={model}", f"data.train={data}/shards/new/train",
                 f"data.tokenizer={data}/tokenizer", "data.shuffle_window=8", f"init.p_file={p_file}",
-                f"init.dir={tmp_path / 'init'}", "engine.kind=fsdp", f"train.context_len={CTX}",
+                f"init.dir={tmp_path / 'init'}", *kind, f"train.context_len={CTX}",
                 f"train.batch_size={G}", "train.micro_batch_size=1", "train.log_every=1", "train.ckpt_every=2",
                 "train.keep_checkpoints=5", f"train.steps={STEPS}", "optim.lr=1e-2", "optim.warmup_frac=0", *extra]
 
-    ref_out = run_distributed(_finetune, 2, args(ref), timeout=240)[0]
+    ref_out = run_distributed(_finetune, 2, args(ref), timeout=240, env=env)[0]
     run = tmp_path / "elastic"
     shutil.copytree(ref / "checkpoints" / "step_00000002", run / "checkpoints" / "step_00000002")
-    out = run_distributed(_finetune, 3, args(run, "train.stop_after=2"), timeout=240)[0]
+    out = run_distributed(_finetune, 3, args(run, "train.stop_after=2"), timeout=240, env=env)[0]
     assert out["preempted"] and out["step"] == 4
-    got = run_distributed(_finetune, 1, args(run), timeout=240)[0]
+    got = run_distributed(_finetune, 1, args(run), timeout=240, env=env)[0]
     assert got["finished"]
+    if engine == "deepspeed":  # each resume on another number of ranks went through a universal checkpoint
+        assert all((run / "checkpoints" / f"step_{s:08d}" / "deepspeed_universal" / "zero").is_dir() for s in (2, 4))
     ref_loss, got_loss = dict(ref_out["losses"]), {**dict(out["losses"]), **dict(got["losses"])}
     assert sorted(got_loss) == list(range(3, STEPS + 1))
     assert ref_loss[STEPS] < ref_loss[1]  # it learns

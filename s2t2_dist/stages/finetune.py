@@ -267,10 +267,10 @@ def run(cfg: FinetuneConfig) -> dict:
     task, model, engine, loader, plan = build(cfg, rt)
     fp = fingerprint(**config_part(cfg, "model", "init"), data=cfg.data.train, tokenizer=plan.tokenizer_hash,
                      engine=cfg.engine.kind, train=[cfg.train.batch_size, cfg.train.context_len, cfg.train.seed])
-    # elastic: FSDP2 (torch DCP re-splits the parameters and Adam moments) and the plain engine (replicas) resume on
-    # another number of ranks; DeepSpeed checkpoints are tied to theirs
-    ck = Checkpointer(rt.run_dir, keep=cfg.train.keep_checkpoints, fingerprint=fp,
-                      elastic=cfg.engine.kind in ("fsdp", "plain"))
+    # elastic: a checkpoint resumes on another number of ranks -- FSDP2 through torch DCP (which re-splits the
+    # parameters and Adam moments over the new mesh), DeepSpeed through a universal checkpoint, the plain engine
+    # from rank 0's replica
+    ck = Checkpointer(rt.run_dir, keep=cfg.train.keep_checkpoints, fingerprint=fp, elastic=True)
     result = train(cfg.train, task, engine, loader, ck, rt.logger, on_step=task.on_step)
     summary: dict = {"step": result.step, "finished": result.finished, "preempted": result.preempted,
                      "bad_steps": result.bad_steps, "losses": result.losses,
