@@ -93,12 +93,13 @@ def _finetune(args):
     return run(load_config(FinetuneConfig, None, args))
 
 
-@pytest.mark.parametrize("engine", ["fsdp", "deepspeed"])
+@pytest.mark.parametrize("engine", ["fsdp", "deepspeed", "plain"])
 def test_finetune_resumes_on_3_then_1_ranks_like_the_uninterrupted_run(inputs, tmp_path, engine):
     """Stage 2: under FSDP2 torch DCP re-splits the parameters and Adam moments over the new mesh; under DeepSpeed
-    ZeRO-3 the checkpoint is converted once into a universal one (ds_to_universal) that the new ranks load."""
+    ZeRO-3 the checkpoint is converted once into a universal one (ds_to_universal) that the new ranks load; the plain
+    engine's replicas are read from any rank's file."""
     data, model = inputs
-    kind = ["engine.kind=fsdp"] if engine == "fsdp" else [
+    kind = [f"engine.kind={engine}"] if engine != "deepspeed" else [
         "engine.kind=deepspeed", f"engine.ds_config={REPO / 'configs' / 'ds_zero3.json'}",
         "engine.ds_overrides.zero_optimization.stage3_param_persistence_threshold=0"]
     env = {"DS_ACCELERATOR": "cpu"}
