@@ -154,7 +154,7 @@ def run_one(pb: Problem, kind: str, *, recipe: str = "default", lr: float = 0.0,
             "anneal": f"{step.anneal_t0:g}/{step.anneal_frac:g}",
             "dense_frac": step.dense_frac, "dense_lr": step.dense_lr, "eps": eps, "mu": mu, "steps": steps, "held_loss": held, "recovery": rec,
             "max_weight_mean": ms["max_weight_mean"], "col_entropy_mean": ms["col_entropy_mean"],
-            "grad_live_frac": gs["grad_live_frac"], "grad_zero_steps": gs["grad_zero_steps"],
+            "grad_live_frac": gs["grad_live_frac"], "grad_frozen_steps": gs["grad_frozen_steps"],
             "seconds": round(dt, 1)}
 
 
@@ -197,7 +197,7 @@ def main(argv=None) -> int:
             r.update(base, gap=r["held_loss"] - base["oracle_loss"])
             print(f"| {kind} | {a.recipe} | {r['init']} | {r['dense_frac']:g} | {r['anneal']} | {r['lr']:.3g} | {r['lr_x_v']:.3g} | "
                   f"{r['recovery']:.3f} | {r['gap']:.4f} | {r['max_weight_mean']:.3f} | {r['col_entropy_mean']:.3f} | "
-                  f"{r['grad_live_frac']:.4f} | {r['grad_zero_steps']:.0f} | {r['seconds']} |", flush=True)
+                  f"{r['grad_live_frac']:.4f} | {r['grad_frozen_steps']:.0f} | {r['seconds']} |", flush=True)
             if a.json:
                 with open(a.json, "a") as f:
                     f.write(json.dumps(r) + "\n")

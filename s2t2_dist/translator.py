@@ -45,6 +45,9 @@ from s2t2_dist.pfile import sparsity_summary
 
 __all__ = ["TokenTranslator", "KINDS", "NORMALIZATIONS"]
 
+#: a step counts as frozen when fewer than this fraction of the target columns receive any gradient on C
+FREEZE_LIVE_COLS = 0.05
+
 KINDS = ("sparse", "softmax", "unconstrained")
 NORMALIZATIONS = ("convex", "paper")
 
@@ -354,12 +357,15 @@ class TokenTranslator(nn.Module):
         """Count, after every backward, the entries of this rank's C with a non-zero gradient (a hook on C after
         accumulation: the last call of a step sees the step's whole gradient). :meth:`grad_stats` reads them."""
         if getattr(self, "_grad_hook", None) is None:
-            self._grad_live, self._grad_zero_run, self._grad_seen = 0, 0, 0
+            self._grad_live, self._grad_live_cols, self._grad_zero_run, self._grad_seen = 0, 0, 0, 0
             self._grad_hook = self.C.register_post_accumulate_grad_hook(self._count_grad)
 
     def _count_grad(self, p: Tensor) -> None:
         g = p.grad
-        self._grad_live = int((g != 0).sum()) if g is not None else 0
+        live = (g != 0) if g is not None else None
+        self._grad_live = int(live.sum()) if live is not None else 0
+        # columns (target tokens) whose gradient is not all zero
+        self._grad_live_cols = int(live.any(0).sum()) if live is not None and live.numel() else 0
 
     def end_step(self) -> None:
         """Close a step of the gradient monitor (call once per optimiser step, before the gradient is zeroed or
@@ -367,14 +373,17 @@ class TokenTranslator(nn.Module):
         if getattr(self, "_grad_hook", None) is None:
             return
         self._grad_seen += 1
-        self._grad_zero_run = self._grad_zero_run + 1 if self._grad_live == 0 else 0
+        # frozen: (almost) no target column still receives gradient (exactly zero, or a few tied entries left)
+        stalled = self._grad_live_cols < FREEZE_LIVE_COLS * max(self.C.shape[1], 1)
+        self._grad_zero_run = self._grad_zero_run + 1 if stalled else 0
 
     @torch.no_grad()
     def grad_stats(self) -> Dict[str, float]:
         """Global gradient-monitor statistics (collective when sharded): ``grad_live_frac``, the fraction of all
-        v x u entries of C whose gradient was non-zero on the last step; ``grad_zero_steps``, the number of
-        consecutive steps, ending now, on which the gradient on the whole C was exactly zero (the minimum over
-        ranks of each rank's own run)."""
+        v x u entries of C whose gradient was non-zero on the last step; ``grad_frozen_steps``, the number of
+        consecutive steps, ending now, on which fewer than ``FREEZE_LIVE_COLS`` of the target columns received any
+        gradient (exactly zero, or a few tied entries left: a frozen C), the minimum over ranks of each rank's own
+        run."""
         if getattr(self, "_grad_hook", None) is None:
             raise RuntimeError("grad_stats: call watch_grad() first")
         live = torch.tensor([float(self._grad_live)], dtype=torch.float64, device=self.C.device)
@@ -383,7 +392,7 @@ class TokenTranslator(nn.Module):
             c = self.comm()
             live = c.all_reduce(live, "sum")
             run = c.all_reduce(run, "min")
-        return {"grad_live_frac": float(live) / float(self.v * self.u), "grad_zero_steps": float(run)}
+        return {"grad_live_frac": float(live) / float(self.v * self.u), "grad_frozen_steps": float(run)}
 
     @torch.no_grad()
     def marginal_errors(self, P: Optional[Tensor] = None) -> Dict[str, float]:

@@ -24,14 +24,14 @@ def test_default_recipe_learns_planted_map_and_stays_alive():
     assert r["lr_x_v"] == resolve_step("sparse", 16).lr * 16
     assert r["recovery"] >= 0.9, r
     assert r["held_loss"] - oracle_loss(pb) < 0.1, r
-    assert r["grad_zero_steps"] == 0 and r["grad_live_frac"] > 0.01, r
+    assert r["grad_frozen_steps"] == 0 and r["grad_live_frac"] > 0.01, r
     assert freeze_warning("sparse", 50280, resolve_step("sparse", 50280).lr) == ""
 
 
 def test_paper_lr_at_large_lr_x_v_freezes_and_is_detected():
     pb = make_problem(64, 16, "many", n_train=256, n_held=64)
     r = run_one(pb, "sparse", recipe="paper", lr=0.05, steps=60)  # lr x v = 3.2, as the paper's 1e-3 at v = 3,200
-    assert r["grad_live_frac"] == 0.0 and r["grad_zero_steps"] >= 20, r
+    assert r["grad_live_frac"] == 0.0 and r["grad_frozen_steps"] >= 20, r
     assert "freezing range" in freeze_warning("sparse", 64, 0.05)
     assert "freezing range" in freeze_warning("sparse", 50280, resolve_step("sparse", 50280, recipe="paper").lr)
     assert freeze_warning("softmax", 50280, 1e-3) == ""

@@ -68,7 +68,7 @@ def test_translate_single_process_learns_and_exports(inputs, tmp_path):
     # the default step size (in units of 1/v) keeps C's gradient alive; mass-based sparsity is logged
     assert res["gradient_on_C"]["frozen"] is False and res["gradient_on_C"]["live_grad_frac_at_end"] > 0.01, res
     assert res["gradient_on_C"]["start_warning"] == "" and res["gradient_on_C"]["lr_x_v"] == pytest.approx(0.025)
-    for t in ("P/max_weight_mean", "P/col_entropy_mean", "C/grad_live_frac", "C/grad_zero_steps"):
+    for t in ("P/max_weight_mean", "P/col_entropy_mean", "C/grad_live_frac", "C/grad_frozen_steps"):
         assert t in tags["scalars"], (t, tags["scalars"])
     assert res["eval"]["bpb"] > 0 and res["eval"]["random_guess_nll_per_token"] == pytest.approx(
         __import__("math").log(p.nu.numel()))
@@ -123,13 +123,13 @@ def test_translate_warns_and_flags_a_frozen_C(inputs, tmp_path, caplog):
     data, model = inputs
     cfg = load_config(TranslateConfig, REPO / "configs" / "translate_olmo1b.yaml",
                       _overrides(data, model, tmp_path / "run", "train.steps=30", "train.micro_batch_size=4",
-                                 "data.eval=", "translator.recipe=paper", "optim.lr=10", "translator.freeze_steps=3",
+                                 "data.eval=", "translator.recipe=paper", "optim.lr=1.0", "translator.freeze_steps=3",
                                  "train.log_every=1"))
     with caplog.at_level(logging.WARNING, logger="s2t2.translate"):
         summary = run(cfg)
     g = json.loads((tmp_path / "run" / "result.json").read_text())["gradient_on_C"]
     assert g == summary["gradient_on_C"]
-    assert g["frozen"] is True and g["frozen_at_step"] <= 30 and g["live_grad_frac_at_end"] == 0.0, g
-    assert g["lr"] == 10 and g["lr_x_v"] == 5120
+    assert g["frozen"] is True and g["frozen_at_step"] <= 30 and g["live_grad_frac_at_end"] < 1e-3, g
+    assert g["lr"] == 1.0 and g["lr_x_v"] == 512
     assert "freezing range" in caplog.text and "freezing range" in g["start_warning"]
-    assert caplog.text.count("has been exactly zero") == 1, caplog.text
+    assert caplog.text.count("exactly zero for") == 1, caplog.text

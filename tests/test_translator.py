@@ -257,7 +257,7 @@ def test_sharded_translator_equals_single_process(world, single):
             assert torch.allclose(p["sparse"][1], ref["sparse"][1], atol=1e-13)
             assert torch.allclose(p["block"], ref["block"], atol=1e-13)
             assert p["mass"] == pytest.approx(ref["mass"], rel=1e-12)
-            assert p["grad"]["grad_zero_steps"] == 0 and p["grad"]["grad_live_frac"] == sum(
+            assert p["grad"]["grad_frozen_steps"] == 0 and p["grad"]["grad_live_frac"] == sum(
                 q["g_live"] for q in per) / (V * u)  # global: every rank's local count summed
             assert p["top"].keys() == ref["top"].keys()
             assert all([i for i, _ in p["top"][j]] == [i for i, _ in ref["top"][j]] for j in ref["top"])
@@ -284,10 +284,10 @@ def test_mass_stats_and_gradient_monitor():
     for step in range(3):  # a loss that does not depend on C: exactly zero gradient, counted per step
         (tr.C * 0).sum().backward()
         tr.end_step()
-        assert tr.grad_stats() == {"grad_live_frac": 0.0, "grad_zero_steps": step + 1}
+        assert tr.grad_stats() == {"grad_live_frac": 0.0, "grad_frozen_steps": step + 1}
         tr.C.grad = None
     E = torch.randn(4, 2, dtype=torch.float64)
     tr.embed_and_head(E)[1].square().sum().backward()
     tr.end_step()
     g = tr.grad_stats()
-    assert g["grad_zero_steps"] == 0 and g["grad_live_frac"] == float((tr.C.grad != 0).double().mean()) > 0
+    assert g["grad_frozen_steps"] == 0 and g["grad_live_frac"] == float((tr.C.grad != 0).double().mean()) > 0

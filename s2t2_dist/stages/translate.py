@@ -92,7 +92,8 @@ class TranslatorConfig:
     dense_frac: float = -1.0
     #: the warm-up's lr (softmax units: logits); 0: the recipe's default
     dense_lr: float = 0.0
-    #: warn (and flag it in result.json) when the gradient on C has been exactly zero for this many steps (0: off)
+    #: warn (and flag it in result.json) when the gradient on C has been zero (fewer than 5% of the target columns
+    #: receiving any) for this many consecutive steps (0: off)
     freeze_steps: int = 50
 
     def validate(self) -> None:
@@ -192,21 +193,21 @@ class TranslateTask:
 
     def check_gradient(self, step: int) -> dict[str, float]:
         """The gradient monitor's global statistics (collective); warns once (rank 0) when the gradient on C has
-        been exactly zero for translator.freeze_steps consecutive steps, and remembers it for the summary."""
+        been (almost) zero for translator.freeze_steps consecutive steps, and remembers it for the summary."""
         g = self.translator.grad_stats()
         n = self.cfg.translator.freeze_steps
-        if n and g["grad_zero_steps"] >= n and self.frozen_at is None:
+        if n and g["grad_frozen_steps"] >= n and self.frozen_at is None:
             self.frozen_at = step
             if self.rt.env.is_main:
-                log.warning("translate: the gradient on C has been exactly zero for %d steps (step %d): P is frozen "
-                            "and no longer learns (the supports of the sparse projections collapsed; lower optim.lr, "
-                            "see translator.recipe)", int(g["grad_zero_steps"]), step)
+                log.warning("translate: the gradient on C has been (almost) exactly zero for %d steps (step %d): "
+                            "P is frozen and no longer learns (the supports of the sparse projections collapsed; lower optim.lr, "
+                            "see translator.recipe)", int(g["grad_frozen_steps"]), step)
         return {f"C/{k}": v for k, v in g.items()}
 
     def gradient_summary(self, step: int) -> dict:
         g = self.check_gradient(step)
         return {"frozen": self.frozen_at is not None, "frozen_at_step": self.frozen_at,
-                "zero_grad_steps_at_end": int(g["C/grad_zero_steps"]), "live_grad_frac_at_end": g["C/grad_live_frac"],
+                "frozen_steps_at_end": int(g["C/grad_frozen_steps"]), "live_grad_frac_at_end": g["C/grad_live_frac"],
                 "lr": self.lr, "lr_x_v": self.lr * self.translator.v, "start_warning": self.start_warning}
 
     @torch.no_grad()
