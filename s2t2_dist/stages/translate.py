@@ -70,7 +70,14 @@ class TranslatorConfig:
     normalization: Literal["convex", "paper"] = "convex"
     #: weight of the entropy regulariser alpha * H(P) (larger: sparser P)
     alpha: float = 0.0
-    #: start from a P file instead of C = 1/v (e.g. the transfer experiment)
+    #: the plan C starts from. uniform: C = 1/v (the paper; P = mu nu^T). fvt: from the surface strings, each
+    #: target token's bytes written as source tokens by greedy longest match (`ot.prior`), blended with the
+    #: uniform plan, P0 = init_weight * P_fvt + (1 - init_weight) * mu nu^T; C = P0 (sparse), log P0 (softmax),
+    #: P0 / nu (unconstrained). See BENCHMARKS.md "#16b" for what each start reaches.
+    init: Literal["uniform", "fvt"] = "uniform"
+    #: fvt only: the weight of the surface-string plan in the blend (1: FVT itself, 0: uniform)
+    init_weight: float = 0.5
+    #: start from a P file instead (e.g. the transfer experiment); overrides `init`
     init_p: str = ""
     #: rows x cols of P shown as a heatmap image in TensorBoard
     heatmap: list[int] = field(default_factory=lambda: [128, 64])
@@ -80,6 +87,8 @@ class TranslatorConfig:
             raise ConfigError(f"n_iter: must be >= 1, got {self.n_iter}")
         if self.alpha < 0:
             raise ConfigError(f"alpha: must be >= 0, got {self.alpha}")
+        if not 0.0 <= self.init_weight <= 1.0:
+            raise ConfigError(f"init_weight: must be in [0, 1], got {self.init_weight}")
 
 
 @dataclass
@@ -203,6 +212,13 @@ def build(cfg: TranslateConfig, rt: Runtime):
         p = load_p(cfg.translator.init_p)
         p.check_compatible(hashes["source"], hashes["target"], where=f"{cfg.translator.init_p}: ")
         translator.init_from_dense(p.dense())
+    elif cfg.translator.init == "fvt":
+        P0, dec = surface_prior(cfg.model.path, src_tok, src_ids.tolist(), tgt, translator.mu, translator.nu,
+                                cfg.translator.init_weight, trust_remote_code=cfg.model.trust_remote_code)
+        translator.init_from_dense(P0)
+        log.info("translate: FVT start (weight %.3g): %.1f%% of target bytes covered by source tokens, %d target "
+                 "tokens without pieces, %d identical to a source token", cfg.translator.init_weight,
+                 100 * dec.coverage, dec.empty, dec.identical)
     lm = TranslatedLM(model, freeze_model=True, gradient_checkpointing=cfg.model.activation_checkpointing)
     from s2t2_dist.engines.torch_engine import TorchEngine
 
@@ -222,6 +238,29 @@ def build(cfg: TranslateConfig, rt: Runtime):
                          _vocab_strings(src_tok, src_ids.tolist()), eval_docs)
     task.lm_param_fraction = local / total
     return task, engine, loader, hashes
+
+
+def surface_prior(model_path: str, src_tok, src_ids: list[int], tgt, mu, nu, weight: float, *,
+                  trust_remote_code: bool = False):
+    """The FVT start P0 (v x u, float64) of `ot.prior` from both tokenizers' surface strings, and its
+    decomposition. Special tokens are paired by role: the target's document-start token (BOS, or EOS without one)
+    with the source's BOS, the target's EOS with the source's EOS, where the source list holds them."""
+    from s2t2_dist.models.hf import token_bytes
+    from s2t2_dist.ot.prior import blend_with_uniform, decompose, fvt_plan
+
+    src_bytes = token_bytes(model_path if src_tok is None else src_tok)
+    tgt_bytes = token_bytes(tgt.tokenizer)
+    row = {int(i): r for r, i in enumerate(src_ids)}
+    pairs = {}
+    s_bos = getattr(src_tok, "bos_token_id", None) if src_tok is not None else None
+    s_eos = getattr(src_tok, "eos_token_id", None) if src_tok is not None else None
+    for t_id, s_id in ((tgt.eos_id, s_eos if s_eos is not None else s_bos), (tgt.start_id, s_bos),
+                       (tgt.bos_id, s_bos)):
+        if t_id is not None and s_id is not None and int(s_id) in row:
+            pairs[int(t_id)] = row[int(s_id)]
+    dec = decompose([tgt_bytes.get(j) for j in range(tgt.vocab_size)], [src_bytes.get(int(i)) for i in src_ids],
+                    pairs)
+    return blend_with_uniform(fvt_plan(dec, mu.cpu(), nu.cpu()), mu.cpu(), nu.cpu(), weight), dec
 
 
 def export_p(path: Path, task: TranslateTask, hashes: dict) -> Path | None:
