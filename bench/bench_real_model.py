@@ -69,6 +69,7 @@ def corpus(out: Path, model: Path, n_docs: int, max_tokens: int = 256, seed: int
     path = out / f"stories_{n_docs}_{max_tokens}_s{seed}.jsonl"
     if path.is_file():
         return path
+    torch.set_num_threads(1)  # a 260K-parameter model: threads only contend
     tok = AutoTokenizer.from_pretrained(str(model))
     lm = AutoModelForCausalLM.from_pretrained(str(model)).eval()
     torch.manual_seed(seed)
@@ -127,6 +128,7 @@ class Bench:
         self.runs, self.cfgs = self.out / "runs", self.out / "configs"
         self.runner = Runner(ranks=1, log_dir=self.out / "logs", echo=False)
         self.results: dict = {}
+        self.tag = f"_{args.tag}" if args.tag else ""
 
     def train_block(self, steps: int) -> dict:
         a = self.args
@@ -216,15 +218,16 @@ class Bench:
         from s2t2_dist.data.bpe import load_tokenizer
         from s2t2_dist.models.hf import token_bytes
         from s2t2_dist.pfile import load_p
+        from s2t2_dist.stages.translate import source_surface_bytes
 
         p = load_p(p_file)
         W = p.weights_pair()[1]
-        src = token_bytes(str(self.model))
+        src = source_surface_bytes(str(self.model), p.source_ids.tolist())
         tgt = token_bytes(load_tokenizer(self.data()["tokenizer"]).tokenizer)
         row_of = {}
-        for r, i in enumerate(p.source_ids.tolist()):
-            if src.get(i):
-                row_of.setdefault(src[i], r)
+        for r, b in enumerate(src):
+            if b:
+                row_of.setdefault(b, r)
         top = W.argmax(0).tolist()
         shared = [(j, row_of[b]) for j, b in tgt.items() if b and b in row_of]
         return len(shared), sum(top[j] == r for j, r in shared)
@@ -256,7 +259,7 @@ class Bench:
                                                          for k, v in rows[name].items()))
                 from s2t2_dist.utils.io import atomic_write_json
 
-                atomic_write_json(self.out / "results.json", res)
+                atomic_write_json(self.out / f"results{self.tag}.json", res)
 
             if want("orig_tok") and regime == "v>d":
                 put("orig_tok", p_only=self.evaluate("orig_tok", regime, {"kind": "orig_tok"}, source=True))
@@ -283,7 +286,7 @@ class Bench:
                     put(name, finetuned=self.finetune(name, regime, {"kind": "translated", "p_file": t["p_file"]}))
             if getattr(self, "random_bpb", None):
                 put("random", p_only=self.random_bpb, finetuned=self.random_bpb)
-        (self.out / "table.md").write_text(table(res))
+        (self.out / f"table{self.tag}.md").write_text(table(res))
         say("\n" + table(res))
         return res
 
@@ -329,11 +332,12 @@ def main(argv=None) -> int:
     ap.add_argument("--ft-steps", type=int, default=100, help="finetuning steps (0: P only)")
     ap.add_argument("--ft-lr", type=float, default=1e-3)
     ap.add_argument("--context-len", type=int, default=256)
-    ap.add_argument("--docs", type=int, default=2000, help="stories sampled from stories260K")
+    ap.add_argument("--docs", type=int, default=640, help="stories sampled from stories260K")
     ap.add_argument("--regimes", default="v>d,v<d")
     ap.add_argument("--only", default="", help="comma-separated row names (default: all)")
     ap.add_argument("--sweep", action="append", default=[],
                     help="extra rows NAME:LR1,LR2:W1,W2 (e.g. s2t2_fvt:2e-6,2e-5:0.1,0.5), P only")
+    ap.add_argument("--tag", default="", help="name results_TAG.json / table_TAG.md (parallel invocations)")
     Bench(ap.parse_args(argv)).run()
     return 0
 

@@ -31,7 +31,9 @@ class ModelConfig:
     path: str = ""
     #: auto: bfloat16 on GPU, float32 on CPU
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    #: source tokens P translates from: all (real vocabulary), single_char (the paper's "bytes"), or a file of ids
+    #: source tokens P translates from: all (every real token), single_byte (tokens of exactly one byte: the
+    #: paper's "bytes", 243 on OLMo), single_char (tokens of one character: 1,004 on OLMo, 876 multi-byte, so NOT
+    #: bytes), or a file of ids
     source_vocab: str = "all"
     trust_remote_code: bool = False
     activation_checkpointing: bool = False
@@ -66,6 +68,7 @@ class DataPaths:
 @dataclass
 class TranslatorConfig:
     kind: Literal["sparse", "softmax", "unconstrained"] = "sparse"
+    #: full (row, column) Dykstra iterations: 3 = the paper's "iterating 3 times" (Algorithm 1's k = 0..n with n = 2)
     n_iter: int = 3
     normalization: Literal["convex", "paper"] = "convex"
     #: weight of the entropy regulariser alpha * H(P) (larger: sparser P)
@@ -240,6 +243,25 @@ def build(cfg: TranslateConfig, rt: Runtime):
     return task, engine, loader, hashes
 
 
+def source_surface_bytes(src_tok, src_ids: list[int]) -> list:
+    """The bytes of each source token (None: special), a byte-fallback token (`<0x41>`) set to None where a
+    regular token stands for the same bytes: the tokenizer writes "A" as the regular token, whose embedding is the
+    trained one."""
+    import re
+
+    from s2t2_dist.models.hf import _backend, token_bytes
+
+    tok, _ = _backend(src_tok)
+    tb = token_bytes(tok)
+    fallback = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+    regular = {tb[i] for i in tb if tb[i] and not fallback.fullmatch(tok.id_to_token(i) or "")}
+    out = []
+    for i in src_ids:
+        b = tb.get(int(i))
+        out.append(None if b in regular and fallback.fullmatch(tok.id_to_token(int(i)) or "") else b)
+    return out
+
+
 def surface_prior(model_path: str, src_tok, src_ids: list[int], tgt, mu, nu, weight: float, *,
                   trust_remote_code: bool = False):
     """The FVT start P0 (v x u, float64) of `ot.prior` from both tokenizers' surface strings, and its
@@ -248,7 +270,7 @@ def surface_prior(model_path: str, src_tok, src_ids: list[int], tgt, mu, nu, wei
     from s2t2_dist.models.hf import token_bytes
     from s2t2_dist.ot.prior import blend_with_uniform, decompose, fvt_plan
 
-    src_bytes = token_bytes(model_path if src_tok is None else src_tok)
+    src = source_surface_bytes(model_path if src_tok is None else src_tok, src_ids)
     tgt_bytes = token_bytes(tgt.tokenizer)
     row = {int(i): r for r, i in enumerate(src_ids)}
     pairs = {}
@@ -258,8 +280,7 @@ def surface_prior(model_path: str, src_tok, src_ids: list[int], tgt, mu, nu, wei
                        (tgt.bos_id, s_bos)):
         if t_id is not None and s_id is not None and int(s_id) in row:
             pairs[int(t_id)] = row[int(s_id)]
-    dec = decompose([tgt_bytes.get(j) for j in range(tgt.vocab_size)], [src_bytes.get(int(i)) for i in src_ids],
-                    pairs)
+    dec = decompose([tgt_bytes.get(j) for j in range(tgt.vocab_size)], src, pairs)
     return blend_with_uniform(fvt_plan(dec, mu.cpu(), nu.cpu()), mu.cpu(), nu.cpu(), weight), dec
 
 
