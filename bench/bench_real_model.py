@@ -48,7 +48,7 @@ LABELS = {
     "s2t2_fvt": "S2T2, FVT start", "softmax": "softmax Sinkhorn, uniform start",
     "softmax_fvt": "softmax Sinkhorn, FVT start", "unconstrained": "unconstrained, uniform start",
     "unconstrained_fvt": "unconstrained, FVT start", "fvt": "FVT (no training)", "truncate": "truncation",
-    "random": "random guess",
+    "random": "random guess", "unigram": "unigram (train-split token frequencies)",
 }
 N_CHARS = 48
 
@@ -130,13 +130,14 @@ class Bench:
         self.results: dict = {}
         self.tag = f"_{args.tag}" if args.tag else ""
 
-    def train_block(self, steps: int) -> dict:
+    def train_block(self, steps: int, regime: str = "") -> dict:
         a = self.args
-        return {"steps": steps, "batch_size": 8, "micro_batch_size": 8, "context_len": a.context_len,
+        ctx = 128 if regime == "protein" else a.context_len  # the demo's blocks
+        return {"steps": steps, "batch_size": 8, "micro_batch_size": 8, "context_len": ctx,
                 "log_every": max(1, steps // 10), "ckpt_every": 0, "eval_every": 0, "eval_max_docs": 0, "seed": 0}
 
-    def data(self, source: bool = False) -> dict:
-        d = self.out / "data"
+    def data(self, source: bool = False, regime: str = "") -> dict:
+        d = self.out / ("protein_data" if regime == "protein" else "data")
         split = "source" if source else "new"
         return {"train": str(d / f"shards/{split}/train"), "eval": str(d / f"shards/{split}/eval"),
                 "tokenizer": str(self.model if source else d / "tokenizer"), "num_workers": 0}
@@ -148,10 +149,12 @@ class Bench:
         run_dir = self.runs / regime / name
         cfg = write_config(self.cfgs / regime / f"{name}.yaml", {
             "run_dir": str(run_dir), "model": {"path": str(self.model), "source_vocab": self.vocab[regime]},
-            "data": self.data(), "translator": {"kind": kind, "n_iter": 3, "init": init, "init_weight": weight},
-            "optim": {"lr": lr, "weight_decay": 0.0}, "train": self.train_block(self.args.steps)}, TranslateConfig)
+            "data": self.data(regime=regime), "translator": {"kind": kind, "n_iter": 3, "init": init, "init_weight": weight},
+            "optim": {"lr": lr, "weight_decay": 0.0}, "train": self.train_block(self.args.steps, regime)},
+            TranslateConfig)
         t0 = time.time()
         r = self.runner.run("translate", ["--config", str(cfg)], run_dir, f"{regime}-{name}")
+        self.random_bpb = r.result["eval"].get("random_guess_bpb")
         return {"p_file": r.result["p_file"], "bpb": r.result["eval"]["bpb"], "seconds": round(time.time() - t0, 1),
                 "final_loss": r.result.get("final_loss")}
 
@@ -160,13 +163,13 @@ class Bench:
         from s2t2_dist.stages.evaluate import EvaluateConfig
 
         run_dir = self.runs / regime / f"eval_{name}"
-        d = self.data(source)
+        d = self.data(source, regime)
         cfg = write_config(self.cfgs / regime / f"eval_{name}.yaml", {
             "run_dir": str(run_dir), "model": {"path": str(self.model)},
             "data": {"eval": d["eval"], "tokenizer": "" if source else d["tokenizer"]},
             "init": {**init, "dir": str(run_dir / "init")} if init["kind"] != "orig_tok" else init,
             "engine": {"kind": "plain"},
-            "eval": {"context_len": self.args.context_len, "batch_size": 16, "max_docs": 0, "name": name}},
+            "eval": {"context_len": 128 if regime == "protein" else self.args.context_len, "batch_size": 16, "max_docs": 0, "name": name}},
             EvaluateConfig)
         r = self.runner.run("evaluate", ["--config", str(cfg)], run_dir, f"{regime}-eval_{name}")
         self.random_bpb = r.result["metrics"].get("random_guess_bpb") if not source else getattr(self, "random_bpb", None)
@@ -178,10 +181,10 @@ class Bench:
 
         run_dir = self.runs / regime / f"ft_{name}"
         cfg = write_config(self.cfgs / regime / f"ft_{name}.yaml", {
-            "run_dir": str(run_dir), "model": {"path": str(self.model)}, "data": self.data(source),
+            "run_dir": str(run_dir), "model": {"path": str(self.model)}, "data": self.data(source, regime),
             "init": {**init, "dir": str(run_dir / "init")} if init["kind"] != "orig_tok" else init,
             "engine": {"kind": "plain"}, "optim": {"lr": self.args.ft_lr, "weight_decay": 0.01},
-            "train": self.train_block(self.args.ft_steps), "export": {"dir": "", "dtype": "float32"}},
+            "train": self.train_block(self.args.ft_steps, regime), "export": {"dir": "", "dtype": "float32"}},
             FinetuneConfig)
         r = self.runner.run("finetune", ["--config", str(cfg)], run_dir, f"{regime}-ft_{name}")
         return r.result["eval"]["bpb"]
@@ -201,7 +204,7 @@ class Bench:
             return str(path)
         src_tok = AutoTokenizer.from_pretrained(str(self.model))
         src_ids = source_token_ids(src_tok, self.vocab[regime])
-        tgt = load_tokenizer(self.data()["tokenizer"])
+        tgt = load_tokenizer(self.data(regime=regime)["tokenizer"])
         v, u = src_ids.numel(), tgt.vocab_size
         mu, nu = torch.full((v,), 1.0 / v, dtype=torch.float64), torch.full((u,), 1.0 / u, dtype=torch.float64)
         P, dec = surface_prior(str(self.model), src_tok, src_ids.tolist(), tgt, mu, nu, 1.0)
@@ -213,7 +216,7 @@ class Bench:
                              tokenizer_hash(str(self.model)), tgt.hash, kind="sparse", normalization="convex"))
         return str(path)
 
-    def shared_to_self(self, p_file: str) -> tuple[int, int]:
+    def shared_to_self(self, p_file: str, regime: str) -> tuple[int, int]:
         """(target tokens whose string is one source token, how many of them have that token as top source)."""
         from s2t2_dist.data.bpe import load_tokenizer
         from s2t2_dist.models.hf import token_bytes
@@ -223,7 +226,7 @@ class Bench:
         p = load_p(p_file)
         W = p.weights_pair()[1]
         src = source_surface_bytes(str(self.model), p.source_ids.tolist())
-        tgt = token_bytes(load_tokenizer(self.data()["tokenizer"]).tokenizer)
+        tgt = token_bytes(load_tokenizer(self.data(regime=regime)["tokenizer"]).tokenizer)
         row_of = {}
         for r, b in enumerate(src):
             if b:
@@ -242,7 +245,7 @@ class Bench:
         self.model = stories260k(self.out / "source_lm")
         text = corpus(self.out / "corpus", self.model, a.docs)
         summary = prepare_data(self.out / "data", text, self.model, a.context_len)
-        self.vocab = {"v>d": "all", "v<d": str(char_vocab_file(self.out, self.model))}
+        self.vocab = {"v>d": "all", "v<d": str(char_vocab_file(self.out, self.model)), "protein": "all"}
         say(f"source {self.model}; corpus {text} ({a.docs} stories); data {self.out / 'data'}")
         res = self.results
         res["setup"] = {"steps": a.steps, "ft_steps": a.ft_steps, "batch": [8, a.context_len], "ft_lr": a.ft_lr,
@@ -251,6 +254,7 @@ class Bench:
         want = lambda n: only is None or n in only  # noqa: E731
         for regime in a.regimes.split(","):
             r = res.setdefault(regime, {})
+            self.random_bpb = None
             rows = r.setdefault("rows", {})
 
             def put(name, **kw):
@@ -261,6 +265,10 @@ class Bench:
 
                 atomic_write_json(self.out / f"results{self.tag}.json", res)
 
+            if regime == "protein":
+                from s2t2_dist.stages.orchestrate import prepare_protein
+
+                prepare_protein(self.out / "protein_data", vocab_size=512, context_len=128, progress=False)
             if want("orig_tok") and regime == "v>d":
                 put("orig_tok", p_only=self.evaluate("orig_tok", regime, {"kind": "orig_tok"}, source=True))
                 if a.ft_steps:
@@ -271,7 +279,7 @@ class Bench:
                     put("truncate", finetuned=self.finetune("truncate", regime, {"kind": "new_tok_truncate"}))
             if want("fvt"):
                 pf = self.fvt_p_file(regime)
-                n, s = self.shared_to_self(pf)
+                n, s = self.shared_to_self(pf, regime)
                 put("fvt", p_only=self.evaluate("fvt", regime, {"kind": "translated", "p_file": pf}),
                     shared=n, self_=s)
                 if a.ft_steps:
@@ -280,10 +288,15 @@ class Bench:
                 if not want(name) and not (only and any(name.startswith(o + "@") for o in only)):
                     continue
                 t = self.translate(name, regime, kind, init, w, lr)
-                n, s = self.shared_to_self(t["p_file"])
+                n, s = self.shared_to_self(t["p_file"], regime)
                 put(name, p_only=t["bpb"], lr=lr, init_weight=w, shared=n, self_=s, seconds=t["seconds"])
                 if a.ft_steps and "@" not in name:
                     put(name, finetuned=self.finetune(name, regime, {"kind": "translated", "p_file": t["p_file"]}))
+            if regime == "protein" and want("unigram"):
+                from s2t2_dist.stages.orchestrate import unigram_reference
+
+                d = self.data(regime=regime)
+                put("unigram", p_only=unigram_reference(d["train"], d["eval"])["bpb"])
             if getattr(self, "random_bpb", None):
                 put("random", p_only=self.random_bpb, finetuned=self.random_bpb)
         (self.out / f"table{self.tag}.md").write_text(table(res))
@@ -307,7 +320,7 @@ def table(res: dict) -> str:
     lines = [f"stories260K, new 512-token byte-level BPE, {s['steps']} P steps / {s['ft_steps']} finetuning steps "
              f"(lr {s['ft_lr']:g}), batch {s['batch'][0]} x {s['batch'][1]}; held-out bits per byte (lower is "
              "better)", ""]
-    for regime in ("v>d", "v<d"):
+    for regime in ("v>d", "v<d", "protein"):
         r = res.get(regime)
         if not r:
             continue
@@ -337,8 +350,14 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="comma-separated row names (default: all)")
     ap.add_argument("--sweep", action="append", default=[],
                     help="extra rows NAME:LR1,LR2:W1,W2 (e.g. s2t2_fvt:2e-6,2e-5:0.1,0.5), P only")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (default 1: a 260K-parameter model gains nothing from more on a busy CPU)")
     ap.add_argument("--tag", default="", help="name results_TAG.json / table_TAG.md (parallel invocations)")
-    Bench(ap.parse_args(argv)).run()
+    args = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    Bench(args).run()
     return 0
 
 
