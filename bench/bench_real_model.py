@@ -121,7 +121,7 @@ def char_vocab_file(out: Path, model: Path, n: int = N_CHARS) -> Path:
 
 class Bench:
     def __init__(self, args):
-        from s2t2_dist.stages.orchestrate import Runner
+        from s2t2_dist.recipes.orchestrate import Runner
 
         self.args = args
         self.out = Path(args.out).resolve()
@@ -143,7 +143,7 @@ class Bench:
                 "tokenizer": str(self.model if source else d / "tokenizer"), "num_workers": 0}
 
     def translate(self, name: str, regime: str, kind: str, init: str, weight: float, lr: float) -> dict:
-        from s2t2_dist.stages.demo import write_config
+        from s2t2_dist.recipes.demo import write_config
         from s2t2_dist.stages.translate import TranslateConfig
 
         run_dir = self.runs / regime / name
@@ -159,7 +159,7 @@ class Bench:
                 "final_loss": r.result.get("final_loss")}
 
     def evaluate(self, name: str, regime: str, init: dict, source: bool = False) -> float:
-        from s2t2_dist.stages.demo import write_config
+        from s2t2_dist.recipes.demo import write_config
         from s2t2_dist.stages.evaluate import EvaluateConfig
 
         run_dir = self.runs / regime / f"eval_{name}"
@@ -176,7 +176,7 @@ class Bench:
         return r.result["metrics"]["bpb"]
 
     def finetune(self, name: str, regime: str, init: dict, source: bool = False) -> float:
-        from s2t2_dist.stages.demo import write_config
+        from s2t2_dist.recipes.demo import write_config
         from s2t2_dist.stages.finetune import FinetuneConfig
 
         run_dir = self.runs / regime / f"ft_{name}"
@@ -237,7 +237,7 @@ class Bench:
 
     # -----------------------------------------------------------------------------------------------------------
     def run(self) -> dict:
-        from s2t2_dist.stages.orchestrate import quiet_process_env, stories260k
+        from s2t2_dist.recipes.orchestrate import quiet_process_env, stories260k
 
         a = self.args
         quiet_process_env()
@@ -266,7 +266,7 @@ class Bench:
                 atomic_write_json(self.out / f"results{self.tag}.json", res)
 
             if regime == "protein":
-                from s2t2_dist.stages.orchestrate import prepare_protein
+                from s2t2_dist.recipes.orchestrate import prepare_protein
 
                 prepare_protein(self.out / "protein_data", vocab_size=512, context_len=128, progress=False)
             if want("orig_tok") and regime == "v>d":
@@ -293,7 +293,7 @@ class Bench:
                 if a.ft_steps and "@" not in name:
                     put(name, finetuned=self.finetune(name, regime, {"kind": "translated", "p_file": t["p_file"]}))
             if regime == "protein" and want("unigram"):
-                from s2t2_dist.stages.orchestrate import unigram_reference
+                from s2t2_dist.recipes.orchestrate import unigram_reference
 
                 d = self.data(regime=regime)
                 put("unigram", p_only=unigram_reference(d["train"], d["eval"])["bpb"])
