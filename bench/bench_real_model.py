@@ -224,14 +224,13 @@ class Bench:
         from s2t2_dist.stages.translate import source_surface_bytes
 
         p = load_p(p_file)
-        W = p.weights_pair()[1]
         src = source_surface_bytes(str(self.model), p.source_ids.tolist())
         tgt = token_bytes(load_tokenizer(self.data(regime=regime)["tokenizer"]).tokenizer)
         row_of = {}
         for r, b in enumerate(src):
             if b:
                 row_of.setdefault(b, r)
-        top = W.argmax(0).tolist()
+        top = p.dense().argmax(0).tolist()  # W = P / nu: the same argmax per column
         shared = [(j, row_of[b]) for j, b in tgt.items() if b and b in row_of]
         return len(shared), sum(top[j] == r for j, r in shared)
 

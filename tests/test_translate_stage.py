@@ -123,7 +123,7 @@ def test_translate_fvt_start_maps_shared_tokens_to_themselves(inputs, tmp_path):
                                  "translator.init_weight=0.9"))
     summary = run(cfg)
     p = load_p(summary["p_file"])
-    top = p.weights_pair()[1].argmax(0).tolist()
+    top = p.dense().argmax(0).tolist()  # the largest weight P/nu of each column: its largest entry
     # the regular token of a string, not its byte-fallback twin (<0x41> for "A"): the one the tokenizer writes
     src = source_surface_bytes(str(model), p.source_ids.tolist())
     row = {b: r for r, b in enumerate(src) if b}
