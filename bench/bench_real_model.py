@@ -258,7 +258,7 @@ class Bench:
 
             def put(name, **kw):
                 rows.setdefault(name, {}).update(kw)
-                say(f"  [{regime}] {name}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                say(f"  [{regime}] {name}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                                          for k, v in rows[name].items()))
                 from s2t2_dist.utils.io import atomic_write_json
 
