@@ -1,6 +1,6 @@
 """Real-model benchmark of the translators (issue #16): stories260K on English text of its own kind.
 
-    python bench/bench_real_model.py                       # ~1 h on 2 CPU cores; results in OUT/table.md
+    python bench/bench_real_model.py            # every row: hours on a busy 2-core CPU; results in OUT/table.md
     python bench/bench_real_model.py --out /tmp/rm --steps 300 --ft-steps 100 --only s2t2_fvt
 
 The source LM is the shipped stories260K (llama2.c, trained on TinyStories; d = 64, its own sentencepiece
@@ -20,7 +20,9 @@ each P only (frozen LM) and after `--ft-steps` of finetuning the whole model (`f
   v < d   the paper's regime (bytes against d = 2,048): the 48 single-character source tokens of lowest id
           (space, lower-case letters, common punctuation and capitals), v = 48 < d = 64.
 "shared -> self": of the target tokens whose string is also one source token, the fraction whose largest weight
-(W = P / nu) is that source token. Reruns reuse finished runs (same arguments).
+(W = P / nu) is that source token. Reruns reuse finished runs (same arguments), so subsets of rows can run in
+parallel (`--only ROWS --tag T`, same --out) and a final plain invocation collects them.
+  protein the demo's stage 1: stories260K on the shipped protein sample (context 128), against its unigram line.
 """
 from __future__ import annotations
 
@@ -345,7 +347,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ft-lr", type=float, default=1e-3)
     ap.add_argument("--context-len", type=int, default=256)
     ap.add_argument("--docs", type=int, default=640, help="stories sampled from stories260K")
-    ap.add_argument("--regimes", default="v>d,v<d")
+    ap.add_argument("--regimes", default="v>d,v<d,protein")
     ap.add_argument("--only", default="", help="comma-separated row names (default: all)")
     ap.add_argument("--sweep", action="append", default=[],
                     help="extra rows NAME:LR1,LR2:W1,W2 (e.g. s2t2_fvt:2e-6,2e-5:0.1,0.5), P only")
