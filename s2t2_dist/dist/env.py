@@ -135,7 +135,13 @@ def use_cuda() -> bool:
 
 
 def default_backend() -> str:
-    return "nccl" if use_cuda() else "gloo"
+    """NCCL for CUDA tensors beside gloo for CPU ones (bookkeeping collectives run on CPU tensors; NCCL alone would
+    reject them). S2T2_DIST_BACKEND overrides it: the tests set ``cuda:gloo``, a group with no CPU backend, so that
+    a CPU collective that does not go through s2t2_dist.dist.collectives fails on CPU as it would under NCCL."""
+    override = os.environ.get("S2T2_DIST_BACKEND", "").strip()
+    if override:
+        return override
+    return "cpu:gloo,cuda:nccl" if use_cuda() else "gloo"
 
 
 def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> DistEnv:
@@ -159,6 +165,9 @@ def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> D
         world_size=denv.world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
+    from s2t2_dist.dist.collectives import host_group
+
+    host_group(timeout_s)  # collective: created now, on every rank in the same order, if the default lacks CPU
     return denv
 
 

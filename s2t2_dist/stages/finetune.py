@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-import torch.distributed as dist
 
 from s2t2_dist.config import ConfigError
 from s2t2_dist.engines.build import EngineConfig
@@ -197,8 +196,9 @@ def build(cfg: FinetuneConfig, rt: Runtime):
 
 
 def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+    from s2t2_dist.dist.collectives import barrier
+
+    barrier()
 
 
 def export_model(engine, model, plan: InitPlan, out_dir: str | Path, *, dtype: torch.dtype = torch.float32,
@@ -211,7 +211,9 @@ def export_model(engine, model, plan: InitPlan, out_dir: str | Path, *, dtype: t
 
     out = Path(out_dir)
     partial = out.with_name(out.name + ".partial")
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    from s2t2_dist.dist.collectives import rank as _rank
+
+    rank = _rank()
     if out.exists() and not (out / EXPORT_INFO).is_file():  # checked on every rank before any collective
         raise InitError(f"export.dir {out} exists and was not written by s2t2 (no {EXPORT_INFO}); choose another")
     if rank == 0 and partial.exists():

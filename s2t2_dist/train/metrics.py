@@ -136,7 +136,7 @@ def p_sparsity_stats(p_local: torch.Tensor, eps: float = 0.0, group=None) -> dic
     - P/support_per_source_{mean,max}, P/unused_sources: fraction of source tokens no target uses
     - P/top1_share: mean over target tokens of the largest weight's share of the column's mass
     """
-    import torch.distributed as dist
+    from s2t2_dist.dist import collectives as coll
 
     p = p_local.detach().float()
     nz = p > eps
@@ -149,10 +149,10 @@ def p_sparsity_stats(p_local: torch.Tensor, eps: float = 0.0, group=None) -> dic
                          top1.sum().item()], dtype=torch.float64, device=p.device)
     maxes = torch.tensor([col_nnz.max().item() if col_nnz.numel() else 0.0], dtype=torch.float64, device=p.device)
     row_nnz = row_nnz.to(p.device)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(sums, group=group)
-        dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=group)
-        dist.all_reduce(row_nnz, group=group)
+    if coll.initialized():  # on P's device, over the group its columns are sharded on
+        coll.all_reduce_(sums, group=group)
+        coll.all_reduce_(maxes, "max", group=group)
+        coll.all_reduce_(row_nnz, group=group)
     nnz, u, single, top1_sum = sums.tolist()
     v = p.shape[0]
     return {
