@@ -95,9 +95,9 @@ class FinetuneTask:
     def __init__(self, engine, rt: Runtime, plan: InitPlan, cfg: FinetuneConfig, eval_docs=None):
         self.engine, self.rt, self.plan, self.cfg = engine, rt, plan, cfg
         self.eval_docs = eval_docs
-        # DeepSpeed and FSDP2 run bf16 themselves; the plain engine uses autocast on GPU
-        self.autocast = (torch.bfloat16 if cfg.engine.kind == "plain" and rt.dtype == torch.bfloat16
-                         and rt.device.type == "cuda" else None)
+        # DeepSpeed and FSDP2 run bf16 themselves; the plain engine uses autocast (on CPU too when
+        # train.precision=bf16 is asked for: "auto" is float32 there, so CI can run the bf16 path)
+        self.autocast = torch.bfloat16 if cfg.engine.kind == "plain" and rt.dtype == torch.bfloat16 else None
         self.step = 0
         self.last_eval: tuple[int, dict] | None = None
 
