@@ -109,7 +109,11 @@ class TranslateTask:
         return E_new.to(dt), L_new.to(dt)
 
     def loss(self, batch):
-        ids = batch["input_ids"].to(self.rt.device, non_blocking=True)
+        ids = batch["input_ids"]
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= len(self.target_vocab)):  # on the CPU: free
+            raise ValueError(f"target ids must lie in [0, {len(self.target_vocab)}); got "
+                             f"[{int(ids.min())}, {int(ids.max())}]")
+        ids = ids.to(self.rt.device, non_blocking=True)
         E_new, L_new = self.embeddings()
         with torch.autocast(self.rt.device.type, dtype=torch.bfloat16, enabled=self.rt.dtype == torch.bfloat16):
             out = self.lm(ids, E_new=E_new, L_new=L_new)

@@ -143,7 +143,7 @@ def p_sparsity_stats(p_local: torch.Tensor, eps: float = 0.0, group=None) -> dic
     col_nnz = nz.sum(0).to(torch.float64)
     row_nnz = nz.sum(1).to(torch.float64)
     col_mass = p.sum(0).to(torch.float64)
-    col_max = p.max(0).values.to(torch.float64) if p.shape[1] else torch.zeros(0, dtype=torch.float64)
+    col_max = p.max(0).values.to(torch.float64) if p.shape[1] else torch.zeros(0, dtype=torch.float64, device=p.device)
     top1 = torch.where(col_mass > 0, col_max / col_mass.clamp_min(1e-300), torch.zeros_like(col_mass))
     sums = torch.tensor([col_nnz.sum().item(), float(p.shape[1]), float((col_nnz == 1).sum().item()),
                          top1.sum().item()], dtype=torch.float64, device=p.device)
