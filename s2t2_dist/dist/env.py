@@ -144,14 +144,24 @@ def default_backend() -> str:
     return "cpu:gloo,cuda:nccl" if use_cuda() else "gloo"
 
 
-def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> DistEnv:
-    """Initialise torch.distributed from whatever launcher started us; a no-op for a single process."""
+def init_distributed(backend: str | None = None, timeout_s: float = 1800.0, single_rank_group: bool = False
+                     ) -> DistEnv:
+    """Initialise torch.distributed from whatever launcher started us; a no-op for a single process unless
+    `single_rank_group` (FSDP2 needs a process group even on one GPU: a 1-rank group on a free local port)."""
     import torch.distributed as dist
 
     denv = detect()
     if use_cuda():
         torch.cuda.set_device(denv.local_rank % torch.cuda.device_count())
-    if denv.world_size == 1 or dist.is_initialized():
+    if dist.is_initialized():
+        return denv
+    if denv.world_size == 1:
+        if single_rank_group:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            dist.init_process_group(backend=backend or default_backend(), init_method=f"tcp://127.0.0.1:{port}",
+                                    rank=0, world_size=1, timeout=datetime.timedelta(seconds=timeout_s))
         return denv
     os.environ.setdefault("MASTER_ADDR", denv.master_addr)
     os.environ.setdefault("MASTER_PORT", str(denv.master_port))

@@ -124,6 +124,10 @@ def run(cfg: EvaluateConfig) -> dict:
         from s2t2_dist.engines.deepspeed_engine import init_deepspeed_distributed
 
         init_deepspeed_distributed()
+    elif cfg.engine.kind == "fsdp":
+        from s2t2_dist.dist.env import init_distributed
+
+        init_distributed(single_rank_group=True)  # FSDP2 on one GPU / one process needs a (1-rank) group
     rt = setup(cfg.run_dir, cfg.eval.precision, cfg, cfg.seed)
     init_dir = cfg.init.dir or str(Path(cfg.run_dir) / "init")
     plan = prepare_initial_model(cfg.init, cfg.model.path, cfg.data.tokenizer, init_dir, is_main=rt.env.is_main,

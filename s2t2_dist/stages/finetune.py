@@ -261,6 +261,10 @@ def run(cfg: FinetuneConfig) -> dict:
         from s2t2_dist.engines.deepspeed_engine import init_deepspeed_distributed
 
         init_deepspeed_distributed()
+    if cfg.engine.kind == "fsdp":
+        from s2t2_dist.dist.env import init_distributed
+
+        init_distributed(single_rank_group=True)  # FSDP2 on one GPU / one process needs a (1-rank) group
     rt = setup(cfg.run_dir, cfg.train.precision, cfg, cfg.train.seed)
     task, model, engine, loader, plan = build(cfg, rt)
     fp = fingerprint(**config_part(cfg, "model", "init"), data=cfg.data.train, tokenizer=plan.tokenizer_hash,
