@@ -11,7 +11,9 @@
      settings of the shipped configs/ds_zero3.json, ds_zero3_offload.json, ds_zero2.json.
 3. The host memory rank 0 needs to write the initial (translated) 7B model: the stage loads the source model in
    float32, swaps in E', L' and saves it (stages/init_model.write_initial_model). Measured here as the peak RSS of
-   those three calls on a model of OLMo-7B's width with fewer blocks, divided by its float32 size, and scaled to 7B.
+   those three calls on a model of OLMo-7B's width with fewer blocks, divided by its float32 size, and scaled to 7B;
+   for a source checkpoint stored in float32 (safetensors are memory-mapped: pages of the file, reclaimable, not
+   counted as anonymous memory) and in bfloat16 (converted to float32 on load: a full float32 copy in memory).
 
     PYTHONPATH=. python bench/plan_7b.py [--ranks 8 16 32] [--host-layers 1] [--json out.json]
 """
@@ -121,7 +123,8 @@ import sys, torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from s2t2_dist.models.tiny import real_config_dict
 d = real_config_dict("olmo-7b"); d["num_hidden_layers"] = int(sys.argv[1])
-AutoModelForCausalLM.from_config(AutoConfig.for_model(**d), dtype=torch.float32).save_pretrained(sys.argv[2])
+dt = getattr(torch, sys.argv[3])
+AutoModelForCausalLM.from_config(AutoConfig.for_model(**d), dtype=dt).save_pretrained(sys.argv[2])
 """
 
 # a fresh process (ru_maxrss is a high-water mark): what write_initial_model does on rank 0
@@ -142,18 +145,18 @@ print(json.dumps({"src_bytes": src_bytes, "seconds": time.time() - t, "base_rss"
 """
 
 
-def host_plan(layers: int, u: int, full: dict, full_out: dict) -> dict:
+def host_plan(layers: int, u: int, full: dict, full_out: dict, src_dtype: str = "float32") -> dict:
     """Peak RSS of load + materialize + save on an OLMo-7B-width model with `layers` blocks, scaled to 7B: the
     process's fixed part (interpreter and libraries) plus (peak - fixed) / model bytes x the 7B model's bytes."""
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     with tempfile.TemporaryDirectory(prefix="plan7b_") as work:
-        subprocess.run([sys.executable, "-c", MAKE_SOURCE, str(layers), work + "/src"], env=env, check=True,
-                       capture_output=True)
+        subprocess.run([sys.executable, "-c", MAKE_SOURCE, str(layers), work + "/src", src_dtype], env=env,
+                       check=True, capture_output=True)
         r = subprocess.run([sys.executable, "-c", WRITE_INITIAL, work + "/src", work + "/out", str(u)],
                            capture_output=True, text=True, env=env, check=True)
     m = json.loads(r.stdout.strip().splitlines()[-1])
     ratio = (m["peak_rss"] - m["base_rss"]) / m["src_bytes"]
-    return {"measured_layers": layers, "measured_src_gb": m["src_bytes"] / GB, "measured_peak_rss_gb":
+    return {"source_dtype_on_disk": src_dtype, "measured_layers": layers, "measured_src_gb": m["src_bytes"] / GB, "measured_peak_rss_gb":
             m["peak_rss"] / GB, "fixed_rss_gb": m["base_rss"] / GB, "peak_over_fp32_model": ratio,
             "seconds": m["seconds"], "olmo7b_src_fp32_gb": full["params"] * 4 / GB,
             "olmo7b_out_fp32_gb": full_out["params"] * 4 / GB,
@@ -195,10 +198,10 @@ def main(argv=None) -> int:
                   f"{est['ds_zero3_offload.json']['cpu_gb_per_node']:6.1f} | "
                   f"{est['ds_zero2.json']['gpu_gb_per_rank']:6.2f}")
         res["ranks"][R] = row
-    if a.host_layers:
-        hp = host_plan(a.host_layers, a.u, c_orig, c_trans)
-        res["host_write_initial_model"] = hp
-        print(f"writing the initial model (rank 0, host): measured peak RSS {hp['measured_peak_rss_gb']:.2f} GB for a "
+    for src_dtype in ("float32", "bfloat16") if a.host_layers else ():
+        hp = host_plan(a.host_layers, a.u, c_orig, c_trans, src_dtype)
+        res[f"host_write_initial_model_{src_dtype}"] = hp
+        print(f"writing the initial model (rank 0, host), source stored in {src_dtype}: measured peak RSS {hp['measured_peak_rss_gb']:.2f} GB for a "
               f"{hp['measured_src_gb']:.2f} GB float32 model ({hp['measured_layers']} block(s) at 7B width): "
               f"{hp['fixed_rss_gb']:.2f} GB fixed + {hp['peak_over_fp32_model']:.2f} x the model; OLMo-7B: source {hp['olmo7b_src_fp32_gb']:.1f} GB float32 -> "
               f"~{hp['olmo7b_peak_rss_gb_est']:.1f} GB peak host memory on rank 0; output "

@@ -105,11 +105,14 @@ def train(
         step, bad_steps = int(state["step"]), int(state["bad_steps"])
         loader.load_state_dict(state["loader"])
         torch.set_rng_state(state["rng"])
+        if state.get("cuda_rng") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state(state["cuda_rng"])  # this rank's device (dropout, sampling on the GPU)
         result.last_checkpoint = latest
     faults.record("start", step=step, checkpoint=str(latest) if latest is not None else None)
 
     def save(at_step: int) -> None:
-        state = {"step": at_step, "bad_steps": bad_steps, "loader": loader.state_dict(), "rng": torch.get_rng_state()}
+        state = {"step": at_step, "bad_steps": bad_steps, "loader": loader.state_dict(), "rng": torch.get_rng_state(),
+                 "cuda_rng": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
         result.last_checkpoint = checkpointer.save(at_step, engine, state)
 
     stop = _StopFlag()
