@@ -184,3 +184,23 @@ def test_default_backend_on_gpu_nodes_serves_cpu_too(monkeypatch):
     assert env.default_backend() == "cpu:gloo,cuda:nccl"
     monkeypatch.setattr(env, "use_cuda", lambda: False)
     assert env.default_backend() == "gloo"
+
+
+def _single_rank_group():
+    import torch.distributed as dist
+
+    from s2t2_dist.dist import collectives as coll
+    from s2t2_dist.dist.env import init_distributed
+    from s2t2_dist.dist.exit import destroy_process_group
+
+    init_distributed(timeout_s=60)
+    before = coll.initialized()
+    init_distributed(timeout_s=60, single_rank_group=True)  # what finetune/evaluate do for engine.kind=fsdp
+    out = (before, coll.initialized(), dist.get_world_size(), coll.sum_scalars([2.5]))
+    destroy_process_group()
+    return out
+
+
+def test_one_process_gets_a_one_rank_group_only_when_asked():
+    """FSDP2 needs a process group even on one GPU; other single-process runs need none."""
+    assert run_distributed(_single_rank_group, 1, init=False, timeout=60) == [(False, True, 1, [2.5])]
