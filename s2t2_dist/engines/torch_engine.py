@@ -55,12 +55,13 @@ class TorchEngine(Engine):
             for g in grads:
                 coll.all_reduce_(g)
                 g.div_(self.world)
-        # The squared norm is summed where the gradients live (a CUDA scalar cannot be added into a CPU tensor),
+        # The squared norm is summed where the gradients live (a CUDA scalar cannot be added into a CPU tensor):
+        # one norm per tensor by the multi-tensor kernel (no float64 copy of every gradient), their squares added
         # in float64 so sharded partial sums add up exactly enough.
         device = grads[0].device if grads else torch.device("cpu")
         local_sq = torch.zeros((), dtype=torch.float64, device=device)
-        for g in grads:
-            local_sq += g.detach().double().pow(2).sum()
+        if grads:
+            local_sq = torch.stack(torch._foreach_norm([g.detach() for g in grads])).double().pow(2).sum()
         if self.params_kind == "sharded" and self.world > 1:
             coll.all_reduce_(local_sq)
         # A NaN anywhere makes the squared norm NaN on every rank after the reduction (of the gradients when
@@ -77,9 +78,7 @@ class TorchEngine(Engine):
                 self.scheduler.step()
             return norm, False
         if self.grad_clip and self.grad_clip > 0 and norm > self.grad_clip:
-            scale = self.grad_clip / (norm + 1e-6)
-            for g in grads:
-                g.mul_(scale)
+            torch._foreach_mul_(grads, self.grad_clip / (norm + 1e-6))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
