@@ -246,15 +246,16 @@ class TokenTranslator(nn.Module):
 
     def embed_and_head(self, E: Tensor, L: Optional[Tensor] = None, src_ids: Optional[Tensor] = None
                        ) -> Tuple[Tensor, Tensor]:
-        with _no_autocast(self.C):
-            return self._embed_and_head(E, L, src_ids)
-
-    def _embed_and_head(self, E: Tensor, L: Optional[Tensor], src_ids: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         """(E', L'), both u x d and FULL on every rank.
 
         ``E``, ``L``: the source model's embedding and head (frozen; ``L`` None or ``L is E`` for tied models);
         ``src_ids`` (v): the rows of E/L that are the v source tokens (e.g. OLMo's 50280 real tokens of its 50304
-        padded rows); None: E has exactly v rows. Computed in float32 (or C's dtype); cast as needed."""
+        padded rows); None: E has exactly v rows. Computed in float32 (or C's dtype), also inside a bf16 autocast
+        region; cast as needed."""
+        with _no_autocast(self.C):
+            return self._embed_and_head(E, L, src_ids)
+
+    def _embed_and_head(self, E: Tensor, L: Optional[Tensor], src_ids: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         tied = L is None or L is E
         L = E if L is None else L
         for name, M in (("E", E), ("L", L)):
