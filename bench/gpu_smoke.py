@@ -58,7 +58,7 @@ def non_embedding_params(model_dir: Path) -> int:
 
 
 def stage_stats(run_dir: Path) -> dict:
-    from s2t2_dist.stages.orchestrate import tb_scalars
+    from s2t2_dist.recipes.orchestrate import tb_scalars
 
     tb = run_dir / "tb"
     out = {}
@@ -95,8 +95,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
 
-    from s2t2_dist.models.tiny import save_tiny
-    from s2t2_dist.stages.orchestrate import Runner, prepare_protein
+    from s2t2_dist.recipes.tiny import save_tiny
+    from s2t2_dist.recipes.orchestrate import Runner, prepare_protein
 
     on_gpu = gpus > 0
     precision = a.precision or ("bf16" if on_gpu else "fp32")

@@ -39,7 +39,7 @@ GB = 1e9
 def meta_model(vocab: int | None = None, layers: int | None = None):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from s2t2_dist.models.tiny import real_config_dict
+    from s2t2_dist.recipes.tiny import real_config_dict
 
     d = real_config_dict("olmo-7b")
     if vocab is not None:  # the target vocabulary: the source's special ids mean nothing there
@@ -121,7 +121,7 @@ def ds_estimates(c: dict, world: int, per_node: int = 8) -> dict:
 MAKE_SOURCE = r"""
 import sys, torch
 from transformers import AutoConfig, AutoModelForCausalLM
-from s2t2_dist.models.tiny import real_config_dict
+from s2t2_dist.recipes.tiny import real_config_dict
 d = real_config_dict("olmo-7b"); d["num_hidden_layers"] = int(sys.argv[1])
 dt = getattr(torch, sys.argv[3])
 AutoModelForCausalLM.from_config(AutoConfig.for_model(**d), dtype=dt).save_pretrained(sys.argv[2])

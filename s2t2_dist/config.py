@@ -185,27 +185,45 @@ def validate_tree(obj: Any, prefix: str = "") -> None:
             raise ConfigError(f"{prefix}.{e}" if prefix else str(e)) from None
 
 
-def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
-    data: dict = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            data = yaml_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections")
-    for key, value in parse_overrides(overrides or []):
+def read_yaml(path: str | Path) -> dict:
+    """The one YAML reader of configs (stage configs, SLURM sections): a mapping, or a ConfigError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return data
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply dotted `key=value` overrides to a config tree in place (values parsed as YAML); returns it."""
+    for key, value in parse_overrides(overrides):
         _set_dotted(data, key, value)
+    return data
+
+
+def config_from_dict(cls: type[T], data: dict, *, validate: bool = True) -> T:
+    """Build and validate a config tree from a plain mapping (keys and types checked against the dataclasses).
+    validate=False: keys and types only (`s2t2 config` shows a config that is not complete yet)."""
+    cfg = _build(cls, data)
+    if validate:
+        validate_tree(cfg)
+    return cfg
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None, *,
+                validate: bool = True) -> T:
+    data: dict = read_yaml(path) if path is not None else {}
+    apply_overrides(data, overrides or [])
     where = f"{path}: " if path is not None else ""
     try:
-        cfg = _build(cls, data)
-        validate_tree(cfg)
+        return config_from_dict(cls, data, validate=validate)
     except ConfigError as e:
         raise ConfigError(f"{where}{e}") from None
-    return cfg
 
 
 def to_dict(cfg: Any) -> dict:

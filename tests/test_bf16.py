@@ -45,7 +45,7 @@ def test_translate_stage_in_bf16_follows_float32(tmp_path):
     against the same run in float32: the loss curves agree to bf16 precision. The softmax
     translator: the sparse one's supports change discontinuously, so a rounding difference can pick another support
     and the curves part for reasons that have nothing to do with bf16 (its float32 P is checked exactly above)."""
-    from s2t2_dist.models.llama2c import save_hf
+    from s2t2_dist.recipes.llama2c import save_hf
     from s2t2_dist.stages.translate import TranslateConfig, run
     from stage_fixtures import REPO, prepare_small
     from test_translate_stage import _losses, _overrides

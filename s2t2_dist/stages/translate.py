@@ -32,7 +32,9 @@ class ModelConfig:
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     #: source tokens P translates from: all (real vocabulary), single_char (the paper's "bytes"), or a file of ids
     source_vocab: str = "all"
+    #: let transformers run the model repository's own Python code (models not built into transformers)
     trust_remote_code: bool = False
+    #: recompute each block's activations in backward (less memory, about a third more compute)
     activation_checkpointing: bool = False
     #: none: the frozen LM replicated on every rank; fsdp: its transformer blocks partitioned across ranks
     #: (FSDP2, gathered block by block in forward and backward) for models that do not fit one device
@@ -51,7 +53,9 @@ class DataPaths:
     eval: str = ""
     #: the target tokenizer directory (the new BPE)
     tokenizer: str = ""
+    #: DataLoader worker processes reading the train shards (0: in the training process)
     num_workers: int = 0
+    #: train samples shuffled together in a seeded window (larger: better mixing, more memory)
     shuffle_window: int = 4096
 
     def validate(self) -> None:
@@ -64,8 +68,12 @@ class DataPaths:
 
 @dataclass
 class TranslatorConfig:
+    #: sparse: sparse Sinkhorn P (the paper's S2T2); softmax: dense Sinkhorn baseline; unconstrained: W = C, no OT
     kind: Literal["sparse", "softmax", "unconstrained"] = "sparse"
+    #: Sinkhorn / Dykstra iterations per forward (paper: 3)
     n_iter: int = 3
+    #: convex: W_E = W_L = P / nu (E', L' are convex combinations of source rows); paper: the paper's literal
+    #: W_E = P / mu, W_L = P / nu
     normalization: Literal["convex", "paper"] = "convex"
     #: weight of the entropy regulariser alpha * H(P) (larger: sparser P)
     alpha: float = 0.0
@@ -83,11 +91,17 @@ class TranslatorConfig:
 
 @dataclass
 class TranslateConfig:
+    #: run directory: checkpoints, P.safetensors, TensorBoard logs (tb/), the resolved config.yaml
     run_dir: str = "runs/translate"
+    #: the frozen source LM
     model: ModelConfig = field(default_factory=ModelConfig)
+    #: target-domain shards and tokenizer written by `s2t2 prepare`
     data: DataPaths = field(default_factory=DataPaths)
+    #: how P is parameterised and regularised
     translator: TranslatorConfig = field(default_factory=TranslatorConfig)
+    #: AdamW and its learning-rate schedule (stage 1 trains only P's parameters)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, weight_decay=0.0))
+    #: steps, batch layout, precision, logging, evaluation and checkpoint cadence
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
@@ -169,8 +183,9 @@ def _vocab_strings(tok, ids) -> list[str]:
 
 def build(cfg: TranslateConfig, rt: Runtime):
     from s2t2_dist.data.bpe import load_tokenizer, tokenizer_hash
-    from s2t2_dist.data.loader import EvalDocs, TrainLoader
-    from s2t2_dist.models.hf import get_embedding_and_head, load_causal_lm, source_token_ids
+    from s2t2_dist.data.global_loader import GlobalTrainLoader
+    from s2t2_dist.data.loader import EvalDocs
+    from s2t2_dist.models.hf import UnsupportedModel, get_embedding_and_head, load_causal_lm, source_token_ids
     from s2t2_dist.models.translated import TranslatedLM
     from s2t2_dist.translator import TokenTranslator
 
@@ -180,7 +195,11 @@ def build(cfg: TranslateConfig, rt: Runtime):
     from transformers import AutoTokenizer
 
     src_tok = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
-    E, L, tied = get_embedding_and_head(model)
+    try:
+        E, L, tied = get_embedding_and_head(model)
+        TranslatedLM(model, freeze_model=False)  # checks the body and the logits (no state: dropped)
+    except UnsupportedModel as e:
+        raise UnsupportedModel(f"model.path={cfg.model.path}: {e}") from None
     if cfg.model.partition == "fsdp" and env.distributed:
         # Only the blocks are sharded: the translator reads E and L whole (they are the small part of the model),
         # and the LM's own embedding/head modules are never called (TranslatedLM feeds E' and applies L').
@@ -216,9 +235,15 @@ def build(cfg: TranslateConfig, rt: Runtime):
     engine = TorchEngine(translator, lr=o.lr, weight_decay=o.weight_decay, betas=o.betas, eps=o.eps,
                          total_steps=cfg.train.steps, warmup_frac=o.warmup_frac, final_frac=o.final_lr_frac,
                          grad_clip=o.grad_clip, params="sharded")
-    loader = TrainLoader(cfg.data.train, batch_size=cfg.train.micro_batch_size, rank=env.rank,
-                         world_size=env.world_size, num_workers=cfg.data.num_workers, seed=cfg.train.seed,
-                         shuffle_window=cfg.data.shuffle_window, return_index=True)
+    # The data position is global (a sample count), so that a checkpoint resumes on any number of ranks
+    cfg.train.grad_accum(env.world_size)  # the layout is possible (ConfigError naming the keys otherwise)
+    loader = GlobalTrainLoader(cfg.data.train, global_batch_size=cfg.train.batch_size,
+                               micro_batch_size=cfg.train.micro_batch_size, rank=env.rank, world_size=env.world_size,
+                               num_workers=cfg.data.num_workers, seed=cfg.train.seed,
+                               shuffle_window=cfg.data.shuffle_window, return_index=True)
+    if loader.dropped_per_epoch and env.is_main:
+        log.info("data: %d blocks of each epoch (fewer than one global batch of %d) are left out of that epoch; "
+                 "the order changes every epoch", loader.dropped_per_epoch, cfg.train.batch_size)
     if loader.manifest.get("context_len") not in (None, cfg.train.context_len):
         raise ConfigError(f"train.context_len={cfg.train.context_len} but the shards in {cfg.data.train} hold "
                           f"blocks of {loader.manifest.get('context_len')} tokens")
@@ -248,9 +273,11 @@ def run(cfg: TranslateConfig) -> dict:
 
     rt = setup(cfg.run_dir, cfg.train.precision, cfg, cfg.train.seed)
     task, engine, loader, hashes = build(cfg, rt)
+    # elastic: C's columns and their Adam moments are re-split, and the data position is global, so a checkpoint
+    # resumes on any number of ranks (the global batch and the seed must stay)
     fp = fingerprint(**config_part(cfg, "model", "translator"), data=cfg.data.train,
-                     tokenizers=hashes, world_size=rt.env.world_size, train=[cfg.train.batch_size, cfg.train.seed])
-    ck = Checkpointer(rt.run_dir, keep=cfg.train.keep_checkpoints, fingerprint=fp)
+                     tokenizers=hashes, train=[cfg.train.batch_size, cfg.train.seed])
+    ck = Checkpointer(rt.run_dir, keep=cfg.train.keep_checkpoints, fingerprint=fp, elastic=True)
     result = train(cfg.train, task, engine, loader, ck, rt.logger)
     summary = {"step": result.step, "finished": result.finished, "preempted": result.preempted,
                "bad_steps": result.bad_steps, "final_loss": result.losses[-1][1] if result.losses else None,

@@ -17,8 +17,8 @@ from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
+from s2t2_dist import faults
 from s2t2_dist.dist import collectives as coll
-from s2t2_dist.testing import faults
 from s2t2_dist.train.checkpoint import Checkpointer
 from s2t2_dist.train.config import TrainConfig
 from s2t2_dist.train.metrics import MetricsLogger
@@ -104,15 +104,18 @@ def train(
         latest, state = resumed
         step, bad_steps = int(state["step"]), int(state["bad_steps"])
         loader.load_state_dict(state["loader"])
-        torch.set_rng_state(state["rng"])
-        if state.get("cuda_rng") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state(state["cuda_rng"])  # this rank's device (dropout, sampling on the GPU)
+        if state.get("world_size", world) == world:
+            torch.set_rng_state(state["rng"])
+            if state.get("cuda_rng") is not None and torch.cuda.is_available():
+                torch.cuda.set_rng_state(state["cuda_rng"])  # this rank's device (dropout, sampling on the GPU)
+        else:  # an elastic restart: per-rank random streams cannot be carried to another number of ranks
+            torch.manual_seed(cfg.seed + rank + 1_000_003 * step)
         result.last_checkpoint = latest
     faults.record("start", step=step, checkpoint=str(latest) if latest is not None else None)
 
     def save(at_step: int) -> None:
         state = {"step": at_step, "bad_steps": bad_steps, "loader": loader.state_dict(), "rng": torch.get_rng_state(),
-                 "cuda_rng": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
+                 "world_size": world, "cuda_rng": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
         result.last_checkpoint = checkpointer.save(at_step, engine, state)
 
     stop = _StopFlag()
