@@ -10,7 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from s2t2_dist.config import load_config
 from s2t2_dist.pfile import PFileError, load_p
 from s2t2_dist.stages.translate import TranslateConfig, run
-from stage_fixtures import REPO, prepare_small, tiny_olmo, torchrun
+from stage_fixtures import NCCL_LIKE, REPO, prepare_small, tiny_olmo, torchrun
 
 
 @pytest.fixture(scope="module")
@@ -72,17 +72,22 @@ def test_translate_single_process_learns_and_exports(inputs, tmp_path):
 
 def test_translate_torchrun_two_ranks_resume_is_identical(inputs, tmp_path):
     """2 gloo ranks, C sharded by columns (u not divisible by 2 is handled by the translator): an interrupted
-    run resumed from its checkpoint gives exactly the uninterrupted run's loss curve and P."""
+    run resumed from its checkpoint gives exactly the uninterrupted run's loss curve and P. The default process
+    group has no CPU backend (NCCL_LIKE), so every bookkeeping collective of the loop, checkpoints, evaluation and
+    P statistics must take its CPU tensors to the gloo group, as on a GPU node."""
     data, model = inputs
     script = str(REPO / "launch" / "translate.py")
     cfgfile = str(REPO / "configs" / "translate_olmo1b.yaml")
     ref = tmp_path / "ref"
-    torchrun(2, script, "--config", cfgfile, *_overrides(data, model, ref, "train.steps=6", "train.eval_max_docs=4"))
+    torchrun(2, script, "--config", cfgfile, *_overrides(data, model, ref, "train.steps=6", "train.eval_max_docs=4"),
+             env=NCCL_LIKE)
     split = tmp_path / "split"
     torchrun(2, script, "--config", cfgfile,
-             *_overrides(data, model, split, "train.steps=6", "train.stop_after=4", "train.eval_max_docs=4"))
+             *_overrides(data, model, split, "train.steps=6", "train.stop_after=4", "train.eval_max_docs=4"),
+             env=NCCL_LIKE)
     assert not (split / "P.safetensors").exists()
-    torchrun(2, script, "--config", cfgfile, *_overrides(data, model, split, "train.steps=6", "train.eval_max_docs=4"))
+    torchrun(2, script, "--config", cfgfile, *_overrides(data, model, split, "train.steps=6", "train.eval_max_docs=4"),
+             env=NCCL_LIKE)
     _, ref_losses = _losses(ref)
     _, split_losses = _losses(split)
     assert [s for s, _ in ref_losses] == [2, 4, 6]

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-import torch.distributed as dist
 
 from s2t2_dist.config import ConfigError
 from s2t2_dist.stages.common import Runtime, config_part, fingerprint, parse_args, setup, teardown
@@ -136,12 +135,16 @@ class TranslateTask:
         return E_new.to(dt), L_new.to(dt)
 
     def loss(self, batch):
-        ids = batch["input_ids"].to(self.rt.device, non_blocking=True)
+        ids = batch["input_ids"]
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= len(self.target_vocab)):  # on the CPU: free
+            raise ValueError(f"target ids must lie in [0, {len(self.target_vocab)}); got "
+                             f"[{int(ids.min())}, {int(ids.max())}]")
+        ids = ids.to(self.rt.device, non_blocking=True)
         E_new, L_new = self.embeddings()
         with torch.autocast(self.rt.device.type, dtype=torch.bfloat16, enabled=self.rt.dtype == torch.bfloat16):
             out = self.lm(ids, E_new=E_new, L_new=L_new)
         loss = out.loss.float()
-        extra = {"ce": float(loss.detach())}
+        extra = {"ce": loss.detach()}  # a tensor: the loop reads it on logging steps only
         if self.alpha:
             H = self.translator.entropy_local()
             loss = loss + self.alpha * H
@@ -222,7 +225,10 @@ def build(cfg: TranslateConfig, rt: Runtime):
     src_ids = source_token_ids(src_tok, cfg.model.source_vocab, num_embeddings=E.shape[0]).to(rt.device)
     tgt = load_tokenizer(cfg.data.tokenizer)
     u, v = tgt.vocab_size, src_ids.numel()
-    group = dist.group.WORLD if env.distributed else None
+    from s2t2_dist.dist.collectives import group_for
+
+    # C's columns are sharded over every rank, on the group that serves C's device (NCCL for CUDA)
+    group = group_for(rt.device) if env.distributed else None
     translator = TokenTranslator(v, u, kind=cfg.translator.kind, n_iter=cfg.translator.n_iter,
                                  normalization=cfg.translator.normalization, group=group).to(rt.device)
     # The source tokenizer is hashed from its tokenizer.json file, as the data pipeline hashes it for manifests
