@@ -85,10 +85,10 @@ _trace_dir: str | None = None
 
 
 def _rank() -> int:
-    import torch.distributed as dist
+    from s2t2_dist.dist import collectives as coll
 
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
+    if coll.initialized():
+        return coll.rank()
     for k in ("RANK", "SLURM_PROCID"):
         if os.environ.get(k, "").isdigit():
             return int(os.environ[k])

@@ -52,6 +52,12 @@ KINDS = ("sparse", "softmax", "unconstrained")
 NORMALIZATIONS = ("convex", "paper")
 
 
+def _no_autocast(t: Tensor):
+    """The translator computes in C's dtype (float32) even inside a bf16 autocast region: the Sinkhorn's marginals
+    and P's small entries (about 1/v) are lost in bf16's 8 mantissa bits, and autocast would run P^T @ E in bf16."""
+    return torch.autocast(t.device.type, enabled=False)
+
+
 def _safe_inv(x: Tensor) -> Tensor:
     """1/x where x > 0, 0 elsewhere (a zero marginal has an all-zero row/column of P)."""
     return torch.where(x > 0, 1.0 / x.clamp(min=torch.finfo(x.dtype).tiny), torch.zeros_like(x))
@@ -226,6 +232,10 @@ class TokenTranslator(nn.Module):
         self._cache_val = None
 
     def _compute_P(self) -> Tensor:
+        with _no_autocast(self.C):
+            return self._compute_P_fp32()
+
+    def _compute_P_fp32(self) -> Tensor:
         # temperature > 1 (annealing): the plan of C / T, denser than C's (see StepRecipe)
         C = self.C if self.temperature == 1.0 else self.C / self.temperature
         if self.kind == "sparse":
@@ -274,7 +284,12 @@ class TokenTranslator(nn.Module):
 
         ``E``, ``L``: the source model's embedding and head (frozen; ``L`` None or ``L is E`` for tied models);
         ``src_ids`` (v): the rows of E/L that are the v source tokens (e.g. OLMo's 50280 real tokens of its 50304
-        padded rows); None: E has exactly v rows. Computed in float32 (or C's dtype); cast as needed."""
+        padded rows); None: E has exactly v rows. Computed in float32 (or C's dtype), also inside a bf16 autocast
+        region; cast as needed."""
+        with _no_autocast(self.C):
+            return self._embed_and_head(E, L, src_ids)
+
+    def _embed_and_head(self, E: Tensor, L: Optional[Tensor], src_ids: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         tied = L is None or L is E
         L = E if L is None else L
         for name, M in (("E", E), ("L", L)):

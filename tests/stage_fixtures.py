@@ -56,7 +56,12 @@ def run_cmd(args: list[str], cwd: Path = REPO, timeout: int = 300, env: dict | N
     return proc
 
 
-def torchrun(nproc: int, script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+#: the default process group of a test run that has no CPU backend, as NCCL on a GPU node: a CPU collective that
+#: does not go through s2t2_dist.dist.collectives (which routes CPU tensors to a gloo group) fails here too
+NCCL_LIKE = {"S2T2_DIST_BACKEND": "cuda:gloo"}
+
+
+def torchrun(nproc: int, script: str, *args: str, timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     return run_cmd([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                     "--master_port=0", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", script, *args],
-                   timeout=timeout)
+                   timeout=timeout, env=env)

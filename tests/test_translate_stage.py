@@ -11,7 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from s2t2_dist.config import load_config
 from s2t2_dist.pfile import PFileError, load_p
 from s2t2_dist.stages.translate import TranslateConfig, run
-from stage_fixtures import REPO, prepare_small, tiny_olmo, torchrun
+from stage_fixtures import NCCL_LIKE, REPO, prepare_small, tiny_olmo, torchrun
 
 
 @pytest.fixture(scope="module")
@@ -78,18 +78,23 @@ def test_translate_single_process_learns_and_exports(inputs, tmp_path):
 
 def test_translate_torchrun_two_ranks_resume_is_identical(inputs, tmp_path):
     """2 gloo ranks, C sharded by columns (u not divisible by 2 is handled by the translator): an interrupted
-    run resumed from its checkpoint gives exactly the uninterrupted run's loss curve and P. The default recipe's
-    dense warm-up (steps 1-3 softmax, then sparse) is crossed before the interruption at step 4."""
+    run resumed from its checkpoint gives exactly the uninterrupted run's loss curve and P. The default process
+    group has no CPU backend (NCCL_LIKE), so every bookkeeping collective of the loop, checkpoints, evaluation and
+    P statistics must take its CPU tensors to the gloo group, as on a GPU node. The default recipe's dense warm-up
+    (steps 1-4 softmax, then sparse) ends at the interruption at step 4."""
     data, model = inputs
     script = str(REPO / "launch" / "translate.py")
     cfgfile = str(REPO / "configs" / "translate_olmo1b.yaml")
     ref = tmp_path / "ref"
-    torchrun(2, script, "--config", cfgfile, *_overrides(data, model, ref, "train.steps=6", "train.eval_max_docs=4"))
+    torchrun(2, script, "--config", cfgfile, *_overrides(data, model, ref, "train.steps=6", "train.eval_max_docs=4"),
+             env=NCCL_LIKE)
     split = tmp_path / "split"
     torchrun(2, script, "--config", cfgfile,
-             *_overrides(data, model, split, "train.steps=6", "train.stop_after=4", "train.eval_max_docs=4"))
+             *_overrides(data, model, split, "train.steps=6", "train.stop_after=4", "train.eval_max_docs=4"),
+             env=NCCL_LIKE)
     assert not (split / "P.safetensors").exists()
-    torchrun(2, script, "--config", cfgfile, *_overrides(data, model, split, "train.steps=6", "train.eval_max_docs=4"))
+    torchrun(2, script, "--config", cfgfile, *_overrides(data, model, split, "train.steps=6", "train.eval_max_docs=4"),
+             env=NCCL_LIKE)
     _, ref_losses = _losses(ref)
     _, split_losses = _losses(split)
     assert [s for s, _ in ref_losses] == [2, 4, 6]
@@ -133,3 +138,27 @@ def test_translate_warns_and_flags_a_frozen_C(inputs, tmp_path, caplog):
     assert g["lr"] == 1.0 and g["lr_x_v"] == 512
     assert "freezing range" in caplog.text and "freezing range" in g["start_warning"]
     assert caplog.text.count("exactly zero for") == 1, caplog.text
+
+
+def test_translate_fvt_start_maps_shared_tokens_to_themselves(inputs, tmp_path):
+    """translator.init=fvt: the surface-string start puts each target token that IS a source token on itself."""
+    from s2t2_dist.data.bpe import load_tokenizer
+    from s2t2_dist.models.hf import token_bytes
+    from s2t2_dist.stages.translate import source_surface_bytes
+
+    data, model = inputs
+    cfg = load_config(TranslateConfig, REPO / "configs" / "translate_olmo1b.yaml",
+                      _overrides(data, model, tmp_path / "run", "train.steps=1", "train.micro_batch_size=4",
+                                 "data.num_workers=0", "data.eval=", "optim.lr=1e-9", "translator.init=fvt",
+                                 "translator.init_weight=0.9"))
+    summary = run(cfg)
+    p = load_p(summary["p_file"])
+    top = p.dense().argmax(0).tolist()  # the largest weight P/nu of each column: its largest entry
+    # the regular token of a string, not its byte-fallback twin (<0x41> for "A"): the one the tokenizer writes
+    src = source_surface_bytes(str(model), p.source_ids.tolist())
+    row = {b: r for r, b in enumerate(src) if b}
+    assert len(row) == sum(1 for b in src if b)  # no string twice
+    tgt = token_bytes(load_tokenizer(f"{data}/tokenizer").tokenizer)
+    shared = [(j, row[b]) for j, b in tgt.items() if b and b in row]
+    assert len(shared) >= 20  # the residue letters are letters of the English vocabulary too
+    assert sum(top[j] == r for j, r in shared) == len(shared)

@@ -69,8 +69,7 @@ class _Task:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch.distributed as dist
-
+    from s2t2_dist.dist import collectives as coll
     from s2t2_dist.dist.env import init_distributed
     from s2t2_dist.engines.torch_engine import TorchEngine
     from s2t2_dist.train.checkpoint import Checkpointer
@@ -92,17 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     world, rank = denv.world_size, denv.rank
-    t = torch.tensor([float(rank + 1)])
-    if dist.is_initialized():
-        dist.all_reduce(t)
+    (allreduce_sum,) = coll.sum_scalars([float(rank + 1)])
     host = socket.gethostname()
     # node names seen by every rank (SLURMD_NODENAME: the slurmd this task runs under)
     node_name = os.environ.get("SLURMD_NODENAME", host)
-    names = [None] * world
-    if dist.is_initialized():
-        dist.all_gather_object(names, node_name)
-    else:
-        names = [node_name]
+    names = coll.all_gather_object(node_name)
 
     torch.manual_seed(0)
     model = torch.nn.Linear(args.dim, 1, bias=False)
@@ -111,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = TrainConfig(steps=args.steps, batch_size=2 * world, micro_batch_size=2, log_every=1,
                       ckpt_every=args.ckpt_every, keep_checkpoints=2)
     logger = MetricsLogger(out / "tb", rank=rank, node_rank=denv.node_rank, local_rank=denv.local_rank)
-    logger.scalars(0, {"probe/allreduce_sum": float(t.item()), "probe/world_size": world})
+    logger.scalars(0, {"probe/allreduce_sum": allreduce_sum, "probe/world_size": world})
     logger.scalars(0, {"node/local_world_size": denv.local_world_size, "node/node_rank": denv.node_rank},
                    scope="node")
     ck = Checkpointer(out, keep=2, fingerprint={"probe": [args.dim, world]})
@@ -125,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         "rank": rank, "world_size": world, "local_rank": denv.local_rank, "local_world_size": denv.local_world_size,
         "node_rank": denv.node_rank, "num_nodes": denv.num_nodes, "launcher": denv.launcher,
         "master_addr": denv.master_addr, "master_port": denv.master_port, "hostname": host, "node": node_name,
-        "nodes_of_ranks": names, "allreduce_sum": float(t.item()), "expected_sum": world * (world + 1) / 2,
+        "nodes_of_ranks": names, "allreduce_sum": allreduce_sum, "expected_sum": world * (world + 1) / 2,
         "job_id": os.environ.get("SLURM_JOB_ID"), "attempt": attempt, "pid": os.getpid(),
         "resumed_from_step": int(resumed_from.name.split("_")[1]) if resumed_from else 0,
         "step": result.step, "finished": result.finished, "preempted": result.preempted,
@@ -133,12 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     (out / "ranks").mkdir(exist_ok=True)
     (out / "ranks" / f"{attempt}_rank{rank:05d}.json").write_text(json.dumps(record, indent=1))
-    if dist.is_initialized():
-        dist.barrier()
+    coll.barrier()
     if rank == 0:
         (out / "result.json").write_text(json.dumps(
             {k: record[k] for k in ("step", "finished", "preempted", "final_loss", "world_size", "job_id")}))
-    if dist.is_initialized():
+    if coll.initialized():
         from s2t2_dist.dist.exit import destroy_process_group
 
         destroy_process_group()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 from dataclasses import dataclass
 
 import torch
@@ -99,17 +100,33 @@ def use_cuda() -> bool:
 
 
 def default_backend() -> str:
-    return "nccl" if use_cuda() else "gloo"
+    """NCCL for CUDA tensors beside gloo for CPU ones (bookkeeping collectives run on CPU tensors; NCCL alone would
+    reject them). S2T2_DIST_BACKEND overrides it: the tests set ``cuda:gloo``, a group with no CPU backend, so that
+    a CPU collective that does not go through s2t2_dist.dist.collectives fails on CPU as it would under NCCL."""
+    override = os.environ.get("S2T2_DIST_BACKEND", "").strip()
+    if override:
+        return override
+    return "cpu:gloo,cuda:nccl" if use_cuda() else "gloo"
 
 
-def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> DistEnv:
-    """Initialise torch.distributed from whatever launcher started us; a no-op for a single process."""
+def init_distributed(backend: str | None = None, timeout_s: float = 1800.0, single_rank_group: bool = False
+                     ) -> DistEnv:
+    """Initialise torch.distributed from whatever launcher started us; a no-op for a single process unless
+    `single_rank_group` (FSDP2 needs a process group even on one GPU: a 1-rank group on a free local port)."""
     import torch.distributed as dist
 
     denv = detect()
     if use_cuda():
         torch.cuda.set_device(denv.local_rank % torch.cuda.device_count())
-    if denv.world_size == 1 or dist.is_initialized():
+    if dist.is_initialized():
+        return denv
+    if denv.world_size == 1:
+        if single_rank_group:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            dist.init_process_group(backend=backend or default_backend(), init_method=f"tcp://127.0.0.1:{port}",
+                                    rank=0, world_size=1, timeout=datetime.timedelta(seconds=timeout_s))
         return denv
     os.environ.setdefault("MASTER_ADDR", denv.master_addr)
     os.environ.setdefault("MASTER_PORT", str(denv.master_port))
@@ -123,6 +140,9 @@ def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> D
         world_size=denv.world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
+    from s2t2_dist.dist.collectives import host_group
+
+    host_group(timeout_s)  # collective: created now, on every rank in the same order, if the default lacks CPU
     return denv
 
 

@@ -224,8 +224,9 @@ class ShardedSparseSinkhorn:
             raise ValueError("another rank's inputs failed validation (see its error)")
 
     def __call__(self, C_local: Tensor, n_iter: int = 3) -> Tensor:
-        if self.validate:
+        if self.validate:  # once, as SparseSinkhorn: each check is a host sync and a collective
             self._validate(C_local)
+            self.validate = False
         cdt = compute_dtype(C_local.dtype)
         for p, m in ((self.rows, self.mu), (self.cols, self.nu_local)):
             if p.scale.dtype != cdt or p.scale.device != C_local.device:

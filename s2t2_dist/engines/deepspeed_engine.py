@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from s2t2_dist.config import ConfigError
+from s2t2_dist.dist import collectives as coll
 from s2t2_dist.engines._common import raise_if_any_failed
 from s2t2_dist.engines.base import Engine
 from s2t2_dist.train.optim import build_adamw, build_scheduler, param_groups
@@ -72,14 +72,14 @@ def init_deepspeed_distributed(timeout_s: float = 1800.0):
 
     deepspeed = prepare_deepspeed()
     denv = init_distributed(timeout_s=timeout_s)
-    if denv.world_size > 1 or dist.is_initialized():
+    if denv.world_size > 1 or coll.initialized():
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     return denv
 
 
 def _world_size() -> int:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
+    if coll.initialized():
+        return coll.world_size()
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
@@ -414,8 +414,7 @@ class DeepSpeedEngine(Engine):
     ):
         deepspeed = prepare_deepspeed()
         self._deepspeed = deepspeed
-        self.rank = dist.get_rank() if dist.is_initialized() else 0
-        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.rank, self.world = coll.rank_world()
         hidden = getattr(getattr(model, "config", None), "hidden_size", None)
         if resolved:
             if not isinstance(ds_config, dict):

@@ -14,8 +14,8 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
+from s2t2_dist.dist import collectives as coll
 from s2t2_dist.engines._common import raise_if_any_failed
 from s2t2_dist.engines.base import Engine
 from s2t2_dist.train.optim import build_adamw, build_scheduler
@@ -98,11 +98,11 @@ class FSDP2Engine(Engine):
         reshard_after_forward: bool = True,
         mixed_precision: bool | None = None,
     ):
-        if not (dist.is_available() and dist.is_initialized()):
+        if not coll.initialized():
             raise RuntimeError("FSDP2Engine needs torch.distributed initialised (run under torchrun)")
         from torch.distributed.device_mesh import init_device_mesh
 
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.rank, self.world = coll.rank_world()
         gpu = torch.cuda.is_available()
         device_type = "cuda" if gpu else "cpu"
         self.mesh = init_device_mesh(device_type, (self.world,))

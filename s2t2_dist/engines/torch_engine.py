@@ -3,21 +3,15 @@ shard, e.g. the translator's C columns) or replicated (gradients averaged over r
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
 from typing import Literal
 
 import torch
-import torch.distributed as dist
-
+from s2t2_dist.dist import collectives as coll
 from s2t2_dist.engines.base import Engine
 from s2t2_dist.train.optim import build_adamw, build_scheduler, cosine_lr_factor
-
-
-def _world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 class TorchEngine(Engine):
@@ -44,11 +38,11 @@ class TorchEngine(Engine):
         self.scheduler = build_scheduler(self.optimizer, total_steps, warmup_frac, final_frac)
         self._warmup_frac, self._final_frac = warmup_frac, final_frac
         self.grad_clip = grad_clip
-        self.rank, self.world = _world()
+        self.rank, self.world = coll.rank_world()
         if params == "replicated" and self.world > 1:
             # Replicas must start identical; rank 0's values win.
             for _, p in self.trainable:
-                dist.broadcast(p.data, 0)
+                coll.broadcast_(p.data, 0)
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
@@ -60,21 +54,23 @@ class TorchEngine(Engine):
         grads = self._grads()
         if self.params_kind == "replicated" and self.world > 1:
             for g in grads:
-                dist.all_reduce(g)
+                coll.all_reduce_(g)
                 g.div_(self.world)
-        local_sq = torch.zeros((), dtype=torch.float64)
-        for g in grads:
-            local_sq += g.detach().double().pow(2).sum()
+        # The squared norm is summed where the gradients live (a CUDA scalar cannot be added into a CPU tensor):
+        # one norm per tensor by the multi-tensor kernel (no float64 copy of every gradient), their squares added
+        # in float64 so sharded partial sums add up exactly enough.
+        device = grads[0].device if grads else torch.device("cpu")
+        local_sq = torch.zeros((), dtype=torch.float64, device=device)
+        if grads:
+            local_sq = torch.stack(torch._foreach_norm([g.detach() for g in grads])).double().pow(2).sum()
         if self.params_kind == "sharded" and self.world > 1:
-            dist.all_reduce(local_sq)
-        # A NaN anywhere makes the squared norm NaN on every rank after the reduction, so all ranks agree.
-        if self.params_kind == "replicated" and self.world > 1:
-            flag = torch.tensor([0.0 if torch.isfinite(local_sq) else 1.0])
-            dist.all_reduce(flag)
-            finite = flag.item() == 0.0
-        else:
-            finite = bool(torch.isfinite(local_sq))
-        norm = float(local_sq.sqrt())
+            coll.all_reduce_(local_sq)
+        # A NaN anywhere makes the squared norm NaN on every rank after the reduction (of the gradients when
+        # replicated, of the norm when sharded), so all ranks agree. The one host sync of the step: the decision
+        # to apply it (DeepSpeed and FSDP make the same one).
+        sq = float(local_sq)
+        finite = math.isfinite(sq)
+        norm = math.sqrt(sq) if finite else sq
         if not finite:
             self.optimizer.zero_grad(set_to_none=True)
             # The schedule still advances so a skipped step costs its lr slot, as in the uninterrupted run.
@@ -83,9 +79,7 @@ class TorchEngine(Engine):
                 self.scheduler.step()
             return norm, False
         if self.grad_clip and self.grad_clip > 0 and norm > self.grad_clip:
-            scale = self.grad_clip / (norm + 1e-6)
-            for g in grads:
-                g.mul_(scale)
+            torch._foreach_mul_(grads, self.grad_clip / (norm + 1e-6))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()

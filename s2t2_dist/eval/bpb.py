@@ -13,8 +13,9 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Iterable
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
+
+from s2t2_dist.dist import collectives as coll
 
 
 @dataclass
@@ -32,11 +33,10 @@ class EvalTotals:
 
     def all_reduce(self) -> "EvalTotals":
         """Exact totals over ranks (sums, not averages of averages); float64 for the NLL sum."""
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        if not coll.distributed():
             return self
-        t = torch.tensor([self.nll_nats, self.tokens, self.bytes, self.docs], dtype=torch.float64)
-        dist.all_reduce(t)
-        return EvalTotals(float(t[0]), int(round(float(t[1]))), int(round(float(t[2]))), int(round(float(t[3]))))
+        t = coll.sum_scalars([self.nll_nats, self.tokens, self.bytes, self.docs])
+        return EvalTotals(t[0], int(round(t[1])), int(round(t[2])), int(round(t[3])))
 
     def metrics(self, vocab_size: int | None = None) -> dict[str, float]:
         if self.tokens == 0 or self.bytes == 0:

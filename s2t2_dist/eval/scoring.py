@@ -17,9 +17,9 @@ import contextlib
 from typing import Callable, Iterable, Iterator
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
+from s2t2_dist.dist import collectives as coll
 from s2t2_dist.eval.bpb import EvalTotals, rolling_windows
 
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]
@@ -60,9 +60,7 @@ def _windows(docs: Iterable[dict], context_len: int, max_docs: int) -> Iterator[
 def _any_rank(flag: bool, lockstep: bool) -> bool:
     if not lockstep:
         return flag
-    t = torch.tensor([1.0 if flag else 0.0])
-    dist.all_reduce(t)
-    return bool(t.item() > 0)
+    return coll.any_rank(flag)
 
 
 @torch.no_grad()
@@ -81,7 +79,7 @@ def score_documents_batched(
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
     if lockstep is None:
-        lockstep = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        lockstep = coll.distributed()
     totals = EvalTotals()
     windows = _windows(docs, context_len, max_docs)
     done = False
@@ -102,14 +100,15 @@ def score_documents_batched(
         for i, (_, ids, _, _) in enumerate(batch):
             inp[i, :ids.numel() - 1] = ids[:-1]
         logits = logits_fn(inp)
+        nlls = []  # summed on the device: one host sync per forward call, not one per window
         for i, (_, ids, keep, n_bytes) in enumerate(batch):
             m = ids.numel() - 1
             tgt = ids[1:][keep:].to(logits.device)
-            nll = float(F.cross_entropy(logits[i, keep:m].float(), tgt, reduction="sum").double())
+            nlls.append(F.cross_entropy(logits[i, keep:m].float(), tgt, reduction="sum").double())
             if n_bytes >= 0:  # the document's first window: count it
                 totals.add(EvalTotals(0.0, 0, n_bytes, 1))
-            totals.nll_nats += nll
             totals.tokens += tgt.numel()
+        totals.nll_nats += float(torch.stack(nlls).sum())
     return totals
 
 

@@ -385,7 +385,11 @@ class SparseSinkhorn:
 
     def __call__(self, C: Tensor, n_iter: int = 3) -> Tensor:
         if self.validate:
+            # Once: mu and nu are fixed, and each check is a host sync (a GPU stall) that every training step
+            # would pay. A C that turns non-finite later makes the loss non-finite, which the loop's bad-step
+            # check catches.
             validate_plan_inputs(C, self.mu, self.nu)
+            self.validate = False
         cdt = compute_dtype(C.dtype)
         for p, m in ((self.rows, self.mu), (self.cols, self.nu)):
             if p.scale.dtype != cdt or p.scale.device != C.device:

@@ -85,12 +85,12 @@ def config_part(cfg, *names) -> dict:
 
 
 def teardown() -> None:
-    import torch.distributed as dist
+    from s2t2_dist.dist import collectives as coll
 
-    if dist.is_available() and dist.is_initialized():
+    if coll.initialized():
         from s2t2_dist.dist.exit import destroy_process_group
 
-        dist.barrier()
+        coll.barrier()
         destroy_process_group()
 
 

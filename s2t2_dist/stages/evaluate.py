@@ -151,6 +151,10 @@ def run(cfg: EvaluateConfig) -> dict:
         from s2t2_dist.engines.deepspeed_engine import init_deepspeed_distributed
 
         init_deepspeed_distributed()
+    elif cfg.engine.kind == "fsdp":
+        from s2t2_dist.dist.env import init_distributed
+
+        init_distributed(single_rank_group=True)  # FSDP2 on one GPU / one process needs a (1-rank) group
     rt = setup(cfg.run_dir, cfg.eval.precision, cfg, cfg.seed)
     init_dir = cfg.init.dir or str(Path(cfg.run_dir) / "init")
     plan = prepare_initial_model(cfg.init, cfg.model.path, cfg.data.tokenizer, init_dir, is_main=rt.env.is_main,
@@ -195,10 +199,9 @@ def _tokenize_raw_files(cfg: EvaluateConfig, plan: InitPlan, is_main: bool) -> d
     """data.files as cached eval shards in the model's tokenizer: rank 0 tokenizes, the others then find the cache
     (a barrier between). Rank 0's error (e.g. a bad record with on_bad_record=error) stays the user error it is;
     the other ranks raise one naming rank 0."""
-    import torch.distributed as dist
-
     from s2t2_dist.data.errors import DataError
     from s2t2_dist.data.raw_eval import tokenize_files
+    from s2t2_dist.dist import collectives as coll
 
     d = cfg.data
 
@@ -207,7 +210,7 @@ def _tokenize_raw_files(cfg: EvaluateConfig, plan: InitPlan, is_main: bool) -> d
                               text_column=d.text_column, id_column=d.id_column, text_mode=d.text_mode,
                               on_bad_record=d.on_bad_record, progress=progress)
 
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+    if not coll.distributed():
         return go(True)
     err, out = None, None
     if is_main:
@@ -215,12 +218,10 @@ def _tokenize_raw_files(cfg: EvaluateConfig, plan: InitPlan, is_main: bool) -> d
             out = go(True)
         except Exception as e:  # noqa: BLE001 - every rank learns of it below
             err = e
-    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    failed = torch.tensor([0.0 if err is None else 1.0], device=dev)  # NCCL reduces device tensors only
-    dist.all_reduce(failed)  # also the barrier: the cache is complete when rank 0 gets here
+    failed = coll.any_rank(err is not None)  # also the barrier: the cache is complete when rank 0 gets here
     if err is not None:
         raise err
-    if failed.item():
+    if failed:
         import time
 
         time.sleep(1.0)  # a launcher stops every rank when the first exits: let rank 0 print the error that matters

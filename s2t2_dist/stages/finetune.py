@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-import torch.distributed as dist
 
 from s2t2_dist.config import ConfigError
 from s2t2_dist.engines.build import EngineConfig
@@ -95,9 +94,9 @@ class FinetuneTask:
     def __init__(self, engine, rt: Runtime, plan: InitPlan, cfg: FinetuneConfig, eval_docs=None):
         self.engine, self.rt, self.plan, self.cfg = engine, rt, plan, cfg
         self.eval_docs = eval_docs
-        # DeepSpeed and FSDP2 run bf16 themselves; the plain engine uses autocast on GPU
-        self.autocast = (torch.bfloat16 if cfg.engine.kind == "plain" and rt.dtype == torch.bfloat16
-                         and rt.device.type == "cuda" else None)
+        # DeepSpeed and FSDP2 run bf16 themselves; the plain engine uses autocast (on CPU too when
+        # train.precision=bf16 is asked for: "auto" is float32 there, so CI can run the bf16 path)
+        self.autocast = torch.bfloat16 if cfg.engine.kind == "plain" and rt.dtype == torch.bfloat16 else None
         self.step = 0
         self.last_eval: tuple[int, dict] | None = None
 
@@ -200,8 +199,9 @@ def build(cfg: FinetuneConfig, rt: Runtime):
 
 
 def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+    from s2t2_dist.dist.collectives import barrier
+
+    barrier()
 
 
 def export_model(engine, model, plan: InitPlan, out_dir: str | Path, *, dtype: torch.dtype = torch.float32,
@@ -214,7 +214,9 @@ def export_model(engine, model, plan: InitPlan, out_dir: str | Path, *, dtype: t
 
     out = Path(out_dir)
     partial = out.with_name(out.name + ".partial")
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    from s2t2_dist.dist.collectives import rank as _rank
+
+    rank = _rank()
     if out.exists() and not (out / EXPORT_INFO).is_file():  # checked on every rank before any collective
         raise InitError(f"export.dir {out} exists and was not written by s2t2 (no {EXPORT_INFO}); choose another")
     if rank == 0 and partial.exists():
@@ -262,6 +264,10 @@ def run(cfg: FinetuneConfig) -> dict:
         from s2t2_dist.engines.deepspeed_engine import init_deepspeed_distributed
 
         init_deepspeed_distributed()
+    if cfg.engine.kind == "fsdp":
+        from s2t2_dist.dist.env import init_distributed
+
+        init_distributed(single_rank_group=True)  # FSDP2 on one GPU / one process needs a (1-rank) group
     rt = setup(cfg.run_dir, cfg.train.precision, cfg, cfg.train.seed)
     task, model, engine, loader, plan = build(cfg, rt)
     fp = fingerprint(**config_part(cfg, "model", "init"), data=cfg.data.train, tokenizer=plan.tokenizer_hash,

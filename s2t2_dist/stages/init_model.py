@@ -350,9 +350,9 @@ def prepare_initial_model(init: InitConfig, model_path: str, tokenizer: str, out
 
 
 def _distributed() -> bool:
-    import torch.distributed as dist
+    from s2t2_dist.dist import collectives as coll
 
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return coll.distributed()
 
 
 def check_shards(manifest: dict, plan: InitPlan, what: str) -> None:

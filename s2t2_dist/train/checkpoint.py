@@ -26,33 +26,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from s2t2_dist import faults
+from s2t2_dist.dist import collectives as coll
 from s2t2_dist.utils.io import atomic_write_text, fsync_dir
 
 _STEP_RE = re.compile(r"^step_(\d{8})$")
 log = logging.getLogger("s2t2.checkpoint")
 
 
-def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
-def _rank_world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _all_ok(ok: bool) -> bool:
-    """True on every rank iff ok is True on every rank (so a failure on one rank is seen by all)."""
-    if dist.is_available() and dist.is_initialized():
-        t = torch.tensor([0.0 if ok else 1.0])
-        dist.all_reduce(t)
-        return t.item() == 0.0
-    return ok
+_barrier = coll.barrier
+_rank_world = coll.rank_world
+_all_ok = coll.all_ranks
 
 
 class CheckpointError(RuntimeError):

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
 import torch
-import torch.distributed as dist
 
 from s2t2_dist import faults
+from s2t2_dist.dist import collectives as coll
 from s2t2_dist.train.checkpoint import Checkpointer
 from s2t2_dist.train.config import TrainConfig
 from s2t2_dist.train.metrics import MetricsLogger
@@ -26,7 +26,8 @@ from s2t2_dist.train.metrics import MetricsLogger
 
 class Task(Protocol):
     def loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
-        """Mean loss of one micro-batch (the tensor to backpropagate) and extra scalars to log."""
+        """Mean loss of one micro-batch (the tensor to backpropagate) and extra scalars to log (floats or 0-dim
+        tensors: tensors are read on logging steps only, so no host sync per micro-batch)."""
 
     def report(self, step: int, logger: MetricsLogger) -> dict[str, float]:
         """Expensive diagnostics, called every log interval (collective: every rank calls it)."""
@@ -75,17 +76,8 @@ class _StopFlag:
             signal.signal(s, h)
 
 
-def _world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _sum_across(values: list[float]) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t)
-    return t.tolist()
+_world = coll.rank_world
+_sum_across = coll.sum_scalars
 
 
 def train(
@@ -114,6 +106,8 @@ def train(
         loader.load_state_dict(state["loader"])
         if state.get("world_size", world) == world:
             torch.set_rng_state(state["rng"])
+            if state.get("cuda_rng") is not None and torch.cuda.is_available():
+                torch.cuda.set_rng_state(state["cuda_rng"])  # this rank's device (dropout, sampling on the GPU)
         else:  # an elastic restart: per-rank random streams cannot be carried to another number of ranks
             torch.manual_seed(cfg.seed + rank + 1_000_003 * step)
         result.last_checkpoint = latest
@@ -121,7 +115,7 @@ def train(
 
     def save(at_step: int) -> None:
         state = {"step": at_step, "bad_steps": bad_steps, "loader": loader.state_dict(), "rng": torch.get_rng_state(),
-                 "world_size": world}
+                 "world_size": world, "cuda_rng": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
         result.last_checkpoint = checkpointer.save(at_step, engine, state)
 
     stop = _StopFlag()
@@ -136,7 +130,10 @@ def train(
     t_last, toks_since, wait_since = time.perf_counter(), 0, 0.0
     try:
         while step < cfg.steps:
-            loss_sum, extra = 0.0, {}
+            # The micro-batch losses are summed on the device: reading one (float()) would stall the host until
+            # its forward has run, before the backward is even queued. The sum is read once, after engine.step()
+            # has synchronised anyway (its finite-gradient decision).
+            loss_sum, extra = None, {}
             for _ in range(accum):
                 t0 = time.perf_counter()
                 try:
@@ -149,12 +146,12 @@ def train(
                 loss, extra = task.loss(batch)
                 loss = faults.poison_loss(loss, step + 1)
                 engine.backward(loss / accum)
-                loss_sum += float(loss.detach())
+                loss_sum = loss.detach().double() if loss_sum is None else loss_sum + loss.detach().double()
                 toks_since += tokens_per_micro_batch or batch["input_ids"].numel()
             grad_norm, applied = engine.step()
             step += 1
             steps_this_run += 1
-            (mean_loss,) = _sum_across([loss_sum / accum])
+            (mean_loss,) = _sum_across([float(loss_sum) / accum])
             mean_loss /= world
             if not applied or not math.isfinite(mean_loss):
                 bad_steps += 1
@@ -184,7 +181,7 @@ def train(
                         "train/lr": engine.lr(),
                         "train/grad_norm": grad_norm,
                         "train/tokens_per_s": tok_total / max(dt, 1e-9),
-                        **{f"train/{k}": v for k, v in extra.items()},
+                        **{f"train/{k}": float(v) for k, v in extra.items()},  # tensors read here only
                     },
                 )
                 node_vals = {"node/tokens_per_s": toks_since / max(dt, 1e-9),
@@ -197,6 +194,7 @@ def train(
                 engine.eval()
                 logger.scalars(step, {f"eval/{k}": v for k, v in task.evaluate().items()})
                 engine.train()
+            # a CPU-only collective (gloo): no device sync; checked after the step's faults and evaluation
             (stop_now,) = _sum_across([1.0 if stop.requested is not None else 0.0])
             budget_hit = cfg.stop_after and steps_this_run >= cfg.stop_after
             if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == cfg.steps or stop_now or budget_hit:

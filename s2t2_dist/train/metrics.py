@@ -136,23 +136,23 @@ def p_sparsity_stats(p_local: torch.Tensor, eps: float = 0.0, group=None) -> dic
     - P/support_per_source_{mean,max}, P/unused_sources: fraction of source tokens no target uses
     - P/top1_share: mean over target tokens of the largest weight's share of the column's mass
     """
-    import torch.distributed as dist
+    from s2t2_dist.dist import collectives as coll
 
     p = p_local.detach().float()
     nz = p > eps
     col_nnz = nz.sum(0).to(torch.float64)
     row_nnz = nz.sum(1).to(torch.float64)
     col_mass = p.sum(0).to(torch.float64)
-    col_max = p.max(0).values.to(torch.float64) if p.shape[1] else torch.zeros(0, dtype=torch.float64)
+    col_max = p.max(0).values.to(torch.float64) if p.shape[1] else torch.zeros(0, dtype=torch.float64, device=p.device)
     top1 = torch.where(col_mass > 0, col_max / col_mass.clamp_min(1e-300), torch.zeros_like(col_mass))
     sums = torch.tensor([col_nnz.sum().item(), float(p.shape[1]), float((col_nnz == 1).sum().item()),
                          top1.sum().item()], dtype=torch.float64, device=p.device)
     maxes = torch.tensor([col_nnz.max().item() if col_nnz.numel() else 0.0], dtype=torch.float64, device=p.device)
     row_nnz = row_nnz.to(p.device)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(sums, group=group)
-        dist.all_reduce(maxes, op=dist.ReduceOp.MAX, group=group)
-        dist.all_reduce(row_nnz, group=group)
+    if coll.initialized():  # on P's device, over the group its columns are sharded on
+        coll.all_reduce_(sums, group=group)
+        coll.all_reduce_(maxes, "max", group=group)
+        coll.all_reduce_(row_nnz, group=group)
     nnz, u, single, top1_sum = sums.tolist()
     v = p.shape[0]
     return {
