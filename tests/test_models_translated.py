@@ -196,3 +196,23 @@ def test_gradient_checkpointing_same_loss_and_grads():
         assert len(calls) == (2 if ckpt else 0)
     assert torch.allclose(results[0][0], results[1][0], atol=1e-6)
     assert torch.allclose(results[0][1], results[1][1], atol=1e-6)
+
+
+def test_source_padding_idx_does_not_apply_to_target_ids(models):
+    """A source model's padding_idx (here 80 < U and, separately, beyond u rows) must neither refuse E' nor zero
+    the gradient of the target token that happens to have that id."""
+    model = models["olmo-1b"]
+    emb = model.get_input_embeddings()
+    E, L, _ = get_embedding_and_head(model)
+    old = emb.padding_idx
+    try:
+        for pad, u in ((80, U), (400, 64)):
+            emb.padding_idx = pad
+            E_new = E[:u].detach().clone().requires_grad_(True)
+            ids = torch.full((1, 4), min(pad, u - 1))
+            out = TranslatedLM(model)(ids, E_new, L[:u].detach(), return_logits=True)
+            out.logits.sum().backward()
+            assert E_new.grad[ids[0, 0]].abs().sum() > 0
+            assert emb.padding_idx == pad  # restored
+    finally:
+        emb.padding_idx = old

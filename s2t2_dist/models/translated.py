@@ -137,7 +137,16 @@ class TranslatedLM(nn.Module):
         emb = body.get_input_embeddings()
         # The embedding module's own forward runs with E' as its weight, so whatever it does besides the lookup
         # (Gemma's sqrt(d) scale lives in GemmaTextScaledWordEmbedding.forward) applies to E' as it did to E.
-        inputs_embeds = torch.func.functional_call(emb, {"weight": E_new.to(emb.weight.dtype)}, (input_ids,))
+        # The source vocabulary's padding_idx means nothing for target ids (it may even lie beyond u rows, and it
+        # would zero the gradient of whichever target token has that id), so the lookup runs without it.
+        pad = getattr(emb, "padding_idx", None)
+        try:
+            if pad is not None:
+                emb.padding_idx = None
+            inputs_embeds = torch.func.functional_call(emb, {"weight": E_new.to(emb.weight.dtype)}, (input_ids,))
+        finally:
+            if pad is not None:
+                emb.padding_idx = pad
         out = body(
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
