@@ -36,18 +36,22 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-#: translator rows: name -> (kind, init, init_weight, lr). The lrs are the best measured ones (BENCHMARKS.md #16b).
+#: translator rows: name -> (kind, init, init_weight, recipe, lr). `recipe` is translator.recipe: "default" (the
+#: shipped defaults: lr in units of C's natural scale, 0 = the measured default, BENCHMARKS.md #16a) or "paper" (C's
+#: lr absolute; the paper's literal uniform start uses its transfer-run lr 2e-5, which learns at v = 512).
 TRANSLATORS = {
-    "s2t2_uniform": ("sparse", "uniform", 0.0, 2e-5),
-    "s2t2_fvt": ("sparse", "fvt", 0.5, 2e-5),
-    "softmax": ("softmax", "uniform", 0.0, 1.0),
-    "softmax_fvt": ("softmax", "fvt", 0.5, 1.0),
-    "unconstrained": ("unconstrained", "uniform", 0.0, 1e-3),
-    "unconstrained_fvt": ("unconstrained", "fvt", 0.5, 1e-3),
+    "s2t2_uniform": ("sparse", "uniform", 0.0, "paper", 2e-5),
+    "s2t2_fvt": ("sparse", "fvt", 0.5, "default", 0.0),
+    "s2t2_warmup": ("sparse", "uniform", 0.0, "default", 0.0),
+    "softmax": ("softmax", "uniform", 0.0, "default", 0.0),
+    "softmax_fvt": ("softmax", "fvt", 0.5, "default", 0.0),
+    "unconstrained": ("unconstrained", "uniform", 0.0, "default", 0.0),
+    "unconstrained_fvt": ("unconstrained", "fvt", 0.5, "default", 0.0),
 }
 LABELS = {
     "orig_tok": "original tokenizer (ceiling)", "s2t2_uniform": "S2T2, uniform start (paper)",
-    "s2t2_fvt": "S2T2, FVT start", "softmax": "softmax Sinkhorn, uniform start",
+    "s2t2_fvt": "S2T2, FVT start (shipped defaults)",
+    "s2t2_warmup": "S2T2, uniform start + dense warm-up (default recipe)", "softmax": "softmax Sinkhorn, uniform start",
     "softmax_fvt": "softmax Sinkhorn, FVT start", "unconstrained": "unconstrained, uniform start",
     "unconstrained_fvt": "unconstrained, FVT start", "fvt": "FVT (no training)", "truncate": "truncation",
     "random": "random guess", "unigram": "unigram (train-split token frequencies)",
@@ -144,21 +148,23 @@ class Bench:
         return {"train": str(d / f"shards/{split}/train"), "eval": str(d / f"shards/{split}/eval"),
                 "tokenizer": str(self.model if source else d / "tokenizer"), "num_workers": 0}
 
-    def translate(self, name: str, regime: str, kind: str, init: str, weight: float, lr: float) -> dict:
+    def translate(self, name: str, regime: str, kind: str, init: str, weight: float, recipe: str, lr: float
+                  ) -> dict:
         from s2t2_dist.recipes.demo import write_config
         from s2t2_dist.stages.translate import TranslateConfig
 
         run_dir = self.runs / regime / name
         cfg = write_config(self.cfgs / regime / f"{name}.yaml", {
             "run_dir": str(run_dir), "model": {"path": str(self.model), "source_vocab": self.vocab[regime]},
-            "data": self.data(regime=regime), "translator": {"kind": kind, "n_iter": 3, "init": init, "init_weight": weight},
+            "data": self.data(regime=regime), "translator": {"kind": kind, "n_iter": 3, "init": init, "init_weight": weight,
+                                                         "recipe": recipe},
             "optim": {"lr": lr, "weight_decay": 0.0}, "train": self.train_block(self.args.steps, regime)},
             TranslateConfig)
         t0 = time.time()
         r = self.runner.run("translate", ["--config", str(cfg)], run_dir, f"{regime}-{name}")
         self.random_bpb = r.result["eval"].get("random_guess_bpb")
         return {"p_file": r.result["p_file"], "bpb": r.result["eval"]["bpb"], "seconds": round(time.time() - t0, 1),
-                "final_loss": r.result.get("final_loss")}
+                "final_loss": r.result.get("final_loss"), "lr": (r.result.get("gradient_on_C") or {}).get("lr", lr)}
 
     def evaluate(self, name: str, regime: str, init: dict, source: bool = False) -> float:
         from s2t2_dist.recipes.demo import write_config
@@ -285,12 +291,12 @@ class Bench:
                     shared=n, self_=s)
                 if a.ft_steps:
                     put("fvt", finetuned=self.finetune("fvt", regime, {"kind": "translated", "p_file": pf}))
-            for name, (kind, init, w, lr) in self.variants().items():
+            for name, (kind, init, w, recipe, lr) in self.variants().items():
                 if not want(name) and not (only and any(name.startswith(o + "@") for o in only)):
                     continue
-                t = self.translate(name, regime, kind, init, w, lr)
+                t = self.translate(name, regime, kind, init, w, recipe, lr)
                 n, s = self.shared_to_self(t["p_file"], regime)
-                put(name, p_only=t["bpb"], lr=lr, init_weight=w, shared=n, self_=s, seconds=t["seconds"])
+                put(name, p_only=t["bpb"], lr=t["lr"], init_weight=w, shared=n, self_=s, seconds=t["seconds"])
                 if a.ft_steps and "@" not in name:
                     put(name, finetuned=self.finetune(name, regime, {"kind": "translated", "p_file": t["p_file"]}))
             if regime == "protein" and want("unigram"):
@@ -309,10 +315,10 @@ class Bench:
         v = dict(TRANSLATORS)
         for spec in self.args.sweep:
             name, lrs, ws = (spec.split(":") + ["", ""])[:3]
-            kind, init, w0, lr0 = TRANSLATORS[name]
+            kind, init, w0, recipe, lr0 = TRANSLATORS[name]
             for lr in [float(x) for x in lrs.split(",") if x] or [lr0]:
                 for w in [float(x) for x in ws.split(",") if x] or [w0]:
-                    v[f"{name}@{lr:g}@{w:g}"] = (kind, init, w, lr)
+                    v[f"{name}@{lr:g}@{w:g}"] = (kind, init, w, recipe, lr)
         return v
 
 
@@ -350,7 +356,8 @@ def main(argv=None) -> int:
     ap.add_argument("--regimes", default="v>d,v<d,protein")
     ap.add_argument("--only", default="", help="comma-separated row names (default: all)")
     ap.add_argument("--sweep", action="append", default=[],
-                    help="extra rows NAME:LR1,LR2:W1,W2 (e.g. s2t2_fvt:2e-6,2e-5:0.1,0.5), P only")
+                    help="extra rows NAME:LR1,LR2:W1,W2 (LRs in the row recipe's units: default = 1/v for sparse; "
+                         "e.g. s2t2_fvt:0.01,0.05:0.1,0.5), P only")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (default 1: a 260K-parameter model gains nothing from more on a busy CPU)")
     ap.add_argument("--tag", default="", help="name results_TAG.json / table_TAG.md (parallel invocations)")
