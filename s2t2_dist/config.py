@@ -185,6 +185,23 @@ def validate_tree(obj: Any, prefix: str = "") -> None:
             raise ConfigError(f"{prefix}.{e}" if prefix else str(e)) from None
 
 
+def _check_slurm_section(cls, data: dict) -> None:
+    """A stage YAML may carry the `slurm:` section that `s2t2 submit` reads (docs/slurm.md). The stage does not use
+    it, but checks it, so a mistyped resource key fails here too; it is then dropped from the stage's config."""
+    if "slurm" not in data or "slurm" in {f.name for f in dataclasses.fields(cls)}:
+        return
+    section = data.pop("slurm")
+    if section is None:
+        return
+    from s2t2_dist.launch.submit import SlurmConfig
+
+    try:
+        validate_tree(_coerce(section, SlurmConfig, "slurm"))
+    except ConfigError as e:
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith("slurm") or "'slurm." in msg else f"slurm.{msg}") from None
+
+
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
     data: dict = {}
     if path is not None:
@@ -201,6 +218,7 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         _set_dotted(data, key, value)
     where = f"{path}: " if path is not None else ""
     try:
+        _check_slurm_section(cls, data)
         cfg = _build(cls, data)
         validate_tree(cfg)
     except ConfigError as e:

@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 
 from s2t2_dist.config import ConfigError
-from s2t2_dist.stages.common import Runtime, config_part, fingerprint, parse_args, setup, teardown
+from s2t2_dist.stages.common import (Runtime, config_part, fingerprint, parse_args, record_config, setup,
+                                     teardown)
 from s2t2_dist.train.config import OptimConfig, TrainConfig
 
 log = logging.getLogger("s2t2.translate")
@@ -236,18 +237,43 @@ def export_p(path: Path, task: TranslateTask, hashes: dict) -> Path | None:
     return save_p(path, p)
 
 
+def preflight(cfg: TranslateConfig) -> None:
+    """Everything checkable from files before any weight is read: the model directory, its tokenizer against its
+    embedding rows and its positions against train.context_len, the shards against data.tokenizer and the
+    context length, the eval split (not empty)."""
+    from s2t2_dist.stages import checks
+
+    mdir = checks.model_dir(cfg.model.path)
+    checks.model_tokenizer_fits(mdir)
+    checks.context_fits(mdir, cfg.train.context_len, "train.context_len")
+    tok = checks.tokenizer(cfg.data.tokenizer)
+    train_m = checks.shards(cfg.data.train, "data.train", "packed")
+    checks.shards_match_tokenizer(train_m, "data.train", tok)
+    checks.context_matches_shards(train_m, cfg.train.context_len, "data.train")
+    if cfg.data.eval:
+        eval_m = checks.shards(cfg.data.eval, "data.eval", "docs")
+        checks.shards_match_tokenizer(eval_m, "data.eval", tok)
+        checks.same_shards(train_m, eval_m)
+    if cfg.translator.init_p and not Path(cfg.translator.init_p).is_file():
+        raise ConfigError(f"translator.init_p: P file {cfg.translator.init_p} does not exist")
+
+
 def run(cfg: TranslateConfig) -> dict:
     from s2t2_dist.train.checkpoint import Checkpointer
     from s2t2_dist.train.loop import train
 
-    rt = setup(cfg.run_dir, cfg.train.precision, cfg, cfg.train.seed)
+    preflight(cfg)
+    rt = setup(cfg.run_dir, cfg.train.precision, cfg, cfg.train.seed, record=False)
     task, engine, loader, hashes = build(cfg, rt)
     fp = fingerprint(**config_part(cfg, "model", "translator"), data=cfg.data.train,
                      tokenizers=hashes, world_size=rt.env.world_size, train=[cfg.train.batch_size, cfg.train.seed])
+    fp["optim"] = config_part(cfg, "optim")["optim"]  # by value: a refusal names the changed setting
     ck = Checkpointer(rt.run_dir, keep=cfg.train.keep_checkpoints, fingerprint=fp)
+    ck.check_resumable()
+    record_config(rt, cfg)
     result = train(cfg.train, task, engine, loader, ck, rt.logger)
     summary = {"step": result.step, "finished": result.finished, "preempted": result.preempted,
-               "bad_steps": result.bad_steps, "final_loss": result.losses[-1][1] if result.losses else None,
+               "bad_steps": result.bad_steps, "final_loss": result.final_loss,
                "lm_param_fraction_per_rank": task.lm_param_fraction}
     if result.finished:
         summary["p_file"] = str(export_p(rt.run_dir / "P.safetensors", task, hashes))
@@ -269,4 +295,9 @@ def run(cfg: TranslateConfig) -> dict:
 def main(argv: list[str]) -> int:
     from s2t2_dist.stages.common import run_main
 
-    return run_main("s2t2 translate", lambda: run(parse_args(TranslateConfig, argv, "s2t2 translate")[0]))
+    return run_main("s2t2 translate", lambda: run(parse_config(argv)))
+
+
+def parse_config(argv: list[str]) -> TranslateConfig:
+    """The run config from the command line (`s2t2 submit` checks it with this before queueing)."""
+    return parse_args(TranslateConfig, argv, "s2t2 translate")[0]
