@@ -130,7 +130,8 @@ def shards_match_tokenizer(m: dict, key: str, tok, tok_key: str = "data.tokenize
         raise ConfigError(
             f"{key} {m.get('_dir')}: shards were tokenized with {t.get('path')} (hash {str(t.get('hash'))[:12]}, "
             f"{t.get('vocab_size')} tokens) but {tok_key} is {tok.path} (hash {tok.hash[:12]}, {tok.vocab_size} "
-            f"tokens); point {tok_key} at the tokenizer the shards were made with")
+            f"tokens); use shards and tokenizer of the same kind (prepare's shards/new/* with its tokenizer/, "
+            "shards/source/* with the source model's)")
 
 
 def same_shards(train: dict, evald: dict, train_key: str = "data.train", eval_key: str = "data.eval") -> None:
