@@ -76,3 +76,20 @@ def test_ctrl_c_during_finetune_checkpoints_at_the_step_boundary(tiny_data, stor
                          "train.batch_size=2", f"engine.kind={engine}")
     step = _ctrl_c_then_resume("finetune", args, tmp_path)
     ledger("finetune: Ctrl-C (SIGINT to the process group)", step=step)
+
+
+def test_ctrl_c_under_torchrun_checkpoints_every_rank(tiny_data, stories, tmp_path):
+    """Two ranks under torchrun: Ctrl-C reaches the launcher and both ranks; the ranks agree to stop at the same
+    step boundary, write one checkpoint together, and exit before the launcher's grace period ends."""
+    from conftest import Job
+
+    run = tmp_path / "run"
+    job = Job("translate.py", translate_args(tiny_data, stories, run, "train.steps=60", "train.ckpt_every=0"),
+              trace=tmp_path / "trace", log=tmp_path / "job.log")
+    at = job.wait_for_step(3)["step"]
+    job.signal_group(signal.SIGINT)
+    job.wait()
+    result = json.loads((run / "result.json").read_text())
+    assert result["preempted"] and result["step"] >= at, (result, job.output[-3000:])
+    assert Checkpointer(run).complete_steps() == [result["step"]]
+    ledger("translate, 2 ranks under torchrun: Ctrl-C", step=at)
