@@ -223,3 +223,48 @@ def test_empty_eval_split_is_refused_before_training(inputs, tmp_path, capsys):
     line = _one_line_error(capsys, rc)
     assert "data.eval" in line and "no documents" in line, line
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+# -- data that is almost certainly wrong: warnings in the summary ------------------------------------------------
+
+
+def _fasta(tmp_path, name, n=120, edit=None, double=False):
+    from stage_fixtures import protein_fasta
+
+    lines, recs = [], 0
+    for line in protein_fasta().read_text().splitlines():
+        recs += line.startswith(">")
+        if recs > n:
+            break
+        lines.append(edit(recs, line) if edit and not line.startswith(">") else line)
+    text = "\n".join(lines) + "\n"
+    if double:
+        text += text.replace(">", ">copy_")
+    f = tmp_path / f"{name}.fasta"
+    f.write_text(text)
+    return f
+
+
+def _warnings(tmp_path, fasta, **kw):
+    from s2t2_dist.data.config import DataConfig
+    from s2t2_dist.data.pipeline import prepare
+
+    cfg = DataConfig(inputs=[str(fasta)], output_dir=str(tmp_path / fasta.stem), context_len=64, shard_size=64,
+                     **{"vocab_size": 40, "eval_fraction": 0.2, **kw})
+    return prepare(cfg, progress=False)["warnings"]
+
+
+def test_prepare_warns_about_almost_certainly_wrong_data(tmp_path):
+    clean = _warnings(tmp_path, _fasta(tmp_path, "clean"))
+    assert clean == [], clean
+    w = _warnings(tmp_path, _fasta(tmp_path, "dups", double=True))
+    assert any("same text as an eval record" in x for x in w), w
+    w = _warnings(tmp_path, _fasta(tmp_path, "all_x", edit=lambda i, s: "X" * len(s)))
+    assert any("not among the 20 standard amino acids" in x for x in w), w
+    w = _warnings(tmp_path, _fasta(tmp_path, "junk", edit=lambda i, s: s if i % 4 == 0 else "1" * len(s)),
+                  on_bad_record="skip")
+    assert any("were skipped or filtered (bad_character" in x for x in w), w
+    w = _warnings(tmp_path, _fasta(tmp_path, "big_vocab"), vocab_size=50_000)
+    assert any("fewer than vocab_size=50000" in x for x in w), w
+    w = _warnings(tmp_path, _fasta(tmp_path, "tiny_eval", n=30), eval_fraction=0.05)
+    assert any("eval split" in x for x in w), w
