@@ -268,3 +268,25 @@ def test_prepare_warns_about_almost_certainly_wrong_data(tmp_path):
     assert any("fewer than vocab_size=50000" in x for x in w), w
     w = _warnings(tmp_path, _fasta(tmp_path, "tiny_eval", n=30), eval_fraction=0.05)
     assert any("eval split" in x for x in w), w
+
+
+def test_translate_preflight_refusals_name_the_key(inputs, tmp_path, capsys):
+    from s2t2_dist.stages import translate
+
+    a, b, model = inputs
+    base = _translate_args(tmp_path / "run", model, a / "shards/new/train", a / "tokenizer", "train.steps=2")
+    cases = {
+        "train.context_len=4096": "longer than the",  # the model's positions (stories260K: 512)
+        f"translator.init_p={tmp_path / 'none.safetensors'}": "translator.init_p",
+        "train.batch_size=3": "not a multiple",
+        f"data.train={a}/shards/new/eval": "needs a train split",
+        f"model.path={a}/tokenizer": "no config.json",
+    }
+    for override, expect in cases.items():
+        rc = translate.main([*base, override])
+        line = _one_line_error(capsys, rc)
+        assert expect in line, (override, line)
+    (tmp_path / "file").write_text("x")
+    line = _one_line_error(capsys, translate.main([*base, f"run_dir={tmp_path / 'file'}"]))
+    assert "run_dir" in line and "not a directory" in line
+    assert not (tmp_path / "run").exists()  # nothing was written by any refused run

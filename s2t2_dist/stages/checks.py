@@ -146,3 +146,25 @@ def context_matches_shards(m: dict, context_len: int, key: str, ctx_key: str = "
     if m.get("context_len") not in (None, context_len):
         raise ConfigError(f"{ctx_key}={context_len} but the shards in {key} {m.get('_dir')} hold blocks of "
                           f"{m.get('context_len')} tokens; use {ctx_key}={m.get('context_len')} or re-run prepare")
+
+
+def run_dir(path: str, key: str = "run_dir") -> None:
+    """The run directory must be a directory (or not exist yet) in a place this process may write."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{key}: {path} exists and is not a directory")
+    parent = p
+    while not parent.exists():
+        parent = parent.parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}: cannot write into {parent} (permission denied)")
+
+
+def training_layout(train, eval_dir: str) -> None:
+    """The batch layout against the ranks this process was started with, and evaluation that cannot happen."""
+    from s2t2_dist.dist.env import detect
+
+    train.grad_accum(detect().world_size)
+    if train.eval_every and not eval_dir:
+        log.warning("train.eval_every=%d but data.eval is empty: no held-out evaluation will run",
+                    train.eval_every)

@@ -118,6 +118,7 @@ def preflight(cfg: EvaluateConfig) -> None:
     against eval.context_len, the eval shards (not empty; against data.tokenizer when it is given)."""
     from s2t2_dist.stages import checks
 
+    checks.run_dir(cfg.run_dir)
     mdir = checks.model_dir(cfg.model.path)
     checks.model_tokenizer_fits(mdir)
     checks.context_fits(mdir, cfg.eval.context_len, "eval.context_len")

@@ -256,6 +256,8 @@ def preflight(cfg: FinetuneConfig) -> None:
     tokenizer the model will speak are checked by `build` (check_shards), before the model is loaded."""
     from s2t2_dist.stages import checks
 
+    checks.run_dir(cfg.run_dir)
+    checks.training_layout(cfg.train, cfg.data.eval)
     mdir = checks.model_dir(cfg.model.path)
     checks.model_tokenizer_fits(mdir)
     checks.context_fits(mdir, cfg.train.context_len, "train.context_len")

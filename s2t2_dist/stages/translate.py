@@ -243,6 +243,8 @@ def preflight(cfg: TranslateConfig) -> None:
     context length, the eval split (not empty)."""
     from s2t2_dist.stages import checks
 
+    checks.run_dir(cfg.run_dir)
+    checks.training_layout(cfg.train, cfg.data.eval)
     mdir = checks.model_dir(cfg.model.path)
     checks.model_tokenizer_fits(mdir)
     checks.context_fits(mdir, cfg.train.context_len, "train.context_len")
@@ -254,8 +256,16 @@ def preflight(cfg: TranslateConfig) -> None:
         eval_m = checks.shards(cfg.data.eval, "data.eval", "docs")
         checks.shards_match_tokenizer(eval_m, "data.eval", tok)
         checks.same_shards(train_m, eval_m)
-    if cfg.translator.init_p and not Path(cfg.translator.init_p).is_file():
-        raise ConfigError(f"translator.init_p: P file {cfg.translator.init_p} does not exist")
+    if cfg.translator.init_p:
+        if not Path(cfg.translator.init_p).is_file():
+            raise ConfigError(f"translator.init_p: P file {cfg.translator.init_p} does not exist")
+        from s2t2_dist.pfile import load_p
+
+        if mdir is not None and (mdir / "tokenizer.json").is_file():
+            from s2t2_dist.data.bpe import tokenizer_hash
+
+            load_p(cfg.translator.init_p).check_compatible(tokenizer_hash(str(mdir)), tok.hash,
+                                                           where=f"translator.init_p {cfg.translator.init_p}: ")
 
 
 def run(cfg: TranslateConfig) -> dict:
