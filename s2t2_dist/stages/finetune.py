@@ -284,8 +284,11 @@ def run(cfg: FinetuneConfig) -> dict:
         from s2t2_dist.engines.deepspeed_engine import init_deepspeed_distributed
 
         init_deepspeed_distributed()
+    from s2t2_dist.stages.init_model import resolve_plan
+
     rt = setup(cfg.run_dir, cfg.train.precision, cfg, cfg.train.seed, record=False)
-    task, model, engine, loader, plan = build(cfg, rt)
+    # the checkpoint is checked against this config before the initial model is written or loaded
+    plan, _ = resolve_plan(cfg.init, cfg.model.path, cfg.data.tokenizer, cfg.init.dir or str(rt.run_dir / "init"))
     fp = fingerprint(**config_part(cfg, "model", "init"), data=cfg.data.train, tokenizer=plan.tokenizer_hash,
                      engine=cfg.engine.kind, world_size=rt.env.world_size,
                      train=[cfg.train.batch_size, cfg.train.micro_batch_size, cfg.train.context_len, cfg.train.seed])
@@ -293,6 +296,7 @@ def run(cfg: FinetuneConfig) -> dict:
     ck = Checkpointer(rt.run_dir, keep=cfg.train.keep_checkpoints, fingerprint=fp)
     ck.check_resumable()
     record_config(rt, cfg)
+    task, model, engine, loader, plan = build(cfg, rt)
     result = train(cfg.train, task, engine, loader, ck, rt.logger, on_step=task.on_step)
     summary: dict = {"step": result.step, "finished": result.finished, "preempted": result.preempted,
                      "bad_steps": result.bad_steps, "losses": result.losses,

@@ -273,14 +273,18 @@ def run(cfg: TranslateConfig) -> dict:
     from s2t2_dist.train.loop import train
 
     preflight(cfg)
+    from s2t2_dist.data.bpe import load_tokenizer, tokenizer_hash
+
     rt = setup(cfg.run_dir, cfg.train.precision, cfg, cfg.train.seed, record=False)
-    task, engine, loader, hashes = build(cfg, rt)
+    # the checkpoint is checked against this config before the model is loaded (hashes as build computes them)
+    hashes = {"source": tokenizer_hash(cfg.model.path), "target": load_tokenizer(cfg.data.tokenizer).hash}
     fp = fingerprint(**config_part(cfg, "model", "translator"), data=cfg.data.train,
                      tokenizers=hashes, world_size=rt.env.world_size, train=[cfg.train.batch_size, cfg.train.seed])
     fp["optim"] = config_part(cfg, "optim")["optim"]  # by value: a refusal names the changed setting
     ck = Checkpointer(rt.run_dir, keep=cfg.train.keep_checkpoints, fingerprint=fp)
     ck.check_resumable()
     record_config(rt, cfg)
+    task, engine, loader, hashes = build(cfg, rt)
     result = train(cfg.train, task, engine, loader, ck, rt.logger)
     summary = {"step": result.step, "finished": result.finished, "preempted": result.preempted,
                "bad_steps": result.bad_steps, "final_loss": result.final_loss,
