@@ -198,11 +198,18 @@ def main() -> None:
     again = json.loads((run / "result.json").read_text())["final_loss"]
     rows[-1] = rows[-1][:2] + (f"(no error) final_loss {res:.4f} -> {again:.4f}",) + rows[-1][3:]
     # Ctrl-C: SIGINT to the process group at a step boundary
+    from s2t2_dist.testing import faults
+
     shutil.rmtree(run, ignore_errors=True)
+    trace = work / "trace"
+    shutil.rmtree(trace, ignore_errors=True)
     proc = subprocess.Popen([sys.executable, "-m", "s2t2_dist.cli", "translate", *map(str, targs), *ok,
-                             f"run_dir={run}", "train.steps=400", "train.ckpt_every=0"], cwd=REPO, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    time.sleep(12)
+                             f"run_dir={run}", "train.steps=400", "train.ckpt_every=0"], cwd=REPO,
+                            env={**ENV, faults.TRACE_ENV: str(trace)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    while not any(e["ev"] == "step" and e["step"] >= 3 for e in faults.read_trace(trace, 0)):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=300)
     r = json.loads((run / "result.json").read_text())
