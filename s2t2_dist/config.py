@@ -195,11 +195,7 @@ def _check_slurm_section(cls, data: dict) -> None:
         return
     from s2t2_dist.launch.submit import SlurmConfig
 
-    try:
-        validate_tree(_coerce(section, SlurmConfig, "slurm"))
-    except ConfigError as e:
-        msg = str(e)
-        raise ConfigError(msg if msg.startswith("slurm") or "'slurm." in msg else f"slurm.{msg}") from None
+    validate_tree(_coerce(section, SlurmConfig, "slurm"), "slurm")  # errors name the key as slurm.KEY
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:

@@ -290,3 +290,21 @@ def test_translate_preflight_refusals_name_the_key(inputs, tmp_path, capsys):
     line = _one_line_error(capsys, translate.main([*base, f"run_dir={tmp_path / 'file'}"]))
     assert "run_dir" in line and "not a directory" in line
     assert not (tmp_path / "run").exists()  # nothing was written by any refused run
+
+
+def test_prepare_after_fixing_a_bad_input_continues_in_the_same_output_dir(tmp_path, capsys):
+    """The first run stops at the bad line having committed nothing; once the file is fixed the same command
+    works (before: 'a half-finished split with different parameters' until the directory was deleted)."""
+    from s2t2_dist.stages import prepare as prepare_stage
+
+    good = _fasta(tmp_path, "input", n=40)
+    text = good.read_text()
+    lines = text.splitlines()
+    lines[1] = lines[1][:5] + "123" + lines[1][8:]
+    good.write_text("\n".join(lines) + "\n")
+    args = [f"inputs=[{good}]", f"output_dir={tmp_path / 'out'}", "vocab_size=40", "context_len=64",
+            "shard_size=64", "eval_fraction=0.2", "--no-progress"]
+    line = _one_line_error(capsys, prepare_stage.main(args))
+    assert "input.fasta:2" in line, line
+    good.write_text(text + ">extra\nMKV\n")  # fixed (another size: the split parameters changed)
+    assert prepare_stage.main(args) == 0, capsys.readouterr().err[-2000:]

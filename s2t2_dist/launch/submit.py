@@ -314,11 +314,8 @@ def resolve_slurm_config(stage_argv: list[str], slurm_config: str | None, flags:
     for key, value in flags.items():
         if value is not None:
             data[key] = value
-    try:
-        cfg = _build(SlurmConfig, data)
-        validate_tree(cfg)
-    except ConfigError as e:
-        raise ConfigError(f"slurm.{e}") from None
+    cfg = _build(SlurmConfig, data, "slurm")  # errors name the key as slurm.KEY
+    validate_tree(cfg, "slurm")
     return cfg, rest
 
 

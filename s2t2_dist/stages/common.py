@@ -126,6 +126,13 @@ def run_main(prog: str, fn: Callable[[], Any]) -> int:
     when it returns an int, else 0."""
     try:
         rc = fn()
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop (which checkpoints on the first one), or twice
+        if os.environ.get("S2T2_TRACEBACK"):
+            raise
+        import sys
+
+        print(f"{prog}: interrupted (Ctrl-C); a run resumes from its last checkpoint", file=sys.stderr, flush=True)
+        return 130
     except Exception as e:  # noqa: BLE001 - re-raised unless it is a user error
         if os.environ.get("S2T2_TRACEBACK") or not is_user_error(e):
             raise

@@ -127,6 +127,12 @@ def preflight(cfg: EvaluateConfig) -> None:
         checks.shards_match_tokenizer(m, "data.eval", checks.tokenizer(cfg.data.tokenizer))
     if cfg.init.kind == "translated" and not Path(cfg.init.p_file).is_file():
         raise ConfigError(f"init.p_file: P file {cfg.init.p_file} does not exist")
+    if mdir is not None:  # the tokenizer the model will speak (P file, init kind) against the shards: no weights read
+        from s2t2_dist.stages.init_model import check_shards, resolve_plan
+
+        plan, _ = resolve_plan(cfg.init, cfg.model.path, cfg.data.tokenizer,
+                               cfg.init.dir or str(Path(cfg.run_dir) / "init"))
+        check_shards(m, plan, "data.eval")
 
 
 def run(cfg: EvaluateConfig) -> dict:
