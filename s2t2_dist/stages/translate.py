@@ -269,12 +269,11 @@ def preflight(cfg: TranslateConfig) -> None:
 
 
 def run(cfg: TranslateConfig) -> dict:
+    from s2t2_dist.data.bpe import load_tokenizer, tokenizer_hash
     from s2t2_dist.train.checkpoint import Checkpointer
     from s2t2_dist.train.loop import train
 
     preflight(cfg)
-    from s2t2_dist.data.bpe import load_tokenizer, tokenizer_hash
-
     rt = setup(cfg.run_dir, cfg.train.precision, cfg, cfg.train.seed, record=False)
     # the checkpoint is checked against this config before the model is loaded (hashes as build computes them)
     hashes = {"source": tokenizer_hash(cfg.model.path), "target": load_tokenizer(cfg.data.tokenizer).hash}

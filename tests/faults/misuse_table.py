@@ -39,7 +39,9 @@ def snapshot(d: Path) -> dict:
 def kept(before: dict, d: Path, fresh: bool = False) -> str:
     after = snapshot(d)
     if fresh:
-        return "nothing written" if not after else f"{len(after)} files written"
+        if not after:
+            return "nothing written"
+        return f"wrote {', '.join(after)}" if len(after) <= 2 else f"{len(after)} files written"
     changed = [k for k in before if after.get(k) != before[k]]
     new = [k for k in after if k not in before]
     if not changed and not new:
