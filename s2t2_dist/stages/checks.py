@@ -107,8 +107,12 @@ def shards(path: str, key: str, kind: str):
 
     try:
         m = load_manifest(path)
-    except DataError as e:
-        raise ConfigError(f"{key}: {e}") from None
+    except DataError as e:  # the same error type (ShardError, ManifestError), naming the key too
+        try:
+            named = type(e)(f"{key}: {e}")
+        except TypeError:
+            named = ConfigError(f"{key}: {e}")
+        raise named from None
     if m.get("kind") != kind:
         want = "a train split (packed blocks)" if kind == "packed" else "an eval split (documents)"
         raise ConfigError(f"{key}: {path} holds the {m.get('split')!r} split ({m.get('kind')}); {key} needs {want}")
