@@ -97,7 +97,7 @@ def bench_init(out: Path) -> list[dict]:
 def bench_scoring() -> list[dict]:
     from s2t2_dist.eval.bpb import score_documents
     from s2t2_dist.eval.scoring import hf_logits_fn, score_documents_batched
-    from s2t2_dist.models.tiny import tiny_from_config
+    from s2t2_dist.recipes.tiny import tiny_from_config
 
     model = tiny_from_config("olmo-1b", n_layers=2, d_model=64, n_heads=4, vocab=512, seed=0)
     fn = hf_logits_fn(model, torch.device("cpu"))

@@ -41,7 +41,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from s2t2_dist.models.tiny import tiny_from_config
+    from s2t2_dist.recipes.tiny import tiny_from_config
     from s2t2_dist.models.translated import TranslatedLM
     from s2t2_dist.translator import TokenTranslator
 

@@ -15,9 +15,9 @@ COMMANDS = {
     "translate": ("s2t2_dist.stages.translate", "Stage 1: learn the token translation P through a frozen LM"),
     "finetune": ("s2t2_dist.stages.finetune", "Stage 2: finetune the whole model (DeepSpeed ZeRO / FSDP2)"),
     "evaluate": ("s2t2_dist.stages.evaluate", "Perplexity and bits-per-byte on the held-out split"),
-    "submit": ("s2t2_dist.launch.submit", "Submit a stage to SLURM with submitit (requeues on preemption)"),
-    "demo": ("s2t2_dist.stages.demo", "The whole pipeline on the bundled protein sample, in minutes on a CPU"),
-    "reproduce": ("s2t2_dist.stages.reproduce", "The paper's Table 1 and transfer experiment at a chosen scale"),
+    "submit": ("s2t2_dist.cluster.submit", "Submit a stage to SLURM with submitit (requeues on preemption)"),
+    "demo": ("s2t2_dist.recipes.demo", "The whole pipeline on the bundled protein sample, in minutes on a CPU"),
+    "reproduce": ("s2t2_dist.recipes.reproduce", "The paper's Table 1 and transfer experiment at a chosen scale"),
 }
 
 

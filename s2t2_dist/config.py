@@ -185,41 +185,53 @@ def validate_tree(obj: Any, prefix: str = "") -> None:
             raise ConfigError(f"{prefix}.{e}" if prefix else str(e)) from None
 
 
-def _check_slurm_section(cls, data: dict) -> None:
-    """A stage YAML may carry the `slurm:` section that `s2t2 submit` reads (docs/slurm.md). The stage does not use
-    it, but checks it, so a mistyped resource key fails here too; it is then dropped from the stage's config."""
+def _drop_slurm_section(cls, data: dict) -> None:
+    """A stage YAML may carry the `slurm:` section that `s2t2 submit` reads and checks (docs/slurm.md); the stage
+    itself does not use it and drops it knowingly (the product does not import the cluster package)."""
     if "slurm" not in data or "slurm" in {f.name for f in dataclasses.fields(cls)}:
         return
     section = data.pop("slurm")
-    if section is None:
-        return
-    from s2t2_dist.launch.submit import SlurmConfig
+    if section is not None and not isinstance(section, dict):
+        raise ConfigError(f"slurm: expected a mapping of SLURM resources (docs/slurm.md), got {section!r}")
 
-    validate_tree(_coerce(section, SlurmConfig, "slurm"), "slurm")  # errors name the key as slurm.KEY
+
+def read_yaml(path: str | Path) -> dict:
+    """The one YAML reader of configs (stage configs, SLURM sections): a mapping, or a ConfigError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return data
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply dotted `key=value` overrides to a config tree in place (values parsed as YAML); returns it."""
+    for key, value in parse_overrides(overrides):
+        _set_dotted(data, key, value)
+    return data
+
+
+def config_from_dict(cls: type[T], data: dict) -> T:
+    """Build and validate a config tree from a plain mapping (keys and types checked against the dataclasses)."""
+    cfg = _build(cls, data)
+    validate_tree(cfg)
+    return cfg
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
-    data: dict = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            data = yaml_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections")
-    for key, value in parse_overrides(overrides or []):
-        _set_dotted(data, key, value)
+    data: dict = read_yaml(path) if path is not None else {}
+    apply_overrides(data, overrides or [])
     where = f"{path}: " if path is not None else ""
     try:
-        _check_slurm_section(cls, data)
-        cfg = _build(cls, data)
-        validate_tree(cfg)
+        _drop_slurm_section(cls, data)
+        return config_from_dict(cls, data)
     except ConfigError as e:
         raise ConfigError(f"{where}{e}") from None
-    return cfg
 
 
 def to_dict(cfg: Any) -> dict:

@@ -8,6 +8,7 @@ hashes, the translator kind and normalisation. Loading runs no code (safetensors
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,24 @@ FORMAT = "s2t2-sparse-p/1"
 
 class PFileError(ValueError):
     pass
+
+
+def sparsity_summary(row_nnz: torch.Tensor, col_nnz: torch.Tensor) -> dict:
+    """P's sparsity statistics from its non-zeros per source row (v) and per target column (u): the one place they
+    are computed, for the training translator (TokenTranslator.density_stats, logged as P/...) and P files
+    (SparseP.stats: the demo's and the reproduction's reports)."""
+    v, u = row_nnz.numel(), col_nnz.numel()
+    nnz = int(row_nnz.sum())
+    return {
+        "nnz": nnz,
+        "density": nnz / float(v * u),
+        "row_nnz_mean": float(row_nnz.double().mean()),
+        "row_nnz_max": float(row_nnz.max()),
+        "rows_empty": float((row_nnz == 0).sum()),
+        "col_nnz_mean": float(col_nnz.double().mean()),
+        "col_nnz_min": float(col_nnz.min()),
+        "col_nnz_max": float(col_nnz.max()),
+    }
 
 
 @dataclass
@@ -45,18 +64,19 @@ class SparseP:
         P[self.indices[0], self.indices[1]] = self.values.to(dtype)
         return P
 
-    def weights(self, dtype=torch.float32) -> torch.Tensor:
-        """W (v x u) with E'[j] = sum_i W[i, j] E[source_ids[i]]: the same normalisation the translator used."""
-        P = self.dense(torch.float64)
-        if self.normalization == "paper":
-            raise PFileError("the 'paper' normalisation uses different weights for E' and L'; use weights_pair()")
-        return (P / self.nu.double().clamp_min(1e-30)[None, :]).to(dtype)
-
-    def weights_pair(self, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-        P = self.dense(torch.float64)
-        w_l = P / self.nu.double().clamp_min(1e-30)[None, :]
-        w_e = P / self.mu.double().clamp_min(1e-30)[:, None] if self.normalization == "paper" else w_l
-        return w_e.to(dtype), w_l.to(dtype)
+    def stats(self) -> dict:
+        """Shape, kind, sparsity (:func:`sparsity_summary`), entropy H(P) (None for the unconstrained translator's
+        signed P, which is not a distribution) and the entropy of the uniform P."""
+        v, u = self.shape
+        vals = self.values.double()
+        nz = vals != 0
+        rows = self.indices[0][nz].bincount(minlength=v)
+        cols = self.indices[1][nz].bincount(minlength=u)
+        signed = bool((vals < 0).any())
+        pos = vals[vals > 0]
+        return {"v": v, "u": u, "kind": self.kind, **sparsity_summary(rows, cols),
+                "entropy": None if signed else float(-(pos * pos.log()).sum()), "signed": signed,
+                "entropy_uniform": math.log(v * u)}
 
     def check_compatible(self, source_tokenizer_hash: str | None = None, target_tokenizer_hash: str | None = None,
                          where: str = "") -> None:

@@ -41,6 +41,7 @@ from s2t2_dist.dist.sharded_sinkhorn import (
 )
 from s2t2_dist.ot.entropy import entropy as _entropy
 from s2t2_dist.ot.sinkhorn import SparseSinkhorn, softmax_sinkhorn, unconstrained_plan, validate_plan_inputs
+from s2t2_dist.pfile import sparsity_summary
 
 __all__ = ["TokenTranslator", "KINDS", "NORMALIZATIONS"]
 
@@ -51,6 +52,33 @@ NORMALIZATIONS = ("convex", "paper")
 def _safe_inv(x: Tensor) -> Tensor:
     """1/x where x > 0, 0 elsewhere (a zero marginal has an all-zero row/column of P)."""
     return torch.where(x > 0, 1.0 / x.clamp(min=torch.finfo(x.dtype).tiny), torch.zeros_like(x))
+
+
+def translation_weights(P: Tensor, mu: Tensor, nu: Tensor, normalization: str, part: str = "head") -> Tensor:
+    """W (v x u) of ``part``: ``W_L = P / nu``; ``W_E = P / nu`` ("convex") or ``P / mu`` ("paper"). Formed
+    explicitly, for inspection; :func:`translated_rows` applies the same normalisation without forming it."""
+    if part not in ("embed", "head"):
+        raise ValueError(f"part must be 'embed' or 'head', got {part!r}")
+    if normalization == "paper" and part == "embed":
+        return P * _safe_inv(mu).to(P.dtype).unsqueeze(1)
+    return P * _safe_inv(nu).to(P.dtype).unsqueeze(0)
+
+
+def translated_rows(P: Tensor, E_src: Tensor, L_src: Tensor, mu: Tensor, nu: Tensor, normalization: str
+                    ) -> Tuple[Tensor, Tensor]:
+    """(E', L') = (W_E^T E_src, W_L^T L_src), u x d in P's dtype: the one definition of the translated embedding
+    and head, for training (:meth:`TokenTranslator.embed_and_head`) and export (stages/init_model.py).
+
+    ``P`` (v x u, or a column block with its ``nu``), ``E_src``/``L_src`` the v source rows (``L_src is E_src``:
+    a tied model, computed once under "convex"). W = P / nu and W = P / mu are never formed (v x u temporaries):
+    the 1/nu scales the u x d result, the 1/mu the v x d source rows."""
+    inv_nu = _safe_inv(nu).to(P.dtype).unsqueeze(1)
+    L_new = (P.t() @ L_src.to(P.dtype)) * inv_nu
+    if normalization == "convex":
+        E_new = L_new if E_src is L_src else (P.t() @ E_src.to(P.dtype)) * inv_nu
+    else:
+        E_new = P.t() @ (E_src.to(P.dtype) * _safe_inv(mu).to(P.dtype).unsqueeze(1))
+    return E_new, L_new
 
 
 class TokenTranslator(nn.Module):
@@ -227,12 +255,7 @@ class TokenTranslator(nn.Module):
 
     def weights(self, P: Optional[Tensor] = None, part: str = "embed") -> Tensor:
         """Normalised local weights W (v x u_local) of ``part`` in {"embed", "head"} (equal for "convex")."""
-        if part not in ("embed", "head"):
-            raise ValueError(f"part must be 'embed' or 'head', got {part!r}")
-        P = self.P() if P is None else P
-        if self.normalization == "paper" and part == "embed":
-            return P * _safe_inv(self.mu).to(P.dtype).unsqueeze(1)
-        return P * _safe_inv(self.nu_local).to(P.dtype).unsqueeze(0)
+        return translation_weights(self.P() if P is None else P, self.mu, self.nu_local, self.normalization, part)
 
     def embed_and_head(self, E: Tensor, L: Optional[Tensor] = None, src_ids: Optional[Tensor] = None
                        ) -> Tuple[Tensor, Tensor]:
@@ -257,17 +280,7 @@ class TokenTranslator(nn.Module):
             E_src, L_src = E, L
         if E_src.shape[1] != L_src.shape[1]:
             raise ValueError(f"E and L widths differ: {E_src.shape[1]} vs {L_src.shape[1]}")
-        P = self.P()
-        # W = P / nu and W = P / mu are never formed (they would be v x u temporaries): the 1/nu scales the u x d
-        # result, the 1/mu scales the v x d source rows
-        inv_nu = _safe_inv(self.nu_local).to(P.dtype).unsqueeze(1)
-        L_loc = (P.t() @ L_src.to(P.dtype)) * inv_nu
-        if tied and self.normalization == "convex":
-            E_loc = L_loc
-        elif self.normalization == "convex":
-            E_loc = (P.t() @ E_src.to(P.dtype)) * inv_nu
-        else:
-            E_loc = P.t() @ (E_src.to(P.dtype) * _safe_inv(self.mu).to(P.dtype).unsqueeze(1))
+        E_loc, L_loc = translated_rows(self.P(), E_src, L_src, self.mu, self.nu_local, self.normalization)
         if self.sharded:
             E_full = gather_rows_mean_grad(E_loc, self.col_sizes, self.comm())
             L_full = E_full if L_loc is E_loc else gather_rows_mean_grad(L_loc, self.col_sizes, self.comm())
@@ -304,17 +317,7 @@ class TokenTranslator(nn.Module):
     def density_stats(self, P: Optional[Tensor] = None) -> Dict[str, float]:
         """Summary of the non-zeros of the global P (floats, identical on every rank)."""
         rows, cols = self.nnz_per_row_and_col(P)
-        nnz = int(rows.sum())
-        return {
-            "nnz": float(nnz),
-            "density": nnz / float(self.v * self.u),
-            "row_nnz_mean": float(rows.double().mean()),
-            "row_nnz_max": float(rows.max()),
-            "rows_empty": float((rows == 0).sum()),
-            "col_nnz_mean": float(cols.double().mean()),
-            "col_nnz_min": float(cols.min()),
-            "col_nnz_max": float(cols.max()),
-        }
+        return {k: float(x) for k, x in sparsity_summary(rows, cols).items()}
 
     @torch.no_grad()
     def marginal_errors(self, P: Optional[Tensor] = None) -> Dict[str, float]:

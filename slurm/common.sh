@@ -16,7 +16,7 @@
 # Variables (all optional):
 #   S2T2_HOME         repository root holding slurm/ and launch/ (default: the folder sbatch was run from)
 #   S2T2_PYTHON       python interpreter (default: python, else python3)
-#   S2T2_ENTRY        what python runs, e.g. "launch/translate.py" or "-m s2t2_dist.launch.probe"
+#   S2T2_ENTRY        what python runs, e.g. "launch/translate.py" or "-m s2t2_dist.cluster.probe"
 #   S2T2_CONFIG       the stage's YAML config
 #   S2T2_MASTER_ADDR  rendezvous address (default: NodeAddr of the first node of the allocation)
 #   S2T2_MASTER_PORT  rendezvous port (default: 20000 + job id % 20000)
@@ -51,17 +51,12 @@ s2t2_entry() {  # s2t2_entry STAGE -> words after the interpreter
 
 # MASTER_ADDR: the first node of the allocation, by the address SLURM knows it at (node names need not resolve);
 # MASTER_PORT: derived from the job id, so every task computes the same one without talking to the others.
+# Computed in one place, s2t2_dist/dist/rendezvous.py (no torch import: fast).
 s2t2_rendezvous() {
-    local first addr
-    if [ -n "${S2T2_MASTER_ADDR:-}" ]; then
-        addr=$S2T2_MASTER_ADDR
-    else
-        first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-        addr=$(scontrol show node "$first" 2>/dev/null | tr ' ' '\n' | sed -n 's/^NodeAddr=//p' | head -n 1)
-        [ -n "$addr" ] || addr=$first
-    fi
-    export MASTER_ADDR=$addr
-    export MASTER_PORT=${S2T2_MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}
+    local exports
+    exports=$(PYTHONPATH="$S2T2_HOME${PYTHONPATH:+:$PYTHONPATH}" "$(s2t2_python)" -m s2t2_dist.dist.rendezvous) \
+        || { s2t2_log "could not compute the rendezvous (python -m s2t2_dist.dist.rendezvous)"; exit 1; }
+    eval "$exports"
     # srun must not pass on a torchrun-style rank from the submitting shell: each task takes its own from SLURM.
     unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK
     if [ -z "${OMP_NUM_THREADS:-}" ]; then export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}; fi

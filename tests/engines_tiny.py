@@ -1,4 +1,4 @@
-"""Tiny OLMo-shaped models for the engine tests, in one place so they can be swapped for s2t2_dist.models.tiny
+"""Tiny OLMo-shaped models for the engine tests, in one place so they can be swapped for s2t2_dist.recipes.tiny
 (built from the real OLMo configs) when it lands. Shapes follow OLMo: no biases, non-parametric layer norm, SwiGLU;
 tie_word_embeddings True like OLMo-1B, False like OLMo-7B."""
 

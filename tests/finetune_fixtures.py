@@ -45,7 +45,7 @@ def sample_fasta(src: Path, dst: Path, n_records: int, max_len: int = 400) -> Pa
 
 def save_model(out: Path, config: str, d: int, seed: int, layers: int = 2, heads: int = 4) -> Path:
     """A tiny random model with a real OLMo config (vocab 50,304 rows) and the real OLMo tokenizer."""
-    from s2t2_dist.models.tiny import save_tiny
+    from s2t2_dist.recipes.tiny import save_tiny
 
     return save_tiny(out, config, n_layers=layers, d_model=d, n_heads=heads, seed=seed, max_position_embeddings=128)
 

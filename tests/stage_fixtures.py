@@ -36,7 +36,7 @@ def prepare_small(out: Path, vocab_size: int = 96, context_len: int = 64, source
 
 
 def tiny_olmo(out: Path, name: str = "olmo-1b", **kw) -> Path:
-    from s2t2_dist.models.tiny import save_tiny
+    from s2t2_dist.recipes.tiny import save_tiny
 
     kw.setdefault("n_layers", 2)
     kw.setdefault("d_model", 32)

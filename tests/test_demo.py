@@ -9,14 +9,10 @@ import sys
 import pytest
 import torch
 
-from s2t2_dist.stages.orchestrate import stage_available, tb_scalars
+from s2t2_dist.recipes.orchestrate import tb_scalars
 from stage_fixtures import REPO, run_cmd
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not (stage_available("finetune") and stage_available("evaluate")),
-                       reason="the finetune/evaluate stages are not in this build yet (branch finetune)"),
-]
+pytestmark = [pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

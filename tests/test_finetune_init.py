@@ -48,8 +48,10 @@ def test_command_lines_of_both_launchers():
         load_config(FinetuneConfig, "configs/finetune_olmo1b.yaml", ["init.kind=orig_tok"])
     with pytest.raises(ConfigError, match="init.kind"):
         load_config(FinetuneConfig, "configs/finetune_olmo1b.yaml", ["init.kind=random"])
-    with pytest.raises(ConfigError, match="float32 master weights"):
-        load_config(FinetuneConfig, "configs/finetune_olmo1b.yaml", ["model.dtype=bfloat16"])
+    # finetuning's model section holds only what it reads (float32 master weights: no dtype key)
+    for key in ("model.dtype=bfloat16", "model.activation_checkpointing=true", "model.source_vocab=all"):
+        with pytest.raises(ConfigError, match=f"unknown config key '{key.split('=')[0]}'"):
+            load_config(FinetuneConfig, "configs/finetune_olmo1b.yaml", [key])
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -7,8 +7,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from s2t2_dist.models.hf import get_embedding_and_head
-from s2t2_dist.models.llama2c import load_llama2c
-from s2t2_dist.models.tiny import tiny_from_config
+from s2t2_dist.recipes.llama2c import load_llama2c
+from s2t2_dist.recipes.tiny import tiny_from_config
 from s2t2_dist.models.translated import TranslatedLM, materialize
 
 U = 96

@@ -8,8 +8,7 @@ import sys
 import pytest
 
 from s2t2_dist.config import ConfigError
-from s2t2_dist.stages.orchestrate import stage_available
-from s2t2_dist.stages.reproduce import (
+from s2t2_dist.recipes.reproduce import (
     KINDS,
     TABLE1,
     build_plan,
@@ -21,9 +20,6 @@ from s2t2_dist.stages.reproduce import (
 )
 from stage_fixtures import REPO, run_cmd
 
-needs_stage2 = pytest.mark.skipif(
-    not (stage_available("finetune") and stage_available("evaluate")),
-    reason="the finetune/evaluate stages are not in this build yet (branch finetune)")
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -41,7 +37,6 @@ def tiny(tmp_path_factory):
 
 
 @pytest.mark.slow
-@needs_stage2
 def test_tiny_table1_every_column(tiny):
     out, stdout = tiny
     r = json.loads((out / "results.json").read_text())
@@ -76,7 +71,6 @@ def test_tiny_table1_every_column(tiny):
 
 
 @pytest.mark.slow
-@needs_stage2
 def test_tiny_transfer_sparsity_and_checks(tiny):
     out, _ = tiny
     r = json.loads((out / "results.json").read_text())
@@ -107,7 +101,6 @@ def test_tiny_transfer_sparsity_and_checks(tiny):
 
 
 @pytest.mark.slow
-@needs_stage2
 def test_tiny_plots_and_report(tiny):
     out, _ = tiny
     import matplotlib.image as mpimg
@@ -125,7 +118,6 @@ def test_tiny_plots_and_report(tiny):
 
 
 @pytest.mark.slow
-@needs_stage2
 def test_tiny_rerun_reuses_every_run(tiny):
     out, _ = tiny
     proc = run_cmd([sys.executable, "-m", "s2t2_dist.cli", "reproduce", "--scale", "tiny", "--out", str(out)],
@@ -139,7 +131,6 @@ def test_tiny_rerun_reuses_every_run(tiny):
 # paper scale: the plan
 
 
-@needs_stage2
 def test_paper_plan_is_valid_and_complete():
     cfg = with_overrides(preset("paper"), [])
     jobs = build_plan(cfg, paper_setting())
@@ -162,7 +153,6 @@ def test_paper_plan_is_valid_and_complete():
     assert "data.train=data/uniref50/shards/source/train" in orig and "init.kind=orig_tok" in orig
 
 
-@needs_stage2
 def test_paper_script_lines_are_real_submissions():
     cfg = with_overrides(preset("paper"), [])
     jobs = build_plan(cfg, paper_setting())

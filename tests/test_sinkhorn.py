@@ -12,7 +12,7 @@ from s2t2_dist.ot.sinkhorn import (
     unconstrained_plan,
     validate_plan_inputs,
 )
-from s2t2_dist.ot.sparsemax import sparsemax
+from s2t2_dist.ot.simplex import sparsemax
 
 
 def _problem(v, u, noise, seed=0, dtype=torch.float64, nonuniform=False):

@@ -2,7 +2,7 @@
 slurmctld and two slurmd nodes n1, n2 on this host (s2t2_dist.testing.slurm_cluster).
 
 Jobs run on CPU with gloo: the real stage 1 entry (launch/translate.py, once the stage code is in the tree) and the
-stand-in entry point `python -m s2t2_dist.launch.probe` (rendezvous, all-reduce, the shared training loop with
+stand-in entry point `python -m s2t2_dist.cluster.probe` (rendezvous, all-reduce, the shared training loop with
 checkpoints, TensorBoard), through the real slurm/*.sh scripts and through submitit. The batch jobs that need no
 interaction are submitted together at the start and checked at the end, so they run while the other tests wait.
 Without the Debian packages the module is skipped, or fails when $CI is set (CI must install them:
@@ -55,7 +55,7 @@ def slurm_env(cluster, monkeypatch):
 
 
 def _script_env(**extra) -> dict:
-    return {"S2T2_HOME": str(REPO), "S2T2_PYTHON": sys.executable, "S2T2_ENTRY": "-m s2t2_dist.launch.probe",
+    return {"S2T2_HOME": str(REPO), "S2T2_PYTHON": sys.executable, "S2T2_ENTRY": "-m s2t2_dist.cluster.probe",
             "S2T2_DEVICE": "cpu", "PYTHONPATH": str(REPO), **extra}
 
 
@@ -145,10 +145,10 @@ def batch_jobs(cluster, tmp_path_factory, request):
 def translate_inputs(tmp_path_factory):
     """Prepared protein shards + a tiny pretrained LM (the stage tests' real inputs); skipped on a tree without
     the stage code."""
-    for mod in ("s2t2_dist.stages.translate", "s2t2_dist.translator", "s2t2_dist.models.llama2c"):
+    for mod in ("s2t2_dist.stages.translate", "s2t2_dist.translator", "s2t2_dist.recipes.llama2c"):
         pytest.importorskip(mod, reason="stage 1 code not in this tree")
     stage_fixtures = pytest.importorskip("stage_fixtures", reason="tests/stage_fixtures.py not in this tree")
-    from s2t2_dist.models.llama2c import save_hf
+    from s2t2_dist.recipes.llama2c import save_hf
 
     root = tmp_path_factory.mktemp("translate_inputs")
     return stage_fixtures.prepare_small(root / "data"), save_hf(root / "stories260k")
@@ -194,7 +194,7 @@ def test_sbatch_time_limit_warning_checkpoints_requeues_and_resumes(cluster, tmp
 
 
 def _probe_stage(tmp_path: Path, steps: int, step_time: float, nodes: int = 2):
-    from s2t2_dist.launch.submit import SlurmConfig, submit_stage
+    from s2t2_dist.cluster.submit import SlurmConfig, submit_stage
 
     cfg = SlurmConfig(nodes=nodes, tasks_per_node=1, cpus_per_task=1, time="5", folder=str(tmp_path / "submitit/%j"),
                       env={"S2T2_DEVICE": "cpu"}, signal_delay_s=30)
@@ -308,7 +308,7 @@ def test_sbatch_finetune_script_with_deepspeed_launchers(cluster, batch_jobs):
     state = cluster.wait(job, timeout_s=240)
     log = (d / f"s2t2-finetune-7b-{job}.out").read_text()
     assert state == "COMPLETED", log
-    assert "deepspeed --no_ssh --num_nodes 2 --num_gpus 2 --module s2t2_dist.launch.probe" in log
+    assert "deepspeed --no_ssh --num_nodes 2 --num_gpus 2 --module s2t2_dist.cluster.probe" in log
     ranks = _ranks(run, 0)
     assert [(r["rank"], r["node"], r["node_rank"], r["local_rank"], r["local_world_size"]) for r in ranks] == \
         [(0, "n1", 0, 0, 2), (1, "n1", 0, 1, 2), (2, "n2", 1, 0, 2), (3, "n2", 1, 1, 2)]

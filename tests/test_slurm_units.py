@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from s2t2_dist.dist.env import default_backend, detect
-from s2t2_dist.launch.submit import (
+from s2t2_dist.cluster.submit import (
     RENDEZVOUS_SETUP, SlurmConfig, StageJob, build_executor, resolve_slurm_config, timeout_minutes)
 from s2t2_dist.train.metrics import MetricsLogger, format_top_translations, heatmap_image, p_sparsity_stats
 
@@ -132,6 +132,34 @@ def test_detect_srun_prefers_exported_master_addr():
     d = detect({**env, "RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
                 "GROUP_RANK": "1", "MASTER_PORT": "29555"})
     assert (d.rank, d.node_rank, d.num_nodes, d.master_port) == (2, 1, 2, 29555)
+
+
+def test_rendezvous_one_computation_for_python_and_the_batch_shell():
+    """dist/rendezvous.py is the one place: what `eval "$(python -m s2t2_dist.dist.rendezvous)"` exports in the
+    batch script is what detect() computes in a rank; S2T2_MASTER_* win, a MASTER_PORT inherited from the
+    submitting shell does not."""
+    import sys
+
+    from s2t2_dist.dist.rendezvous import slurm_port
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "S2T2_MASTER_"))}
+
+    def exported(**env) -> list[str]:
+        out = subprocess.run(["bash", "-c", f'eval "$({sys.executable} -m s2t2_dist.dist.rendezvous)"; '
+                              'echo "$MASTER_ADDR $MASTER_PORT"'], env={**base, **env}, capture_output=True,
+                             text=True, check=True).stdout
+        return out.split()
+
+    assert exported(SLURM_JOB_ID="1234567", S2T2_MASTER_ADDR="10.0.0.7", MASTER_PORT="999") == \
+        ["10.0.0.7", str(20000 + 1234567 % 20000)]
+    assert exported(SLURM_JOB_ID="1234567", S2T2_MASTER_ADDR="10.0.0.7", S2T2_MASTER_PORT="4242")[1] == "4242"
+    rank_env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "1",
+                "SLURM_NNODES": "2", "SLURM_NTASKS_PER_NODE": "1(x2)", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "1234567",
+                "SLURM_JOB_NODELIST": "n[1-2]", "S2T2_MASTER_ADDR": "10.0.0.7"}
+    d = detect(rank_env)
+    assert [d.master_addr, str(d.master_port)] == exported(**rank_env)
+    assert slurm_port({"SLURM_JOB_ID": "5", "MASTER_PORT": "29555"}) == 29555  # a launcher's port wins in a rank
+    assert slurm_port({"SLURM_JOB_ID": "5", "S2T2_MASTER_PORT": "4242"}) == 4242
 
 
 def test_detect_deepspeed_launcher_node_layout():

@@ -16,7 +16,7 @@ from stage_fixtures import REPO, prepare_small, tiny_olmo, torchrun
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("translate_inputs")
-    from s2t2_dist.models.llama2c import save_hf
+    from s2t2_dist.recipes.llama2c import save_hf
 
     data = prepare_small(root / "data")
     # a real pretrained LM (stories260K, trained on English stories elsewhere): learning P must lower its loss

@@ -127,10 +127,6 @@ class ShardReader:
                              f"shard {path_hint}: sample {index} has shape {arr.shape}, expected 1-D")
         return arr
 
-    def shard_of(self, index: int) -> str:
-        firsts = [s["first_index"] for s in self.shards]
-        return str(self.dir / self.shards[bisect.bisect_right(firsts, index) - 1]["name"])
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # epoch plan

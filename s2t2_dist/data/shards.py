@@ -107,7 +107,7 @@ class ShardFile:
 
     def commit(self) -> dict:
         if os.environ.get("S2T2_FAULT"):  # fault injection (tests/faults): e.g. a disk that fills here
-            from s2t2_dist.testing import faults
+            from s2t2_dist import faults
 
             faults.point("shards.commit", int(self.path.name.rsplit("-", 1)[-1].split(".")[0]), path=str(self.path))
         self._tar.close()  # end-of-archive blocks, padded to a whole tar record; the file stays open

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
-import subprocess
 from dataclasses import dataclass
 
 import torch
+
+from s2t2_dist.dist.rendezvous import slurm_first_host_addr, slurm_port
 
 
 @dataclass(frozen=True)
@@ -37,10 +37,6 @@ class DistEnv:
         return self.rank == 0
 
     @property
-    def is_node_main(self) -> bool:
-        return self.local_rank == 0
-
-    @property
     def distributed(self) -> bool:
         return self.world_size > 1
 
@@ -55,38 +51,6 @@ def _int(env: dict, key: str, default: int | None = None) -> int:
         return int(val)
     except ValueError:
         raise RuntimeError(f"environment variable {key}={val!r} is not an integer") from None
-
-
-def slurm_first_host_addr(env: dict) -> str:
-    """Address of the first node of the SLURM allocation, usable as the rendezvous address.
-
-    Node names need not resolve (a cluster may name nodes n1, n2 without DNS), so ask SLURM for the node's
-    address and fall back to resolving the name only if scontrol is missing.
-    """
-    if env.get("S2T2_MASTER_ADDR"):
-        return env["S2T2_MASTER_ADDR"]
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    if not nodelist:
-        return env.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")
-    try:
-        first = subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True
-        ).stdout.split()[0]
-        out = subprocess.run(["scontrol", "show", "node", first], capture_output=True, text=True, check=True).stdout
-        for tok in out.split():
-            if tok.startswith("NodeAddr="):
-                return tok.split("=", 1)[1]
-        return socket.gethostbyname(first)
-    except (OSError, subprocess.CalledProcessError, IndexError):
-        return env.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")
-
-
-def slurm_port(env: dict) -> int:
-    """A port every task of the job derives identically (no communication needed), away from common services."""
-    if env.get("MASTER_PORT"):
-        return _int(env, "MASTER_PORT")
-    job = _int(env, "SLURM_JOB_ID", 0)
-    return 20000 + job % 20000
 
 
 def detect(env: dict | None = None) -> DistEnv:

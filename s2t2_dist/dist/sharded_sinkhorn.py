@@ -3,7 +3,7 @@
 Rank r holds the columns ``[col_start, col_end)`` of C (v x u_r) and the matching ``nu`` entries; ``mu`` is
 replicated. Column projections are local. A row projection needs every rank's part of each row; two ways:
 
-* ``method="threshold"`` (default): the pure :class:`~s2t2_dist.ot.sparsemax.SimplexProjector` with a
+* ``method="threshold"`` (default): the pure :class:`~s2t2_dist.ot.simplex.SimplexProjector` with a
   :class:`GroupComm`: each rank all-gathers its per-row top-k candidates (k + 1 values per row), every rank computes
   the same candidate threshold (a lower bound) and checks that no rank has a non-candidate above it; rows that fail
   use all-reduced per-row (sum, min) for the full-support test, then per-row (sum, count) partials of Michelot's
@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from s2t2_dist.ot.sinkhorn import DEFAULT_COL_K, DEFAULT_ROW_K, dykstra, log_sinkhorn
-from s2t2_dist.ot.sparsemax import SimplexProjector, Support, compute_dtype
+from s2t2_dist.ot.simplex import SimplexProjector, Support, compute_dtype
 
 __all__ = [
     "AllToAllRowProjector",
@@ -38,7 +38,6 @@ __all__ = [
     "GroupComm",
     "ShardedSparseSinkhorn",
     "shard_bounds",
-    "sharded_sparse_sinkhorn",
     "world_of",
 ]
 
@@ -82,7 +81,7 @@ class CommStats:
 
 
 class GroupComm:
-    """The ``comm`` interface of :mod:`s2t2_dist.ot.sparsemax` over a torch.distributed process group."""
+    """The ``comm`` interface of :mod:`s2t2_dist.ot.simplex` over a torch.distributed process group."""
 
     def __init__(self, group=None, stats: Optional[CommStats] = None):
         self.group = group
@@ -232,13 +231,6 @@ class ShardedSparseSinkhorn:
             if p.scale.dtype != cdt or p.scale.device != C_local.device:
                 p.scale = m.detach().to(device=C_local.device, dtype=cdt)
         return dykstra(C_local, self.rows, self.cols, n_iter)
-
-
-def sharded_sparse_sinkhorn(C_local: Tensor, mu: Tensor, nu_local: Tensor, u: int, group=None, n_iter: int = 3,
-                            method: str = "threshold", row_k: int = DEFAULT_ROW_K, col_k: int = DEFAULT_COL_K,
-                            validate: bool = True) -> Tensor:
-    """One-shot :class:`ShardedSparseSinkhorn` (no warm start)."""
-    return ShardedSparseSinkhorn(mu, nu_local, u, group, method, row_k, col_k, validate)(C_local, n_iter)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -182,7 +182,6 @@ def _hidden_size(model_source) -> int | None:
 @dataclass
 class LauncherArgs:
     ds_config: str | None = None
-    local_rank: int | None = None
 
     def overrides(self, section: str = "engine") -> list[str]:
         """Dotted overrides for the config system: a DeepSpeed config on the command line selects kind=deepspeed."""
@@ -222,7 +221,7 @@ def parse_launcher_args(argv: list[str]) -> tuple[LauncherArgs, list[str]]:
                     raise ConfigError(f"{key} needs a value")
                 val = argv[i + 1]
                 i += 1
-            out.local_rank = int(val)
+            # dropped: each rank takes its local rank from the environment (dist/env.py)
         else:
             rest.append(a)
         i += 1

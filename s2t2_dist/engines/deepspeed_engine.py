@@ -303,14 +303,6 @@ def build_model_zero3(model_path_or_config, ds_cfg: dict, *, dtype: torch.dtype 
     return model
 
 
-def release_hf_deepspeed_config() -> None:
-    """Forget the HfDeepSpeedConfig so later from_pretrained calls in this process build ordinary models."""
-    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
-
-    _KEEP_ALIVE.clear()
-    unset_hf_deepspeed_config()
-
-
 def partitioned_numel(model: torch.nn.Module) -> tuple[int, int]:
     """(elements this rank holds, elements of the whole model): under ZeRO-3 the first is about 1/ranks of the second."""
     local = total = 0

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
 import torch
+
+from s2t2_dist.config import ConfigError
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
@@ -280,3 +283,17 @@ def source_token_ids(
             tb = token_bytes(tok)
             ids = [i for i in ids if tb[i] is not None]
     return torch.tensor(ids, dtype=torch.long)
+
+
+@dataclass
+class ModelPathConfig:
+    """The `model:` section of finetune and evaluate: a Hugging Face model directory or hub id (finetune: the source
+    model, whose embedding and head init replaces; evaluate: the model evaluated, or the source model a P file is
+    applied to). Finetuning keeps float32 master weights (train.precision selects bf16 compute): no dtype key."""
+
+    path: str = ""
+    trust_remote_code: bool = False
+
+    def validate(self) -> None:
+        if not self.path:
+            raise ConfigError("path: the model (a Hugging Face directory or hub id) is required")

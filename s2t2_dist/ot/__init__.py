@@ -1,6 +1,12 @@
-"""Pure optimal-transport math (no torch.distributed, no I/O).
+"""Pure optimal-transport math (no torch.distributed, no I/O): the public API.
 
-Import functions from their modules, e.g. ``from s2t2_dist.ot.sparsemax import sparsemax`` and
-``from s2t2_dist.ot.sinkhorn import sparse_sinkhorn``. (The package deliberately does not re-export the function
-``sparsemax``: it would shadow the submodule of the same name.)
+    from s2t2_dist.ot import sparsemax, sparse_sinkhorn, softmax_sinkhorn
+
+Modules: ``simplex`` (sparsemax and the simplex projector behind it), ``sinkhorn`` (sparse and softmax Sinkhorn
+plans), ``entropy``.
 """
+
+from .simplex import SimplexProjector, sparsemax
+from .sinkhorn import SparseSinkhorn, softmax_sinkhorn, sparse_sinkhorn
+
+__all__ = ["SimplexProjector", "SparseSinkhorn", "softmax_sinkhorn", "sparse_sinkhorn", "sparsemax"]

@@ -22,7 +22,7 @@ from typing import Callable, List, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .sparsemax import SimplexProjector, Support, _gather, compute_dtype, sparsemax
+from .simplex import SimplexProjector, Support, _gather, compute_dtype, sparsemax
 
 __all__ = [
     "dykstra",
@@ -113,7 +113,7 @@ def dykstra(C: Tensor, row_proj: Projection, col_proj: Projection, n_iter: int =
         return X_{n_iter}
 
     ``row_proj`` / ``col_proj``: callables on the whole (v, u) matrix (differentiated by autograd), or
-    :class:`~s2t2_dist.ot.sparsemax.SimplexProjector` objects for rows (scale per row) and columns (scale per
+    :class:`~s2t2_dist.ot.simplex.SimplexProjector` objects for rows (scale per row) and columns (scale per
     column); when both are projectors the fused threshold implementation is used (same result, far less memory and
     time, gradients by the closed-form adjoint recursion).
     """

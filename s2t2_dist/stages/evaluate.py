@@ -31,20 +31,10 @@ import torch
 
 from s2t2_dist.config import ConfigError
 from s2t2_dist.engines.build import EngineConfig
+from s2t2_dist.models.hf import ModelPathConfig
 from s2t2_dist.stages.init_model import InitConfig, InitPlan
 
 log = logging.getLogger("s2t2.evaluate")
-
-
-@dataclass
-class EvalModelConfig:
-    #: the model evaluated (init.kind=as_is / orig_tok) or the source model a P file is applied to (translated)
-    path: str = ""
-    trust_remote_code: bool = False
-
-    def validate(self) -> None:
-        if not self.path:
-            raise ConfigError("path: the model to evaluate (a Hugging Face directory or hub id) is required")
 
 
 @dataclass
@@ -81,7 +71,8 @@ class EvaluateConfig:
     #: the JSON result; default RUN_DIR/eval.json
     output: str = ""
     seed: int = 0
-    model: EvalModelConfig = field(default_factory=EvalModelConfig)
+    #: the model evaluated (init.kind=as_is / orig_tok) or the source model a P file is applied to (translated)
+    model: ModelPathConfig = field(default_factory=ModelPathConfig)
     data: EvalDataConfig = field(default_factory=EvalDataConfig)
     init: InitConfig = field(default_factory=lambda: InitConfig(kind="as_is"))
     engine: EngineConfig = field(default_factory=EngineConfig)

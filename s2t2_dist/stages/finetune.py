@@ -28,9 +28,10 @@ import torch.distributed as dist
 
 from s2t2_dist.config import ConfigError
 from s2t2_dist.engines.build import EngineConfig
+from s2t2_dist.models.hf import ModelPathConfig
 from s2t2_dist.stages.common import Runtime, config_part, fingerprint, parse_args, setup, teardown
 from s2t2_dist.stages.init_model import InitConfig, InitPlan
-from s2t2_dist.stages.translate import DataPaths, ModelConfig
+from s2t2_dist.stages.translate import DataPaths
 from s2t2_dist.train.config import OptimConfig, TrainConfig
 
 log = logging.getLogger("s2t2.finetune")
@@ -65,9 +66,7 @@ def _paper_optim() -> OptimConfig:
 @dataclass
 class FinetuneConfig:
     run_dir: str = "runs/finetune"
-    #: the source model (Hugging Face directory or hub id); model.dtype other than auto/float32 is refused
-    #: (float32 master weights; train.precision selects bf16 compute)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelPathConfig = field(default_factory=ModelPathConfig)
     #: shards and the tokenizer the model will speak (the new BPE; the source tokenizer for init.kind=orig_tok)
     data: DataPaths = field(default_factory=DataPaths)
     #: plain | deepspeed (ZeRO, from --ds_config) | fsdp; see engines/build.py
@@ -77,13 +76,6 @@ class FinetuneConfig:
     init: InitConfig = field(default_factory=InitConfig)
     eval: FinetuneEvalConfig = field(default_factory=FinetuneEvalConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
-
-    def validate(self) -> None:
-        if self.model.dtype == "bfloat16":
-            raise ConfigError("model.dtype: finetuning keeps float32 master weights; use train.precision=bf16 "
-                              "(bf16 compute on GPU) and leave model.dtype=auto")
-        if self.model.activation_checkpointing:
-            raise ConfigError("model.activation_checkpointing: for finetuning use engine.activation_checkpointing")
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -170,17 +170,17 @@ def copy_tokenizer_files(tokenizer: str, out_dir: Path, info=None) -> None:
 @torch.no_grad()
 def translated_embeddings(model, p) -> tuple[torch.Tensor, torch.Tensor]:
     """(E', L') of `model` under the P file `p` (a pfile.SparseP): E' = W_E^T E[source_ids], L' = W_L^T L[source_ids]
-    with the weights of the P file's own normalisation (`SparseP.weights_pair`), in float32."""
+    with the P file's own normalisation, in float32: the same function as training (translator.translated_rows)."""
     from s2t2_dist.models.hf import get_embedding_and_head
+    from s2t2_dist.translator import translated_rows
 
     E, L, _ = get_embedding_and_head(model)
     src = p.source_ids.long()
     if src.numel() and (int(src.max()) >= E.shape[0] or int(src.min()) < 0):
         raise InitError(f"the P file's source ids reach {int(src.max())} but the model has {E.shape[0]} embedding rows")
-    w_e, w_l = p.weights_pair(torch.float32)  # v x u
-    E_new = w_e.T @ E.detach().float()[src]
-    L_new = w_l.T @ L.detach().float()[src]
-    return E_new, L_new
+    E_src = E.detach().float()[src]
+    L_src = E_src if L is E else L.detach().float()[src]
+    return translated_rows(p.dense(torch.float32), E_src, L_src, p.mu, p.nu, p.normalization)
 
 
 @torch.no_grad()

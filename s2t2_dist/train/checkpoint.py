@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from s2t2_dist.testing import faults
+from s2t2_dist import faults
 from s2t2_dist.utils.io import atomic_write_text, fsync_dir
 
 _STEP_RE = re.compile(r"^step_(\d{8})$")

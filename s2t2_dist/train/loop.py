@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 import torch.distributed as dist
 
-from s2t2_dist.testing import faults
+from s2t2_dist import faults
 from s2t2_dist.train.checkpoint import Checkpointer
 from s2t2_dist.train.config import TrainConfig
 from s2t2_dist.train.metrics import MetricsLogger

@@ -64,11 +64,6 @@ def atomic_write_text(path: str | Path, text: str) -> None:
         tmp.write_text(text)
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(data)
-
-
 def atomic_write_json(path: str | Path, obj: Any, *, indent: int | None = 1) -> None:
     atomic_write_text(path, json.dumps(obj, indent=indent) + "\n")
 

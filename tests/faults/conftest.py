@@ -1,6 +1,6 @@
 """Fixtures of the reliability suite: a tiny real dataset (a few real protein records -> prepared shards), the real
 stories260K LM, and `Job`, a 2-rank torchrun launch of a stage that a test can SIGKILL, SIGTERM or SIGUSR1 from
-outside while reading its progress from the fault trace (s2t2_dist.testing.faults)."""
+outside while reading its progress from the fault trace (s2t2_dist.faults)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ if str(TESTS) not in sys.path:
 
 from stage_fixtures import REPO, protein_fasta  # noqa: E402
 
-from s2t2_dist.testing import faults  # noqa: E402
+from s2t2_dist import faults  # noqa: E402
 
 #: every injection made by the suite is appended here (one JSON line each) when set: docs/reliability.md counts
 LEDGER_ENV = "S2T2_FAULTS_LEDGER"
@@ -77,7 +77,7 @@ def tiny_data(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def stories(tmp_path_factory) -> Path:
-    from s2t2_dist.models.llama2c import save_hf
+    from s2t2_dist.recipes.llama2c import save_hf
 
     return save_hf(tmp_path_factory.mktemp("faults_model") / "stories260k")
 

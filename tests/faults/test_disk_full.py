@@ -20,7 +20,7 @@ from s2t2_dist.data.shards import ShardFile
 from s2t2_dist.engines.torch_engine import TorchEngine
 from s2t2_dist.pfile import load_p
 from s2t2_dist.stages.translate import TranslateConfig, run
-from s2t2_dist.testing import faults
+from s2t2_dist import faults
 from s2t2_dist.train.checkpoint import CheckpointError, Checkpointer
 
 pytestmark = pytest.mark.faults

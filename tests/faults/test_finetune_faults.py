@@ -17,7 +17,7 @@ import pytest
 from conftest import DS_ZERO3, Job, finetune_args, ledger
 from safetensors.torch import load_file
 
-from s2t2_dist.testing.faults import effective_history, read_trace
+from s2t2_dist.faults import effective_history, read_trace
 from s2t2_dist.train.checkpoint import Checkpointer
 
 pytestmark = pytest.mark.faults

@@ -14,7 +14,7 @@ import time
 import pytest
 from conftest import base_env, finetune_args, ledger, translate_args
 
-from s2t2_dist.testing import faults
+from s2t2_dist import faults
 from s2t2_dist.train.checkpoint import Checkpointer
 from stage_fixtures import REPO
 

@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO, TRANSLATE_STEPS, ledger, translate_args
 
 from s2t2_dist.pfile import load_p
-from s2t2_dist.testing import faults
+from s2t2_dist import faults
 
 pytestmark = [pytest.mark.faults, pytest.mark.slurm]
 
@@ -52,7 +52,7 @@ def test_submitit_time_limit_and_preemption_lose_nothing(cluster, translate_refe
                                                          monkeypatch, rng):
     import subprocess
 
-    from s2t2_dist.launch.submit import SlurmConfig, submit_stage
+    from s2t2_dist.cluster.submit import SlurmConfig, submit_stage
 
     for k in list(os.environ):
         if k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")):

@@ -18,7 +18,7 @@ import pytest
 from conftest import TRANSLATE_STEPS, Job, ledger, translate_args
 
 from s2t2_dist.pfile import load_p
-from s2t2_dist.testing.faults import effective_history
+from s2t2_dist.faults import effective_history
 from s2t2_dist.train.checkpoint import Checkpointer
 
 pytestmark = pytest.mark.faults
@@ -58,7 +58,7 @@ def test_translate_survives_kills_signals_and_full_disk(round_, tiny_data, stori
         return effective_history(faults_events(0))["starts"][-1][1]
 
     def faults_events(rank):
-        from s2t2_dist.testing.faults import read_trace
+        from s2t2_dist.faults import read_trace
 
         return read_trace(trace, rank)
 

@@ -1,8 +1,8 @@
 """A small stand-in entry point for checking a cluster launch end to end (rendezvous, collectives, logging,
 checkpoint/resume under preemption) without models or data:
 
-    srun python -m s2t2_dist.launch.probe --out runs/probe [--steps 6] [--step-time 0.2]
-    S2T2_ENTRY="-m s2t2_dist.launch.probe" sbatch slurm/translate_1b.sh --out runs/probe
+    srun python -m s2t2_dist.cluster.probe --out runs/probe [--steps 6] [--step-time 0.2]
+    S2T2_ENTRY="-m s2t2_dist.cluster.probe" sbatch slurm/translate_1b.sh --out runs/probe
 
 Every rank initialises torch.distributed exactly as the real stages do (`init_distributed()`), checks an
 all-reduce, then trains a tiny replicated linear model with the shared training loop (so SIGTERM/SIGUSR1 make it
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     from s2t2_dist.train.loop import train
     from s2t2_dist.train.metrics import MetricsLogger
 
-    p = argparse.ArgumentParser(prog="python -m s2t2_dist.launch.probe")
+    p = argparse.ArgumentParser(prog="python -m s2t2_dist.cluster.probe")
     p.add_argument("--out", required=True, help="run directory (shared by all nodes)")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--step-time", type=float, default=0.0, help="seconds each micro-batch sleeps")

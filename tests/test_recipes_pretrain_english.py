@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from s2t2_dist.models.hf import asset_path, source_token_ids
-from s2t2_dist.models.pretrain_english import (
+from s2t2_dist.recipes.pretrain_english import (
     EnglishLMConfig,
     N_REAL_TOKENS,
     byte_stream,

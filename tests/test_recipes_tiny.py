@@ -13,7 +13,7 @@ from s2t2_dist.models.hf import (
     source_token_ids,
     token_bytes,
 )
-from s2t2_dist.models.tiny import real_config_dict, save_tiny, tiny_config, tiny_from_config
+from s2t2_dist.recipes.tiny import real_config_dict, save_tiny, tiny_config, tiny_from_config
 
 OLMO_REAL_TOKENS = 50280
 OLMO_ROWS = 50304

@@ -39,146 +39,22 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 from s2t2_dist.config import ConfigError, load_config
-from s2t2_dist.stages.orchestrate import REPO_ROOT, Runner, StageFailed, fmt_seconds
-
-# ----------------------------------------------------------------------------------------------------------------
-# configuration
-
-#: Table 1 columns in the paper's order: key -> label
-TABLE1 = {
-    "plain_p": "Plain P", "plain_p_cft": "+ CFT",
-    "sinkhorn_p": "Sinkhorn P", "sinkhorn_p_cft": "+ CFT",
-    "s2t2": "S2T2", "s2t2_cft": "+ CFT",
-    "ft_orig_tok": "FT orig. tok.", "ft_new_tok": "FT new tok.",
-}
-#: translator kind of each P-only column
-KINDS = {"plain_p": "unconstrained", "sinkhorn_p": "softmax", "s2t2": "sparse"}
-#: the paper's numbers (Table 1), for the report
-PAPER_TABLE1 = {
-    "plain_p": (174.20, 4.09), "plain_p_cft": (130.44, 3.86), "sinkhorn_p": (167.74, 4.06),
-    "sinkhorn_p_cft": (136.12, 3.89), "s2t2": (144.03, 3.94), "s2t2_cft": (118.78, 3.78),
-    "ft_orig_tok": (151.05, 7.24), "ft_new_tok": (130.56, 3.86),
-}
-
-
-@dataclass
-class SourceRecipe:
-    """A byte-level English LM pretrained by models.pretrain_english (EnglishLMConfig keys)."""
-
-    n_layers: int = 2
-    d_model: int = 64
-    n_heads: int = 4
-    context_len: int = 128
-    batch_size: int = 16
-    steps: int = 300
-    lr: float = 3e-3
-    warmup: int = 20
-    seed: int = 0
-
-
-@dataclass
-class ReproduceConfig:
-    scale: str = "tiny"
-    seeds: list[int] = field(default_factory=lambda: [0])
-    #: target BPE vocabulary (paper: 512 with OLMo's 50k rows; locally <= the byte LMs' 264 rows)
-    vocab_size: int = 256
-    context_len: int = 64
-    #: global batch (sequences of context_len tokens) of every training run
-    batch_size: int = 8
-    p_steps: int = 20
-    ft_steps: int = 20
-    #: learning rate of P (paper 1e-3) and of whole-model finetuning (paper 2e-5 over 2000 steps on OLMo)
-    p_lr: float = 1e-3
-    #: local scales: choose each translator's P learning rate among these by its final TRAINING loss (mean of the
-    #: last quarter of the logged steps; first seed, p_steps steps) instead of using p_lr for all. Empty: p_lr.
-    p_lr_sweep: list[float] = field(default_factory=list)
-    ft_lr: float = 1e-3
-    ft_weight_decay: float = 0.01
-    #: P learning rate of the transfer experiment's runs (paper 2e-5); null: the S2T2 column's
-    transfer_p_lr: float | None = None
-    #: entropy weights of the transfer experiment (alpha = 0 is the S2T2 column's P when the lrs agree)
-    alphas: list[float] = field(default_factory=lambda: [0.0, 0.1])
-    #: held-out documents scored (0: all)
-    eval_max_docs: int = 0
-    log_every: int = 2
-    small: SourceRecipe = field(default_factory=SourceRecipe)
-    large: SourceRecipe = field(default_factory=SourceRecipe)
-
-    def validate(self) -> None:
-        if not self.seeds:
-            raise ConfigError("seeds: give at least one")
-        if min(self.p_steps, self.ft_steps, self.batch_size, self.context_len) < 1:
-            raise ConfigError("p_steps, ft_steps, batch_size, context_len must be >= 1")
-        if not self.alphas or min(self.alphas) < 0:
-            raise ConfigError("alphas: non-empty, each >= 0")
-        if any(x <= 0 for x in self.p_lr_sweep) or (self.transfer_p_lr is not None and self.transfer_p_lr <= 0):
-            raise ConfigError("p_lr_sweep, transfer_p_lr: learning rates must be > 0")
-        if self.scale == "paper" and self.p_lr_sweep:
-            raise ConfigError("p_lr_sweep: a local-scale option (the paper scale uses the paper's p_lr)")
-
-
-def preset(scale: str) -> ReproduceConfig:
-    if scale == "tiny":  # the pipeline end to end in CI minutes; numbers are not meaningful
-        return ReproduceConfig(
-            scale="tiny", seeds=[0], vocab_size=256, context_len=64, batch_size=8, p_steps=10, ft_steps=10,
-            p_lr_sweep=[1e-4, 1e-3], alphas=[0.0, 0.1], eval_max_docs=30, log_every=2,
-            small=SourceRecipe(n_layers=1, d_model=32, n_heads=2, context_len=64, batch_size=16, steps=40),
-            large=SourceRecipe(n_layers=2, d_model=48, n_heads=4, context_len=64, batch_size=16, steps=40))
-    if scale == "small":  # ~3.5 min on 2 idle CPU cores (the source LMs, 25 s, are cached for later runs)
-        return ReproduceConfig(
-            scale="small", seeds=[0, 1, 2], vocab_size=256, context_len=128, batch_size=8, p_steps=200,
-            ft_steps=200, p_lr_sweep=[1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0], alphas=[0.0, 0.1, 1.0], log_every=10,
-            small=SourceRecipe(n_layers=2, d_model=64, n_heads=4, context_len=64, batch_size=16, steps=300),
-            # more width and more steps: the transfer needs a target model that is better on English
-            large=SourceRecipe(n_layers=2, d_model=128, n_heads=4, context_len=64, batch_size=16, steps=600))
-    if scale == "paper":  # the paper's settings (printed as SLURM submissions, never run here)
-        return ReproduceConfig(scale="paper", seeds=[0], vocab_size=512, context_len=512, batch_size=16,
-                               p_steps=2000, ft_steps=2000, p_lr=1e-3, ft_lr=2e-5, transfer_p_lr=2e-5,
-                               alphas=[0.0, 0.01, 0.1, 1.0], eval_max_docs=2000, log_every=10)
-    raise ConfigError(f"scale: {scale!r} is not one of tiny, small, paper")
-
-
-def _alpha_tag(a: float) -> str:
-    return f"a{a:g}"
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# the plan: every stage run, with its inputs and outputs
-
-
-@dataclass
-class Job:
-    name: str  # unique, also the run directory under runs/
-    stage: str  # prepare | translate | finetune | evaluate
-    config: str  # the shipped YAML config it starts from (repository-relative)
-    overrides: list[str]
-    run_dir: str
-    result: str  # the JSON it writes when finished
-    #: paths this job reads that other jobs write, and what it writes for others
-    consumes: list[str] = field(default_factory=list)
-    produces: list[str] = field(default_factory=list)
-    #: SLURM (paper scale): batch script and extra sbatch options
-    script: str = ""
-    sbatch: list[str] = field(default_factory=list)
-    #: what the job's result is in the report: ("table1", method, seed) | ("transfer", bar, seed) | None
-    role: tuple | None = None
-
-
-@dataclass
-class Setting:
-    """Where the inputs are: local paths (tiny/small) or the cluster layout (paper)."""
-
-    out: str  # runs root
-    data: str  # `prepare` output_dir
-    small_model: str
-    large_model: str
-    #: tokenizer of the source models (a directory or hub id), for FT orig. tok. / Orig Tok.
-    source_tokenizer: str
-    local: bool = True
+from s2t2_dist.recipes.orchestrate import REPO_ROOT, Runner, StageFailed, fmt_seconds
+from s2t2_dist.recipes.paper_plan import (  # noqa: F401 (KINDS, TABLE1, PAPER_TABLE1: the plan's public names)
+    KINDS,
+    PAPER_TABLE1,
+    TABLE1,
+    Job,
+    ReproduceConfig,
+    Setting,
+    SourceRecipe,
+    alpha_tag,
+    preset,
+)
 
 
 def _data_overrides(d: str, source: bool = False) -> list[str]:
@@ -217,7 +93,7 @@ def sweep_plan(cfg: ReproduceConfig, st: Setting) -> list[Job]:
 
 def final_train_loss(run_dir: str | Path) -> float:
     """Mean training loss over the last quarter of a run's logged steps (TensorBoard train/loss)."""
-    from s2t2_dist.stages.orchestrate import tb_scalars
+    from s2t2_dist.recipes.orchestrate import tb_scalars
 
     pts = tb_scalars(Path(run_dir) / "tb" / "global", "train/loss")
     if not pts:
@@ -304,7 +180,7 @@ def build_plan(cfg: ReproduceConfig, st: Setting, p_lrs: dict[str, float] | None
             if a == 0 and t_lr == p_lrs["sparse"]:
                 transfer_p[a] = p_files["s2t2"]
                 continue
-            j = translate(f"{s}/translate_sparse_transfer_{_alpha_tag(a)}", "sparse", a, t_lr, seed)
+            j = translate(f"{s}/translate_sparse_transfer_{alpha_tag(a)}", "sparse", a, t_lr, seed)
             jobs.append(j)
             transfer_p[a] = j.produces[0]
         for method in KINDS:  # P only: the frozen small model read through the learned P
@@ -316,8 +192,8 @@ def build_plan(cfg: ReproduceConfig, st: Setting, p_lrs: dict[str, float] | None
         jobs.append(finetune(f"{s}/ft_orig_tok", "orig_tok", seed, role=("table1", "ft_orig_tok", seed)))
         jobs.append(finetune(f"{s}/ft_new_tok", "new_tok_truncate", seed, role=("table1", "ft_new_tok", seed)))
         for a in cfg.alphas:  # transfer: P of the small model, large model, no finetuning
-            jobs.append(evaluate(f"{s}/transfer_s2t2_{_alpha_tag(a)}", st.large_model, "translated", transfer_p[a],
-                                 role=("transfer", f"s2t2_{_alpha_tag(a)}", seed),
+            jobs.append(evaluate(f"{s}/transfer_s2t2_{alpha_tag(a)}", st.large_model, "translated", transfer_p[a],
+                                 role=("transfer", f"s2t2_{alpha_tag(a)}", seed),
                                  config="configs/evaluate_transfer_7b.yaml"))
     # the transfer baselines train nothing: one run, whatever the seed
     jobs.append(evaluate("transfer/new_tok", st.large_model, "new_tok_truncate", role=("transfer", "new_tok", None),
@@ -452,8 +328,8 @@ def _say(msg: str = "") -> None:
 
 def run_local(cfg: ReproduceConfig, out: Path, *, ranks: int = 1, cache: Path | None = None, echo: bool = True
               ) -> dict:
-    from s2t2_dist.stages.orchestrate import english_bytes, prepare_protein
-    from s2t2_dist.stages.reproduce_report import collect, write_outputs
+    from s2t2_dist.recipes.orchestrate import english_bytes, prepare_protein
+    from s2t2_dist.recipes.reproduce_report import collect, write_outputs
     from s2t2_dist.utils.io import atomic_write_json
 
     t0 = time.time()
@@ -508,7 +384,7 @@ def run_local(cfg: ReproduceConfig, out: Path, *, ranks: int = 1, cache: Path | 
     timings["runs"] = round(time.time() - t, 1)
     timings["runs_compute"] = round(sum(r.seconds for r in runner.history), 1)  # incl. reused runs' first time
     timings["total"] = round(time.time() - t0, 1)
-    from s2t2_dist.stages.orchestrate import unigram_reference
+    from s2t2_dist.recipes.orchestrate import unigram_reference
 
     extra["unigram"] = {split: unigram_reference(data / "shards" / split / "train", data / "shards" / split / "eval")
                         for split in ("new", "source")}
@@ -580,28 +456,17 @@ def parse(argv):
 
 def with_overrides(cfg: ReproduceConfig, overrides: list[str]) -> ReproduceConfig:
     """The preset with dotted `key=value` overrides, through the config system (types and keys checked)."""
-    import tempfile
+    from s2t2_dist.config import apply_overrides, config_from_dict, to_dict
 
-    import yaml
-
-    from s2t2_dist.config import to_dict
-
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / f"reproduce_{cfg.scale}.yaml"
-        base.write_text(yaml.safe_dump(to_dict(cfg)))
-        return load_config(ReproduceConfig, base, list(overrides))
+    return config_from_dict(ReproduceConfig, apply_overrides(to_dict(cfg), list(overrides)))
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from s2t2_dist.stages.orchestrate import quiet_process_env, stage_available
+    from s2t2_dist.recipes.orchestrate import quiet_process_env
 
     quiet_process_env()
 
-    missing = [s for s in ("finetune", "evaluate") if not stage_available(s)]
-    if missing:  # INTEGRATION POINT: stage 2 and evaluation come from the finetune branch
-        print(f"s2t2 reproduce: this build has no {' / '.join(missing)} stage (s2t2_dist/stages/)", file=sys.stderr)
-        return 2
     try:
         args, cfg = parse(argv)
     except ConfigError as e:
@@ -612,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = args.collect or PAPER_OUT
         jobs = build_plan(cfg, paper_setting(runs))
         if args.collect:
-            from s2t2_dist.stages.reproduce_report import collect, write_outputs
+            from s2t2_dist.recipes.reproduce_report import collect, write_outputs
 
             out = Path(args.out or Path(runs).parent / "reproduce_paper")
             results = collect(cfg, jobs, paper_setting(runs))

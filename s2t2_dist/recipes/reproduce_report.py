@@ -11,8 +11,8 @@ import math
 import statistics
 from pathlib import Path
 
-from s2t2_dist.stages.orchestrate import manifest_bytes_per_token, tb_scalars
-from s2t2_dist.stages.reproduce import KINDS, PAPER_TABLE1, TABLE1, Job, ReproduceConfig, Setting, _alpha_tag
+from s2t2_dist.recipes.orchestrate import manifest_bytes_per_token, tb_scalars
+from s2t2_dist.recipes.paper_plan import KINDS, PAPER_TABLE1, TABLE1, Job, ReproduceConfig, Setting, alpha_tag
 
 LN2 = math.log(2)
 COLUMN_NAMES = {
@@ -52,16 +52,7 @@ def p_stats(p_file: str) -> dict | None:
 
     if not Path(p_file).is_file():
         return None
-    p = load_p(p_file)
-    v, u = p.shape
-    vals = p.values.double()
-    pos = vals[vals > 0]
-    cols = p.indices[1][vals != 0].bincount(minlength=u)
-    signed = bool((vals < 0).any())  # the unconstrained translator's P is not a distribution: no entropy
-    return {"v": v, "u": u, "nnz": int((vals != 0).sum()), "density": float((vals != 0).sum()) / (v * u),
-            "col_nnz_mean": float(cols.double().mean()),
-            "entropy": None if signed else float(-(pos * pos.log()).sum()), "signed": signed,
-            "entropy_uniform": math.log(v * u), "kind": p.kind}
+    return load_p(p_file).stats()
 
 
 def _override(job: Job, key: str) -> str | None:
@@ -135,7 +126,7 @@ def _sparsity(cfg: ReproduceConfig, jobs: list[Job], per_run: dict) -> dict:
         e = per_run.get(j.name)
         if j.stage != "translate" or not e or not e.get("P"):
             continue
-        key = f"{e['kind']}_{_alpha_tag(e['alpha'])}_lr{e['lr']:g}"
+        key = f"{e['kind']}_{alpha_tag(e['alpha'])}_lr{e['lr']:g}"
         groups.setdefault(key, []).append(e["P"])
     out = {}
     for key, ps in groups.items():

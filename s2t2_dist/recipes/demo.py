@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from s2t2_dist.stages.orchestrate import Runner, StageFailed, fmt_seconds, quiet_process_env, stage_available
+from s2t2_dist.recipes.orchestrate import Runner, StageFailed, fmt_seconds, quiet_process_env
 
 SOURCES = ("stories260k", "english-bytes")
 
@@ -79,9 +79,7 @@ def p_summary(p_file: str | Path, target_tokenizer: str | Path, source_model: st
     from s2t2_dist.pfile import load_p
 
     p = load_p(p_file)
-    v, u = p.shape
-    nnz = int(p.values.numel())
-    cols = p.indices[1].bincount(minlength=u)
+    v = p.shape[0]
     tgt = Tokenizer.from_file(str(Path(target_tokenizer) / "tokenizer.json"))
     src = token_bytes(source_model)
     src_tok = Tokenizer.from_file(str(Path(source_model) / "tokenizer.json"))
@@ -94,7 +92,9 @@ def p_summary(p_file: str | Path, target_tokenizer: str | Path, source_model: st
             return b.decode("utf-8")
         except UnicodeDecodeError:  # a lone byte of a multi-byte character
             return "<0x" + b.hex().upper() + ">"
-    W = p.weights_pair()[1]  # W_L = P / nu: the head weights of each target column
+    from s2t2_dist.translator import translation_weights
+
+    W = translation_weights(p.dense(), p.mu, p.nu, p.normalization, "head")  # the head weights of each target column
     top = {}
     for ch in show:
         j = tgt.token_to_id(ch)
@@ -102,10 +102,7 @@ def p_summary(p_file: str | Path, target_tokenizer: str | Path, source_model: st
             continue
         w, i = W[:, j].topk(min(3, v))
         top[ch] = [(name(int(p.source_ids[k])), round(float(x), 3)) for x, k in zip(w.tolist(), i.tolist()) if x > 0]
-    vals = p.values.double()
-    H = float(-(vals[vals > 0] * vals[vals > 0].log()).sum())
-    return {"v": v, "u": u, "nnz": nnz, "density": nnz / (v * u), "col_nnz_mean": float(cols.double().mean()),
-            "col_nnz_max": int(cols.max()), "entropy": H, "entropy_uniform": math.log(v * u), "top": top}
+    return {**p.stats(), "top": top}
 
 
 def parse(argv):
@@ -132,7 +129,7 @@ def parse(argv):
 def run(args) -> dict:
     from s2t2_dist.stages.finetune import FinetuneConfig
     from s2t2_dist.stages.evaluate import EvaluateConfig
-    from s2t2_dist.stages.orchestrate import english_bytes, prepare_protein, stories260k, unigram_reference
+    from s2t2_dist.recipes.orchestrate import english_bytes, prepare_protein, stories260k, unigram_reference
     from s2t2_dist.stages.translate import TranslateConfig
     from s2t2_dist.utils.io import atomic_write_json, atomic_write_text
 
@@ -249,7 +246,7 @@ def run(args) -> dict:
 
 
 def _first_last(run_dir: Path) -> str:
-    from s2t2_dist.stages.orchestrate import tb_scalars
+    from s2t2_dist.recipes.orchestrate import tb_scalars
 
     pts = tb_scalars(run_dir / "tb" / "global", "train/loss")
     if not pts:
@@ -303,11 +300,6 @@ def _report(r: dict, rows) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse(list(sys.argv[1:] if argv is None else argv))
     quiet_process_env()
-    missing = [s for s in ("finetune", "evaluate") if not stage_available(s)]
-    if missing:  # INTEGRATION POINT: stage 2 and evaluation come from the finetune branch
-        print(f"s2t2 demo: this build has no {' / '.join(missing)} stage (s2t2_dist/stages/); the demo needs them",
-              file=sys.stderr)
-        return 2
     try:
         run(args)
     except StageFailed as e:

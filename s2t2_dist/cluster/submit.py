@@ -36,18 +36,14 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
 
+from s2t2_dist.cli import COMMANDS
 from s2t2_dist.config import ConfigError
 
-#: stage name -> module with `main(argv: list[str]) -> int` (the same modules as `s2t2 <stage>`)
-STAGES = {
-    "prepare": "s2t2_dist.stages.prepare",
-    "translate": "s2t2_dist.stages.translate",
-    "finetune": "s2t2_dist.stages.finetune",
-    "evaluate": "s2t2_dist.stages.evaluate",
-    "probe": "s2t2_dist.launch.probe",
-}
+#: stage name -> module with `main(argv: list[str]) -> int`: the user's stages of `s2t2 <stage>` (cli.COMMANDS, the one
+#: registry) and the cluster probe
+STAGES = {**{name: COMMANDS[name][0] for name in ("prepare", "translate", "finetune", "evaluate")},
+          "probe": "s2t2_dist.cluster.probe"}
 _STOP_SIGNALS = {int(signal.SIGTERM), int(signal.SIGUSR1), int(signal.SIGUSR2)}
 
 
@@ -117,12 +113,9 @@ def timeout_minutes(value: str | int) -> int:
 
 
 # Exported once in the batch script (before srun), so no rank has to ask slurmctld: the first node's address as
-# SLURM knows it (node names need not resolve) and a port every task derives from the job id.
-RENDEZVOUS_SETUP = [
-    'export MASTER_ADDR=${S2T2_MASTER_ADDR:-$(scontrol show node "$(scontrol show hostnames "$SLURM_JOB_NODELIST" '
-    "| head -n 1)\" | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p' | head -n 1)}",
-    "export MASTER_PORT=${S2T2_MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}",
-]
+# SLURM knows it (node names need not resolve) and a port every task derives from the job id (dist/rendezvous.py,
+# the one place they are computed; run by the interpreter submitit runs the job with).
+RENDEZVOUS_SETUP = [f'eval "$({shlex.quote(sys.executable)} -m s2t2_dist.dist.rendezvous)"']
 
 
 class StageJob:
@@ -150,7 +143,7 @@ class StageJob:
     def setup_environment(self) -> dict[str, str]:
         import submitit
 
-        from s2t2_dist.dist.env import slurm_first_host_addr, slurm_port
+        from s2t2_dist.dist.rendezvous import slurm_first_host_addr, slurm_port
 
         job = submitit.JobEnvironment()
         os.environ.update(self.env)
@@ -266,51 +259,34 @@ def _stage_config_path(argv: list[str]) -> str | None:
     return None
 
 
-class _YamlLoader(yaml.SafeLoader):
-    """YAML without the 1.1 base-60 integers: `time: 8:00:00` stays the string "8:00:00" (PyYAML reads 28800)."""
-
-
-_YamlLoader.yaml_implicit_resolvers = {
-    k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:int"]
-    for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_YamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9][0-9_]*|0x[0-9a-fA-F_]+|0o?[0-7_]+)$"),
-    list("-+0123456789"))
-
-
-def _yaml(text: str):
-    return yaml.load(text, Loader=_YamlLoader)
-
-
 def resolve_slurm_config(stage_argv: list[str], slurm_config: str | None, flags: dict[str, Any]
                          ) -> tuple[SlurmConfig, list[str]]:
     """SlurmConfig from (lowest first) defaults, the stage YAML's `slurm:` section, --slurm-config, slurm.* overrides,
     flags; returns it and the stage's argv without the slurm.* overrides."""
-    from s2t2_dist.config import _build, _set_dotted, validate_tree
+    from s2t2_dist.config import _build, apply_overrides, read_yaml, validate_tree
 
     data: dict = {}
     path = _stage_config_path(stage_argv)
-    if path and Path(path).is_file():
-        loaded = _yaml(Path(path).read_text())
-        section = loaded.get("slurm") if isinstance(loaded, dict) else None
+    if path and Path(path).is_file():  # a missing or broken stage config is the stage's error to report
+        try:
+            section = read_yaml(path).get("slurm")
+        except ConfigError:
+            section = None
         if isinstance(section, dict):
             data.update(section)
     if slurm_config:
-        p = Path(slurm_config)
-        if not p.is_file():
-            raise ConfigError(f"--slurm-config: file not found: {p}")
-        loaded = _yaml(p.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: expected a mapping of SlurmConfig keys")
+        if not Path(slurm_config).is_file():
+            raise ConfigError(f"--slurm-config: file not found: {slurm_config}")
+        loaded = read_yaml(slurm_config)
         data.update(loaded.get("slurm", loaded))
     rest = []
+    slurm_overrides = []
     for a in stage_argv:
         if a.startswith("slurm.") and "=" in a:
-            key, raw = a[len("slurm."):].split("=", 1)
-            _set_dotted(data, key, _yaml(raw) if raw else "")
+            slurm_overrides.append(a[len("slurm."):])
         else:
             rest.append(a)
+    apply_overrides(data, slurm_overrides)
     for key, value in flags.items():
         if value is not None:
             data[key] = value

@@ -23,16 +23,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from s2t2_dist.cli import COMMANDS
+
 #: the repository (or installed package parent) holding launch/ and s2t2_dist/
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 ASSETS = PACKAGE_ROOT / "assets"
 
-STAGE_MODULES = {
-    "translate": "s2t2_dist.stages.translate",
-    "finetune": "s2t2_dist.stages.finetune",
-    "evaluate": "s2t2_dist.stages.evaluate",
-}
 #: the file each stage writes when it has finished (relative to its run directory)
 RESULT_FILES = {"translate": "result.json", "finetune": "result.json", "evaluate": "eval.json"}
 RUN_INFO = "orchestrate.json"
@@ -44,17 +41,6 @@ class StageFailed(RuntimeError):
 
 def launch_script(stage: str) -> Path:
     return REPO_ROOT / "launch" / f"{stage}.py"
-
-
-def stage_available(stage: str) -> bool:
-    """Whether this build has the stage's module."""
-    try:
-        importlib.import_module(STAGE_MODULES[stage])
-    except ModuleNotFoundError as e:
-        if e.name == STAGE_MODULES[stage]:
-            return False
-        raise
-    return True
 
 
 def quiet_process_env() -> None:
@@ -211,7 +197,7 @@ class Runner:
         return run
 
     def _in_process(self, stage: str, argv: list[str], name: str, printable: str) -> None:
-        module = importlib.import_module(STAGE_MODULES[stage])
+        module = importlib.import_module(COMMANDS[stage][0])
         try:
             rc = module.main(list(argv))
         except SystemExit as e:  # argparse / config errors
@@ -289,7 +275,7 @@ def prepare_protein(out: Path, *, vocab_size: int, context_len: int, eval_fracti
 
 def stories260k(cache: Path) -> Path:
     """The shipped stories260K (llama2.c) converted to a Hugging Face directory, once, under `cache`."""
-    from s2t2_dist.models.llama2c import default_checkpoint, save_hf
+    from s2t2_dist.recipes.llama2c import default_checkpoint, save_hf
     from s2t2_dist.utils.io import sha256_file
 
     out = Path(cache) / "stories260k"
@@ -311,7 +297,7 @@ def stories260k(cache: Path) -> Path:
 def english_bytes(cache: Path, log=print, **recipe) -> tuple[Path, dict]:
     """A byte-level English LM pretrained by `models.pretrain_english` on the shipped English text (cached by
     recipe + data hash under `cache`). Returns (HF directory, recipe info incl. its validation loss)."""
-    from s2t2_dist.models.pretrain_english import EnglishLMConfig, pretrain_english
+    from s2t2_dist.recipes.pretrain_english import EnglishLMConfig, pretrain_english
 
     data = recipe.pop("data", None) or [str(english_sample())]
     cfg = EnglishLMConfig(data=list(data), **recipe)

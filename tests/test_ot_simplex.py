@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from s2t2_dist.ot.sparsemax import (
+from s2t2_dist.ot.simplex import (
     SimplexProjector,
     block_topk,
     michelot_partials,

@@ -28,7 +28,7 @@ The support of every slice is returned as a :class:`Support` (``full``: every el
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
@@ -281,6 +281,20 @@ def _flat_to_orig(fidx: Tensor, shp3c: Tuple[int, int, int], sel: Tensor, shp3: 
     return ((s // I) * n + pos) * I + s % I, s
 
 
+@dataclass
+class _ThresholdState:
+    """One threshold call's per-slice working state (S slices)."""
+
+    tau64: Tensor  # thresholds, float64: lower bounds until the slice is resolved
+    counts: Tensor  # support sizes
+    covered: Tensor  # bool: the candidates held the whole support, so tau64 is exact
+    cand_vals: Tensor  # (K, S) local candidate values, sorted decreasingly
+    cand_idx: Tensor  # (K, S) their flat positions in z3 (-1: none)
+    support_pieces: list = field(default_factory=list)  # (flat positions, slice ids) of support elements found
+    needs_extraction: Optional[Tensor] = None  # slices whose support a pass over z3 must extract (Michelot)
+    second_round: Optional[Tuple[Tensor, Tensor]] = None  # (slices, candidate positions): next call's warm start
+
+
 class SimplexProjector:
     """Projection of every slice of a tensor onto the scaled simplex, split into reusable steps.
 
@@ -313,14 +327,14 @@ class SimplexProjector:
 
     # ------------------------------------------------------------------ candidates (steps 1-2)
     def _cold_candidates(self, z3: Tensor, k: int) -> Tuple[Tensor, Tensor, Tensor]:
-        """Local top-k of every slice: (values sorted decreasingly (kl, S), flat idx, value bounding the rest)."""
+        """Local top-k of every slice: (values sorted decreasingly (n_local, S), flat idx, value bounding the rest)."""
         O, n, I = z3.shape
         S = O * I
         cdt, dev = z3.dtype, z3.device
-        kl = min(k, n)
-        if kl > 0:
-            vals, fidx = block_topk(z3, kl, self.block)
-            rest = vals[kl - 1] if n > kl else torch.full((S,), NEG_INF, dtype=cdt, device=dev)
+        n_local = min(k, n)
+        if n_local > 0:
+            vals, fidx = block_topk(z3, n_local, self.block)
+            rest = vals[n_local - 1] if n > n_local else torch.full((S,), NEG_INF, dtype=cdt, device=dev)
             return vals, fidx, rest
         return (torch.empty(0, S, dtype=cdt, device=dev), torch.empty(0, S, dtype=torch.int64, device=dev),
                 torch.full((S,), NEG_INF, dtype=cdt, device=dev))
@@ -344,19 +358,20 @@ class SimplexProjector:
         vals, order = gv.sort(dim=0, descending=True)
         return vals, torch.where(valid, guess, -1).gather(0, order), rest
 
-    def _combine(self, vals: Tensor, rest: Tensor, kk: int, scale64: Tensor):
+    def _combine(self, vals: Tensor, rest: Tensor, n_cand: int, scale64: Tensor):
         """Thresholds from local candidates of every rank: (tau64, counts, covered).
 
-        ``vals`` (kl <= kk, S) sorted local candidates, ``rest`` bounds every local non-candidate. ``tau`` is a lower
-        bound, exact (``covered``) when every non-candidate on every rank is <= it."""
+        ``vals`` (n_local <= n_cand, S) sorted local candidates, ``rest`` bounds every local non-candidate. ``tau`` is
+        a lower bound, exact (``covered``) when every non-candidate on every rank is <= it."""
         S = vals.shape[1]
         cdt, dev = vals.dtype, vals.device
-        kl = vals.shape[0]
-        vals_p = vals if kl == kk else torch.cat([vals, torch.full((kk - kl, S), NEG_INF, dtype=cdt, device=dev)])
+        n_local = vals.shape[0]
+        vals_p = vals if n_local == n_cand else torch.cat(
+            [vals, torch.full((n_cand - n_local, S), NEG_INF, dtype=cdt, device=dev)])
         if self.comm.world_size > 1:
-            g = self.comm.all_gather(torch.cat([vals_p, rest.unsqueeze(0)]))  # (R, kk+1, S)
-            cand = g[:, :kk].reshape(-1, S).sort(dim=0, descending=True).values
-            rest = g[:, kk].amax(0)
+            g = self.comm.all_gather(torch.cat([vals_p, rest.unsqueeze(0)]))  # (R, n_cand+1, S)
+            cand = g[:, :n_cand].reshape(-1, S).sort(dim=0, descending=True).values
+            rest = g[:, n_cand].amax(0)
         else:
             cand = vals_p
         tau64, _ = threshold_from_sorted_candidates(cand, scale64, dim=0, with_count=False)
@@ -365,9 +380,9 @@ class SimplexProjector:
 
     def _candidates(self, z3: Tensor, k: int, scale64: Tensor, n_total: int):
         """Cold top-k candidates (all ranks): (tau64, counts, covered, local values, local flat idx)."""
-        kk = min(k, n_total)
-        vals, fidx, rest = self._cold_candidates(z3, kk)
-        return (*self._combine(vals, rest, kk, scale64), vals, fidx)
+        n_cand = min(k, n_total)
+        vals, fidx, rest = self._cold_candidates(z3, n_cand)
+        return (*self._combine(vals, rest, n_cand, scale64), vals, fidx)
 
     # ------------------------------------------------------------------ forward
     def _sums_mins(self, z3: Tensor, sel: Optional[Tensor], n_total: int, scale64: Tensor):
@@ -398,131 +413,162 @@ class SimplexProjector:
         ``inplace_ok``: ``z3`` is a private buffer that may be modified temporarily (restored bit-exactly), which
         allows warm-starting from the candidate positions of the previous call (one masked max pass instead of a
         top-k when the support has not left them).
+
+        Phases (the module docstring's steps): test full support first when it was common last time; candidate
+        thresholds (warm or cold, step 1-2); exact thresholds of the slices whose support is everything; a second
+        candidate round or Michelot for the slices still unresolved (step 3); the support; adapting k and the warm
+        start for the next call.
         """
         O, n, I = z3.shape
-        S = O * I
-        cdt, dev = z3.dtype, z3.device
-        comm = self.comm
-        shp3 = (O, n, I)
+        n_slices = O * I
+        dev = z3.device
         n_total = self.n_total if self.n_total is not None else n
         scale = self.scale.to(device=dev, dtype=torch.float64)
-        if scale.numel() != S:
-            raise ValueError(f"scale has {scale.numel()} values for {S} slices")
-        st = {"slices": S, "k": self._k, "full_first": self._full_first, "warm": False, "uncovered": 0,
-              "full": 0, "second_round": 0, "michelot": 0}
-        self.stats = st
-        full0 = None
-        guess = self._guess if (inplace_ok and self._guess is not None and self._guess_shape == shp3) else None
+        if scale.numel() != n_slices:
+            raise ValueError(f"scale has {scale.numel()} values for {n_slices} slices")
+        self.stats = {"slices": n_slices, "k": self._k, "full_first": self._full_first, "warm": False,
+                      "uncovered": 0, "full": 0, "second_round": 0, "michelot": 0}
+        full_first = None
         if self._full_first:  # most slices had full support last time (e.g. the paper's init): test that first
-            tfull_all, full0 = self._sums_mins(z3, None, n_total, scale)
-            if bool(full0.all()):
-                st["full"] = S
-                return tfull_all.to(cdt), Support("full", torch.full((S,), float(n_total), dtype=cdt, device=dev))
-        skip = full0 if full0 is not None else torch.zeros(S, dtype=torch.bool, device=dev)
-        cold = True
-        if guess is not None:
-            st["warm"] = True
-            kg = guess.shape[0]
-            vals, fidx, rest = self._guess_candidates(z3, guess)
-            tau64, counts, covered = self._combine(vals, rest, kg, scale)
-            U = (~covered & ~skip).nonzero().squeeze(1)
-            cold = U.numel() * 4 > S
-            if U.numel() and not cold:  # cold candidates for the few slices the guess missed
-                zU, rdU = _slices_2d(z3, U)
-                zU3 = _as3(zU, rdU)
-                tU, cU, covU, vU, fU = self._candidates(zU3, self._k, scale[U], n_total)
-                if fU.numel():
-                    fU = _flat_to_orig(fU, tuple(zU3.shape), U, shp3)[0]
-                K = max(kg, vU.shape[0])
-                vals = _pad_rows(vals, K, NEG_INF)
-                fidx = _pad_rows(fidx, K, -1)
-                vals[:, U] = _pad_rows(vU, K, NEG_INF)
-                fidx[:, U] = _pad_rows(fU.view(vU.shape), K, -1)
-                tau64[U], counts[U], covered[U] = tU, cU, covU
-        if cold:
-            tau64, counts, covered, vals, fidx = self._candidates(z3, self._k, scale, n_total)
-        pieces = []  # (flat idx, slice id) of support elements of non-full slices, local
-        need_extract = None  # slices whose support must be extracted by a pass (Michelot results)
-        new_guess = {}  # slice ids -> better candidate positions found below
-        if full0 is not None:
-            tau64 = torch.where(full0, tfull_all, tau64)
-            counts = torch.where(full0, torch.full_like(counts, n_total), counts)
-            F = (~covered & ~full0).nonzero().squeeze(1)
-            st["full"] = int(full0.sum())
-            Rs = F
-            tfR = tfull_all[F]
-        else:
-            F = (~covered).nonzero().squeeze(1)
-            Rs = F
-            if F.numel():
-                tfull, fullF = self._sums_mins(z3, F, n_total, scale)
-                tau64[F] = torch.where(fullF, tfull, tau64[F])
-                counts[F] = torch.where(fullF, torch.full_like(counts[F], n_total), counts[F])
-                st["full"] = int(fullF.sum())
-                Rs = F[~fullF]
-                tfR = tfull[~fullF]
-        st["uncovered"] = int(F.numel())
-        if Rs.numel():
-            t0 = torch.maximum(tau64[Rs], tfR)
-            # count of the set whose threshold t0 is (n_total if the full-support bound won, unknown otherwise)
-            prev = torch.where(tfR >= tau64[Rs], n_total, -1).long()
-            zR, rdR = _slices_2d(z3, Rs)
-            ssum, c0 = michelot_partials(zR, t0.to(cdt).unsqueeze(rdR), rdR)
-            c0 = comm.all_reduce(c0.double(), "sum").long()
-            kmax = int(c0.max())
-            zR3 = _as3(zR, rdR)
-            if kmax < self._k_cap(n_total):
-                # second round: the top kmax + 1 candidates contain {z > t0} (a superset of the support) and one
-                # element <= t0 <= tau, so the candidate threshold is exact (covered)
-                st["second_round"] = int(Rs.numel())
-                t2, c2, cov2, v2, f2 = self._candidates(zR3, kmax + 1, scale[Rs], n_total)
-                tau64[Rs] = t2
-                counts[Rs] = c2
-                if v2.numel():
-                    f2o = _flat_to_orig(f2, tuple(zR3.shape), Rs, shp3)[0]
-                    new_guess["Rs"] = (Rs, f2o)
-                    if cov2.numel():
-                        m2 = v2[:, cov2] > t2[cov2].to(cdt)
-                        sid2 = Rs[cov2].unsqueeze(0).expand_as(m2)
-                        pieces.append((f2o[:, cov2][m2], sid2[m2]))
-                bad = (~cov2).nonzero().squeeze(1)  # only through rounding; finish exactly
-                if bad.numel():
-                    zb, rdb = _slices_2d(zR3, bad)
-                    tb, cb = michelot_refine(zb, t2[bad], scale[Rs][bad], rdb, None, comm)
-                    tau64[Rs[bad]] = tb
-                    counts[Rs[bad]] = cb
-                    need_extract = Rs[bad]
-            else:
-                st["michelot"] = int(Rs.numel())
-                tr, cr = michelot_refine(zR, t0, scale[Rs], rdR, prev, comm)
-                tau64[Rs] = tr
-                counts[Rs] = cr
-                need_extract = Rs
-        tau = tau64.to(cdt)
-        counts_f = counts.to(cdt)
-        full = counts == n_total
-        nfull = int(full.sum())
-        support = self._build_support(z3, tau, counts, counts_f, full, nfull, covered, vals, fidx, pieces,
-                                      need_extract)
-        # ---- adapt for the next call (decisions on reduced values: identical on every rank)
-        self._full_first = nfull * 4 > S
-        if nfull == S:
+            full_first = self._sums_mins(z3, None, n_total, scale)
+            full_threshold, is_full = full_first
+            if bool(is_full.all()):
+                self.stats["full"] = n_slices
+                return full_threshold.to(z3.dtype), Support(
+                    "full", torch.full((n_slices,), float(n_total), dtype=z3.dtype, device=dev))
+        state = self._candidate_thresholds(z3, inplace_ok, full_first, scale, n_total)
+        unresolved, full_bound = self._settle_full_support(z3, state, full_first, scale, n_total)
+        if unresolved.numel():
+            self._refine_unresolved(z3, state, unresolved, full_bound, scale, n_total)
+        tau = state.tau64.to(z3.dtype)
+        full = state.counts == n_total
+        support = self._build_support(z3, tau, state.counts, state.counts.to(z3.dtype), full, int(full.sum()),
+                                      state.covered, state.cand_vals, state.cand_idx, state.support_pieces,
+                                      state.needs_extraction)
+        self._adapt_for_next_call(z3, state, support, full, n_total, inplace_ok)
+        return tau, support
+
+    def _candidate_thresholds(self, z3: Tensor, inplace_ok: bool, full_first, scale: Tensor,
+                              n_total: int) -> "_ThresholdState":
+        """Candidate thresholds of every slice: from the last call's candidate positions when allowed (cold top-k
+        for the few slices they miss), else cold top-k candidates."""
+        shp3 = tuple(z3.shape)
+        n_slices = shp3[0] * shp3[2]
+        warm = self._guess if (inplace_ok and self._guess is not None and self._guess_shape == shp3) else None
+        if warm is None:
+            return _ThresholdState(*self._candidates(z3, self._k, scale, n_total))
+        self.stats["warm"] = True
+        already_full = full_first[1] if full_first is not None else torch.zeros(n_slices, dtype=torch.bool,
+                                                                                  device=z3.device)
+        n_warm = warm.shape[0]
+        vals, fidx, rest = self._guess_candidates(z3, warm)
+        tau64, counts, covered = self._combine(vals, rest, n_warm, scale)
+        missed = (~covered & ~already_full).nonzero().squeeze(1)
+        if missed.numel() * 4 > n_slices:  # the warm start missed too many slices: cold candidates for all
+            return _ThresholdState(*self._candidates(z3, self._k, scale, n_total))
+        if missed.numel():  # cold candidates for the few slices the warm start missed
+            z_missed, rd = _slices_2d(z3, missed)
+            z_missed3 = _as3(z_missed, rd)
+            t_m, c_m, cov_m, v_m, f_m = self._candidates(z_missed3, self._k, scale[missed], n_total)
+            if f_m.numel():
+                f_m = _flat_to_orig(f_m, tuple(z_missed3.shape), missed, shp3)[0]
+            n_rows = max(n_warm, v_m.shape[0])
+            vals = _pad_rows(vals, n_rows, NEG_INF)
+            fidx = _pad_rows(fidx, n_rows, -1)
+            vals[:, missed] = _pad_rows(v_m, n_rows, NEG_INF)
+            fidx[:, missed] = _pad_rows(f_m.view(v_m.shape), n_rows, -1)
+            tau64[missed], counts[missed], covered[missed] = t_m, c_m, cov_m
+        return _ThresholdState(tau64, counts, covered, vals, fidx)
+
+    def _settle_full_support(self, z3: Tensor, state: "_ThresholdState", full_first, scale: Tensor,
+                             n_total: int) -> Tuple[Tensor, Tensor]:
+        """Exact thresholds of the uncovered slices whose support is everything; returns the slices still
+        unresolved and, for each, the threshold its support would have if it were everything (a lower bound)."""
+        if full_first is not None:
+            full_threshold, is_full = full_first
+            state.tau64 = torch.where(is_full, full_threshold, state.tau64)
+            state.counts = torch.where(is_full, torch.full_like(state.counts, n_total), state.counts)
+            uncovered = (~state.covered & ~is_full).nonzero().squeeze(1)
+            self.stats["full"] = int(is_full.sum())
+            self.stats["uncovered"] = int(uncovered.numel())
+            return uncovered, full_threshold[uncovered]
+        uncovered = (~state.covered).nonzero().squeeze(1)
+        self.stats["uncovered"] = int(uncovered.numel())
+        if not uncovered.numel():
+            return uncovered, uncovered.new_empty(0, dtype=torch.float64)
+        full_threshold, is_full = self._sums_mins(z3, uncovered, n_total, scale)
+        state.tau64[uncovered] = torch.where(is_full, full_threshold, state.tau64[uncovered])
+        state.counts[uncovered] = torch.where(is_full, torch.full_like(state.counts[uncovered], n_total),
+                                           state.counts[uncovered])
+        self.stats["full"] = int(is_full.sum())
+        return uncovered[~is_full], full_threshold[~is_full]
+
+    def _refine_unresolved(self, z3: Tensor, state: "_ThresholdState", unresolved: Tensor, full_bound: Tensor,
+                           scale: Tensor, n_total: int) -> None:
+        """Exact thresholds of the unresolved slices from the best lower bound: a second candidate round when the
+        elements above that bound are few, else Michelot's fixed point (step 3)."""
+        cdt = z3.dtype
+        shp3 = tuple(z3.shape)
+        lower = torch.maximum(state.tau64[unresolved], full_bound)
+        # size of the set whose threshold `lower` is (n_total if the full-support bound won, unknown otherwise)
+        lower_count = torch.where(full_bound >= state.tau64[unresolved], n_total, -1).long()
+        z_u, rd = _slices_2d(z3, unresolved)
+        _, above = michelot_partials(z_u, lower.to(cdt).unsqueeze(rd), rd)
+        above = self.comm.all_reduce(above.double(), "sum").long()
+        most_above = int(above.max())
+        z_u3 = _as3(z_u, rd)
+        if most_above >= self._k_cap(n_total):
+            self.stats["michelot"] = int(unresolved.numel())
+            state.tau64[unresolved], state.counts[unresolved] = michelot_refine(z_u, lower, scale[unresolved], rd,
+                                                                          lower_count, self.comm)
+            state.needs_extraction = unresolved
+            return
+        # second round: the top most_above + 1 candidates contain {z > lower} (a superset of the support) and one
+        # element <= lower <= tau, so the candidate threshold is exact (covered)
+        self.stats["second_round"] = int(unresolved.numel())
+        tau2, counts2, covered2, vals2, fidx2 = self._candidates(z_u3, most_above + 1, scale[unresolved], n_total)
+        state.tau64[unresolved] = tau2
+        state.counts[unresolved] = counts2
+        if vals2.numel():
+            positions = _flat_to_orig(fidx2, tuple(z_u3.shape), unresolved, shp3)[0]
+            state.second_round = (unresolved, positions)
+            if covered2.numel():
+                above_tau = vals2[:, covered2] > tau2[covered2].to(cdt)
+                slice_id = unresolved[covered2].unsqueeze(0).expand_as(above_tau)
+                state.support_pieces.append((positions[:, covered2][above_tau], slice_id[above_tau]))
+        rounding_misses = (~covered2).nonzero().squeeze(1)  # only through rounding; finish exactly
+        if rounding_misses.numel():
+            z_b, rd_b = _slices_2d(z_u3, rounding_misses)
+            slices = unresolved[rounding_misses]
+            state.tau64[slices], state.counts[slices] = michelot_refine(z_b, tau2[rounding_misses],
+                                                                  scale[unresolved][rounding_misses], rd_b, None,
+                                                                  self.comm)
+            state.needs_extraction = slices
+
+    def _adapt_for_next_call(self, z3: Tensor, state: "_ThresholdState", support: Support, full: Tensor,
+                             n_total: int, inplace_ok: bool) -> None:
+        """k (candidates per slice) and the warm-start positions for the next call; decisions on reduced values,
+        so identical on every rank."""
+        n_slices = full.numel()
+        n_full = int(full.sum())
+        self._full_first = n_full * 4 > n_slices
+        if n_full == n_slices:
             need = 0
-        elif support.kind in ("sparse", "mixed") and comm.world_size > 1:
+        elif support.kind in ("sparse", "mixed") and self.comm.world_size > 1:
             # candidates needed per RANK: the largest local support of a non-full slice, over all ranks
-            loc = torch.bincount(support.sid, minlength=S)[~full].max() if support.sid.numel() else counts.new_zeros(())
-            need = int(comm.all_reduce(loc.reshape(1).double(), "max"))
+            local = (torch.bincount(support.sid, minlength=n_slices)[~full].max() if support.sid.numel()
+                     else state.counts.new_zeros(()))
+            need = int(self.comm.all_reduce(local.reshape(1).double(), "max"))
         else:
-            need = int(counts[~full].max())
+            need = int(state.counts[~full].max())
         self._k = min(max(self.k, _next_pow2(need + need // 4 + 1)), max(self.k, self._k_cap(n_total)))
         if inplace_ok:
-            g = _pad_rows(fidx, self._k, -1)[: self._k]
-            if "Rs" in new_guess:
-                Rs_, f2o = new_guess["Rs"]
-                g = g.clone()
-                g[:, Rs_] = _pad_rows(f2o, self._k, -1)[: self._k]
-            self._guess, self._guess_shape = g, shp3
-        return tau, support
+            guess = _pad_rows(state.cand_idx, self._k, -1)[: self._k]
+            if state.second_round is not None:
+                slices, positions = state.second_round
+                guess = guess.clone()
+                guess[:, slices] = _pad_rows(positions, self._k, -1)[: self._k]
+            self._guess, self._guess_shape = guess, tuple(z3.shape)
 
     def _build_support(self, z3, tau, counts, counts_f, full, nfull, covered, vals, fidx, pieces, need_extract):
         O, n, I = z3.shape

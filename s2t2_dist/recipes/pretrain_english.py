@@ -6,7 +6,7 @@ The result is a standard HF directory (OlmoForCausalLM + a byte-level tokenizer 
 `<cache_root>/english-bytes-<hash>/`: the hash covers the recipe config and the CONTENT of the data files, so a
 second call with the same config reuses it instead of retraining.
 
-    python -m s2t2_dist.models.pretrain_english --data input.txt --cache-root runs/source_lm --steps 2000
+    python -m s2t2_dist.recipes.pretrain_english --data input.txt --cache-root runs/source_lm --steps 2000
 
 A plain torch AdamW loop (warm-up + cosine); the project's distributed training loop is elsewhere.
 """
@@ -89,7 +89,7 @@ def byte_tokenizer():
     (eos and bos), 257 = <|padding|>."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    from .hf import byte_level_decoder
+    from s2t2_dist.models.hf import byte_level_decoder
 
     vocab = {ch: b for ch, b in byte_level_decoder().items()}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
@@ -303,7 +303,7 @@ def pretrain_english(
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m s2t2_dist.models.pretrain_english", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m s2t2_dist.recipes.pretrain_english", description=__doc__.split("\n")[0])
     ap.add_argument("--data", nargs="+", required=True, help=".txt / .jsonl[.gz] / .json.gz files")
     ap.add_argument("--cache-root", default="runs/source_lm")
     ap.add_argument("--force", action="store_true", help="retrain even if a cached model exists")

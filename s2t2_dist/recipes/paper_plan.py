@@ -1,0 +1,144 @@
+"""The reproduction's plan vocabulary, shared by `reproduce` (runs the jobs) and `reproduce_report` (reads their
+results) so that neither imports the other: Table 1's columns and the paper's numbers, the configuration and its
+presets, and the Job/Setting records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from s2t2_dist.config import ConfigError
+
+# ----------------------------------------------------------------------------------------------------------------
+# configuration
+
+#: Table 1 columns in the paper's order: key -> label
+TABLE1 = {
+    "plain_p": "Plain P", "plain_p_cft": "+ CFT",
+    "sinkhorn_p": "Sinkhorn P", "sinkhorn_p_cft": "+ CFT",
+    "s2t2": "S2T2", "s2t2_cft": "+ CFT",
+    "ft_orig_tok": "FT orig. tok.", "ft_new_tok": "FT new tok.",
+}
+#: translator kind of each P-only column
+KINDS = {"plain_p": "unconstrained", "sinkhorn_p": "softmax", "s2t2": "sparse"}
+#: the paper's numbers (Table 1), for the report
+PAPER_TABLE1 = {
+    "plain_p": (174.20, 4.09), "plain_p_cft": (130.44, 3.86), "sinkhorn_p": (167.74, 4.06),
+    "sinkhorn_p_cft": (136.12, 3.89), "s2t2": (144.03, 3.94), "s2t2_cft": (118.78, 3.78),
+    "ft_orig_tok": (151.05, 7.24), "ft_new_tok": (130.56, 3.86),
+}
+
+
+@dataclass
+class SourceRecipe:
+    """A byte-level English LM pretrained by models.pretrain_english (EnglishLMConfig keys)."""
+
+    n_layers: int = 2
+    d_model: int = 64
+    n_heads: int = 4
+    context_len: int = 128
+    batch_size: int = 16
+    steps: int = 300
+    lr: float = 3e-3
+    warmup: int = 20
+    seed: int = 0
+
+
+@dataclass
+class ReproduceConfig:
+    scale: str = "tiny"
+    seeds: list[int] = field(default_factory=lambda: [0])
+    #: target BPE vocabulary (paper: 512 with OLMo's 50k rows; locally <= the byte LMs' 264 rows)
+    vocab_size: int = 256
+    context_len: int = 64
+    #: global batch (sequences of context_len tokens) of every training run
+    batch_size: int = 8
+    p_steps: int = 20
+    ft_steps: int = 20
+    #: learning rate of P (paper 1e-3) and of whole-model finetuning (paper 2e-5 over 2000 steps on OLMo)
+    p_lr: float = 1e-3
+    #: local scales: choose each translator's P learning rate among these by its final TRAINING loss (mean of the
+    #: last quarter of the logged steps; first seed, p_steps steps) instead of using p_lr for all. Empty: p_lr.
+    p_lr_sweep: list[float] = field(default_factory=list)
+    ft_lr: float = 1e-3
+    ft_weight_decay: float = 0.01
+    #: P learning rate of the transfer experiment's runs (paper 2e-5); null: the S2T2 column's
+    transfer_p_lr: float | None = None
+    #: entropy weights of the transfer experiment (alpha = 0 is the S2T2 column's P when the lrs agree)
+    alphas: list[float] = field(default_factory=lambda: [0.0, 0.1])
+    #: held-out documents scored (0: all)
+    eval_max_docs: int = 0
+    log_every: int = 2
+    small: SourceRecipe = field(default_factory=SourceRecipe)
+    large: SourceRecipe = field(default_factory=SourceRecipe)
+
+    def validate(self) -> None:
+        if not self.seeds:
+            raise ConfigError("seeds: give at least one")
+        if min(self.p_steps, self.ft_steps, self.batch_size, self.context_len) < 1:
+            raise ConfigError("p_steps, ft_steps, batch_size, context_len must be >= 1")
+        if not self.alphas or min(self.alphas) < 0:
+            raise ConfigError("alphas: non-empty, each >= 0")
+        if any(x <= 0 for x in self.p_lr_sweep) or (self.transfer_p_lr is not None and self.transfer_p_lr <= 0):
+            raise ConfigError("p_lr_sweep, transfer_p_lr: learning rates must be > 0")
+        if self.scale == "paper" and self.p_lr_sweep:
+            raise ConfigError("p_lr_sweep: a local-scale option (the paper scale uses the paper's p_lr)")
+
+
+def preset(scale: str) -> ReproduceConfig:
+    if scale == "tiny":  # the pipeline end to end in CI minutes; numbers are not meaningful
+        return ReproduceConfig(
+            scale="tiny", seeds=[0], vocab_size=256, context_len=64, batch_size=8, p_steps=10, ft_steps=10,
+            p_lr_sweep=[1e-4, 1e-3], alphas=[0.0, 0.1], eval_max_docs=30, log_every=2,
+            small=SourceRecipe(n_layers=1, d_model=32, n_heads=2, context_len=64, batch_size=16, steps=40),
+            large=SourceRecipe(n_layers=2, d_model=48, n_heads=4, context_len=64, batch_size=16, steps=40))
+    if scale == "small":  # ~3.5 min on 2 idle CPU cores (the source LMs, 25 s, are cached for later runs)
+        return ReproduceConfig(
+            scale="small", seeds=[0, 1, 2], vocab_size=256, context_len=128, batch_size=8, p_steps=200,
+            ft_steps=200, p_lr_sweep=[1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0], alphas=[0.0, 0.1, 1.0], log_every=10,
+            small=SourceRecipe(n_layers=2, d_model=64, n_heads=4, context_len=64, batch_size=16, steps=300),
+            # more width and more steps: the transfer needs a target model that is better on English
+            large=SourceRecipe(n_layers=2, d_model=128, n_heads=4, context_len=64, batch_size=16, steps=600))
+    if scale == "paper":  # the paper's settings (printed as SLURM submissions, never run here)
+        return ReproduceConfig(scale="paper", seeds=[0], vocab_size=512, context_len=512, batch_size=16,
+                               p_steps=2000, ft_steps=2000, p_lr=1e-3, ft_lr=2e-5, transfer_p_lr=2e-5,
+                               alphas=[0.0, 0.01, 0.1, 1.0], eval_max_docs=2000, log_every=10)
+    raise ConfigError(f"scale: {scale!r} is not one of tiny, small, paper")
+
+
+def alpha_tag(a: float) -> str:
+    return f"a{a:g}"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the plan: every stage run, with its inputs and outputs
+
+
+@dataclass
+class Job:
+    name: str  # unique, also the run directory under runs/
+    stage: str  # prepare | translate | finetune | evaluate
+    config: str  # the shipped YAML config it starts from (repository-relative)
+    overrides: list[str]
+    run_dir: str
+    result: str  # the JSON it writes when finished
+    #: paths this job reads that other jobs write, and what it writes for others
+    consumes: list[str] = field(default_factory=list)
+    produces: list[str] = field(default_factory=list)
+    #: SLURM (paper scale): batch script and extra sbatch options
+    script: str = ""
+    sbatch: list[str] = field(default_factory=list)
+    #: what the job's result is in the report: ("table1", method, seed) | ("transfer", bar, seed) | None
+    role: tuple | None = None
+
+
+@dataclass
+class Setting:
+    """Where the inputs are: local paths (tiny/small) or the cluster layout (paper)."""
+
+    out: str  # runs root
+    data: str  # `prepare` output_dir
+    small_model: str
+    large_model: str
+    #: tokenizer of the source models (a directory or hub id), for FT orig. tok. / Orig Tok.
+    source_tokenizer: str
+    local: bool = True

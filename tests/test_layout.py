@@ -1,0 +1,85 @@
+"""The layout's promises (docs/DESIGN.md): the public math API, the import direction (the product never imports the
+research recipes, the cluster launchers or the test harness), and the one E'/L' definition and P statistics shared by
+training and export."""
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+PKG = Path(__file__).resolve().parents[1] / "s2t2_dist"
+
+
+def test_public_ot_api():
+    from s2t2_dist.ot import softmax_sinkhorn, sparse_sinkhorn, sparsemax
+
+    p = sparsemax(torch.tensor([[3.0, 1.0, 0.2, -1.0]]), scale=2.0)
+    assert torch.allclose(p, torch.tensor([[2.0, 0.0, 0.0, 0.0]]))  # threshold 1.0: only the top entry survives
+    g = torch.Generator().manual_seed(0)
+    C = torch.randn(6, 4, generator=g, dtype=torch.float64)
+    mu, nu = torch.full((6,), 1 / 6, dtype=torch.float64), torch.full((4,), 1 / 4, dtype=torch.float64)
+    for plan in (sparse_sinkhorn(C, mu, nu, n_iter=50), softmax_sinkhorn(C, mu, nu, n_iter=50)):
+        assert plan.shape == (6, 4) and (plan >= 0).all()
+        assert torch.allclose(plan.sum(0), nu, atol=1e-9) and torch.allclose(plan.sum(1), mu, atol=1e-3)  # columns last: exact
+
+
+def _package_imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            base = node.module if node.level == 0 else "s2t2_dist." + ".".join(
+                path.relative_to(PKG.parent).with_suffix("").parts[1:-node.level] + (node.module,))
+            names |= {base} | {f"{base}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+    return {n for n in names if n.startswith("s2t2_dist")}
+
+
+def test_product_never_imports_recipes_cluster_or_testing():
+    outside = ("recipes", "cluster", "testing")
+    bad = []
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG)
+        if rel.parts[0] in outside or rel.name == "cli.py":  # cli.py names every command (as strings)
+            continue
+        for name in _package_imports(path):
+            if (name.split(".") + [""])[1] in outside:
+                bad.append(f"{rel}: {name}")
+    assert bad == []
+
+
+def test_ot_imports_nothing_else_of_the_package():
+    for path in (PKG / "ot").rglob("*.py"):
+        others = {n for n in _package_imports(path) if not n.startswith("s2t2_dist.ot")}
+        assert others == set(), path
+
+
+@pytest.mark.parametrize("normalization,config", [("convex", "olmo-1b"), ("convex", "olmo-7b"),
+                                                  ("paper", "olmo-1b"), ("paper", "olmo-7b")])
+def test_export_builds_the_rows_training_used(normalization, config):
+    """stage 2's initial E'/L' (init_model, from the P file) equal stage 1's (TokenTranslator), tied and untied."""
+    from s2t2_dist.models.hf import get_embedding_and_head
+    from s2t2_dist.pfile import SparseP
+    from s2t2_dist.recipes.tiny import tiny_from_config
+    from s2t2_dist.stages.init_model import translated_embeddings
+    from s2t2_dist.translator import TokenTranslator
+
+    model = tiny_from_config(config, vocab=64, seed=3)
+    E, L, _ = get_embedding_and_head(model)
+    v, u = 40, 12
+    g = torch.Generator().manual_seed(1)
+    mu = torch.rand(v, generator=g) + 0.5
+    nu = torch.rand(u, generator=g) + 0.5
+    tr = TokenTranslator.from_frequencies(mu, nu, normalization=normalization)
+    with torch.no_grad():
+        tr.C.add_(torch.randn(tr.C.shape, generator=g) * 0.05)
+    src_ids = torch.randperm(64, generator=g)[:v]
+    E1, L1 = tr.embed_and_head(E.detach(), L.detach(), src_ids)
+    ex = tr.export_sparse()
+    p = SparseP(ex["indices"], ex["values"], tr.mu, tr.nu, src_ids, "s", "t", normalization=normalization)
+    E2, L2 = translated_embeddings(model, p)
+    assert torch.allclose(E1, E2, atol=1e-6) and torch.allclose(L1, L2, atol=1e-6)
+    assert (ex["values"] == 0).sum() == 0 and 0 < ex["values"].numel() < v * u  # a sparse P, not a trivial one
+    # one place for P's statistics: the P file's agree with the live translator's
+    live, filed = tr.density_stats(), p.stats()
+    assert {k: filed[k] for k in live} == pytest.approx(live)
