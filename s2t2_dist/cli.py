@@ -14,7 +14,9 @@ COMMANDS = {
     "prepare": ("s2t2_dist.stages.prepare", "Split, train the BPE tokenizer, write webdataset shards"),
     "translate": ("s2t2_dist.stages.translate", "Stage 1: learn the token translation P through a frozen LM"),
     "finetune": ("s2t2_dist.stages.finetune", "Stage 2: finetune the whole model (DeepSpeed ZeRO / FSDP2)"),
-    "evaluate": ("s2t2_dist.stages.evaluate", "Perplexity and bits-per-byte on the held-out split"),
+    "evaluate": ("s2t2_dist.stages.evaluate",
+                 "Perplexity and bits-per-byte on the held-out split, or on any FASTA / jsonl / parquet / text file"),
+    "config": ("s2t2_dist.config_docs", "Print a stage's resolved config as YAML (--config F, key=value overrides)"),
     "submit": ("s2t2_dist.cluster.submit", "Submit a stage to SLURM with submitit (requeues on preemption)"),
     "demo": ("s2t2_dist.recipes.demo", "The whole pipeline on the bundled protein sample, in minutes on a CPU"),
     "reproduce": ("s2t2_dist.recipes.reproduce", "The paper's Table 1 and transfer experiment at a chosen scale"),
@@ -29,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         print(p.format_help())
         for name, (_, desc) in COMMANDS.items():
             print(f"  {name:<10} {desc}")
+        print("\n`s2t2 <command> --help` lists every config key of a stage with its type, default and meaning.")
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:

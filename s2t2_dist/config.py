@@ -216,20 +216,23 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
-def config_from_dict(cls: type[T], data: dict) -> T:
-    """Build and validate a config tree from a plain mapping (keys and types checked against the dataclasses)."""
+def config_from_dict(cls: type[T], data: dict, *, validate: bool = True) -> T:
+    """Build and validate a config tree from a plain mapping (keys and types checked against the dataclasses).
+    validate=False: keys and types only (`s2t2 config` shows a config that is not complete yet)."""
     cfg = _build(cls, data)
-    validate_tree(cfg)
+    if validate:
+        validate_tree(cfg)
     return cfg
 
 
-def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
+def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None, *,
+                validate: bool = True) -> T:
     data: dict = read_yaml(path) if path is not None else {}
     apply_overrides(data, overrides or [])
     where = f"{path}: " if path is not None else ""
     try:
         _drop_slurm_section(cls, data)
-        return config_from_dict(cls, data)
+        return config_from_dict(cls, data, validate=validate)
     except ConfigError as e:
         raise ConfigError(f"{where}{e}") from None
 

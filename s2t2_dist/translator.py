@@ -187,6 +187,11 @@ class TokenTranslator(nn.Module):
     def nu_local(self) -> Tensor:
         return self.nu[self.col_start: self.col_end]
 
+    def shard_layout(self) -> dict:
+        """{"C": [dim, start, end, total]}: this rank's columns of C, so that a checkpoint can be re-split over
+        another number of ranks (engines/torch_engine.py reshard)."""
+        return {"C": [1, self.col_start, self.col_end, self.u]}
+
     @property
     def sharded(self) -> bool:
         return self.world_size > 1

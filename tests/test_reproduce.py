@@ -11,10 +11,12 @@ from s2t2_dist.config import ConfigError
 from s2t2_dist.recipes.reproduce import (
     KINDS,
     TABLE1,
+    Setting,
     build_plan,
     paper_script,
     paper_setting,
     preset,
+    translate_job,
     validate_plan,
     with_overrides,
 )
@@ -218,3 +220,17 @@ def test_overrides_go_through_the_config_system():
         with_overrides(preset("tiny"), ["p_step=3"])
     with pytest.raises(ConfigError, match="alphas"):
         with_overrides(preset("tiny"), ["alphas=[-1]"])
+
+
+def test_paper_translate_runs_use_the_papers_byte_source_tokens():
+    """The paper's source tokens are bytes: the paper-scale stage-1 runs resolve to source_vocab single_byte, the
+    paper's C = 1/v start and 3 Dykstra iterations (the local byte LMs keep `all`: bytes plus their BOS/EOS)."""
+    from s2t2_dist.config import load_config
+    from s2t2_dist.stages.translate import TranslateConfig
+
+    jobs = {j.name: j for j in build_plan(with_overrides(preset("paper"), []), paper_setting())}
+    t = jobs["seed0/translate_sparse"]
+    tc = load_config(TranslateConfig, REPO / t.config, t.overrides)
+    assert (tc.model.source_vocab, tc.translator.init, tc.translator.n_iter) == ("single_byte", "uniform", 3)
+    local = translate_job(preset("tiny"), Setting("o", "d", "m1", "m2", "m1"), "x", "sparse", 0.0, 1e-3, 0)
+    assert "model.source_vocab=all" in local.overrides

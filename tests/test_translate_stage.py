@@ -108,3 +108,27 @@ def test_translate_frozen_lm_partitioned_with_fsdp_matches_replicated(inputs, tm
         assert a == pytest.approx(b, rel=1e-5)
     pa, pb = load_p(tmp_path / "none" / "P.safetensors"), load_p(tmp_path / "fsdp" / "P.safetensors")
     torch.testing.assert_close(pa.dense(), pb.dense(), atol=1e-6, rtol=1e-4)
+
+
+def test_translate_fvt_start_maps_shared_tokens_to_themselves(inputs, tmp_path):
+    """translator.init=fvt: the surface-string start puts each target token that IS a source token on itself."""
+    from s2t2_dist.data.bpe import load_tokenizer
+    from s2t2_dist.models.hf import token_bytes
+    from s2t2_dist.stages.translate import source_surface_bytes
+
+    data, model = inputs
+    cfg = load_config(TranslateConfig, REPO / "configs" / "translate_olmo1b.yaml",
+                      _overrides(data, model, tmp_path / "run", "train.steps=1", "train.micro_batch_size=4",
+                                 "data.num_workers=0", "data.eval=", "optim.lr=1e-9", "translator.init=fvt",
+                                 "translator.init_weight=0.9"))
+    summary = run(cfg)
+    p = load_p(summary["p_file"])
+    top = p.dense().argmax(0).tolist()  # the largest weight P/nu of each column: its largest entry
+    # the regular token of a string, not its byte-fallback twin (<0x41> for "A"): the one the tokenizer writes
+    src = source_surface_bytes(str(model), p.source_ids.tolist())
+    row = {b: r for r, b in enumerate(src) if b}
+    assert len(row) == sum(1 for b in src if b)  # no string twice
+    tgt = token_bytes(load_tokenizer(f"{data}/tokenizer").tokenizer)
+    shared = [(j, row[b]) for j, b in tgt.items() if b and b in row]
+    assert len(shared) >= 20  # the residue letters are letters of the English vocabulary too
+    assert sum(top[j] == r for j, r in shared) == len(shared)

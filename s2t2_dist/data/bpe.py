@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -281,8 +282,13 @@ def train_tokenizer(*, split_dir: str | os.PathLike, output_dir: str | os.PathLi
     report = {"params": params, "trained_on": {"records": count[0], "chars": count[1]},
               "vocab_size": tok.get_vocab_size(with_added_tokens=True)}
     save_tokenizer_dir(tok, out, context_len=context_len, extra=report)
-    # compression on held-out text (eval split; train split if there is no eval split)
-    from .split import iter_split_docs
+    return _finish_report(report, split_dir, out, compare_with, report_max_records)
+
+
+def _finish_report(report: dict, split_dir, out: Path, compare_with: dict | None, report_max_records: int) -> dict:
+    """Add the tokenizer's hash and its compression on held-out text (eval split; train split if there is no eval
+    split) to ``report`` and save it as ``out/bpe_training.json`` (written last: the step's completion marker)."""
+    from .split import iter_split_docs, load_split
 
     m = load_split(split_dir)
     which = "eval" if m["records"]["eval"] else "train"
@@ -293,8 +299,35 @@ def train_tokenizer(*, split_dir: str | os.PathLike, output_dir: str | os.PathLi
     report["tokenizer_hash"] = toks["new"].hash
     report["compression"] = compression_report(sample, toks)
     report["compression"]["measured_on"] = f"{which} split, first {len(sample)} records"
-    atomic_write_json(info_file, report)
+    atomic_write_json(out / "bpe_training.json", report)
     return report
+
+
+def adopt_tokenizer(path: str | os.PathLike, *, split_dir: str | os.PathLike, output_dir: str | os.PathLike,
+                    compare_with: dict[str, str] | None = None, report_max_records: int = 20_000) -> dict:
+    """Use an existing tokenizer instead of training one: a target BPE from an earlier `prepare` (its directory or
+    tokenizer.json) or a model's own tokenizer (its directory, or a hub id). Its files are copied verbatim into
+    ``output_dir`` (so its hash is kept and the layout is the same as after training); the report records where it
+    came from and its hash. Skips the copy if ``output_dir`` already holds the same tokenizer for the same split."""
+    from .split import load_split, split_manifest_hash
+
+    load_split(split_dir)
+    src = _tokenizer_file(path)
+    info = load_tokenizer(src)  # checks it is usable (an end-of-document token) before anything is written
+    params = {"adopted_from": str(path), "tokenizer_hash": info.hash, "split_hash": split_manifest_hash(split_dir)}
+    out = Path(output_dir)
+    info_file = out / "bpe_training.json"
+    if info_file.is_file() and (out / "tokenizer.json").is_file():
+        done = json.loads(info_file.read_text())
+        if done.get("params") == params:
+            return done
+    with atomic_dir(out) as tmp:
+        shutil.copyfile(src, tmp / "tokenizer.json")
+        for name in ("tokenizer_config.json", "special_tokens_map.json"):
+            if (src.parent / name).is_file():
+                shutil.copyfile(src.parent / name, tmp / name)
+    report = {"params": params, "adopted_from": str(path), "trained_on": None, "vocab_size": info.vocab_size}
+    return _finish_report(report, split_dir, out, compare_with, report_max_records)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -22,37 +22,67 @@ FORMATS = ("auto", "fasta", "jsonl", "parquet", "hf_disk", "hub", "text")
 @dataclass
 class DataConfig:
     # -- input -------------------------------------------------------------------------------------------------
-    inputs: list[str] = field(default_factory=list)  # files, directories, globs, or hub ids (format: hub)
+    #: files, directories, globs, or hub ids (format: hub)
+    inputs: list[str] = field(default_factory=list)
+    #: input format: auto (from each file name), fasta, jsonl, parquet, hf_disk (save_to_disk), hub, text
     format: Literal["auto", "fasta", "jsonl", "parquet", "hf_disk", "hub", "text"] = "auto"
-    id_column: str | None = "id"  # tables/jsonl/HF; None: id = "<file name>:<line or row>"
-    text_column: str = "sequence"  # e.g. "sequence", "Sequence", "text"
-    hf_split: str = "train"  # split of a DatasetDict on disk / on the hub
-    text_mode: Literal["line", "paragraph", "file"] = "line"  # plain-text files: one doc per line / blank-line block / file
+    #: id column of tables / jsonl / HF datasets; null: id = "<file name>:<line or row>"
+    id_column: str | None = "id"
+    #: column holding the sequence / text, e.g. "sequence", "Sequence", "text"
+    text_column: str = "sequence"
+    #: split of a DatasetDict on disk / on the hub
+    hf_split: str = "train"
+    #: plain-text files: one doc per line / blank-line block / file
+    text_mode: Literal["line", "paragraph", "file"] = "line"
     # -- record policy -----------------------------------------------------------------------------------------
+    #: protein (amino-acid alphabet, char-level BPE) or text (any characters, byte-level BPE)
     domain: Literal["protein", "text"] = "protein"
-    alphabet: str = "auto"  # "auto" (protein: the 20 amino acids; text: any), "any", or the allowed letters
-    extra_residues: str = PROTEIN_EXTRA  # protein letters handled by extra_residue_policy
+    #: "auto" (protein: the 20 amino acids; text: any), "any", or the allowed letters
+    alphabet: str = "auto"
+    #: protein letters handled by extra_residue_policy
+    extra_residues: str = PROTEIN_EXTRA
+    #: a record with an extra residue: keep it, replace the residue, skip the record (counted), or stop
     extra_residue_policy: Literal["keep", "replace", "skip", "error"] = "keep"
-    replacement: str = "X"  # what "replace" writes instead of an extra residue
-    uppercase: bool = False  # upper-case sequences before checking them
-    min_length: int = 1  # characters; shorter records are filtered (counted)
-    max_length: int | None = None  # characters; longer records are filtered (counted)
+    #: what "replace" writes instead of an extra residue
+    replacement: str = "X"
+    #: upper-case sequences before checking them
+    uppercase: bool = False
+    #: shortest record kept, in characters; shorter ones are filtered (counted)
+    min_length: int = 1
+    #: longest record kept, in characters (null: no limit); longer ones are filtered (counted)
+    max_length: int | None = None
+    #: a malformed record (no header, bad JSON, bad character...): stop naming FILE:LINE, or skip it (counted)
     on_bad_record: Literal["error", "skip"] = "error"
     # -- split -------------------------------------------------------------------------------------------------
+    #: fraction of the records held out for evaluation (by a hash of split_by: stable across runs)
     eval_fraction: float = 0.01
-    split_by: Literal["id", "text"] = "id"  # hash of the record id, or of its text (identical texts share a split)
+    #: hash of the record id, or of its text (identical texts share a split)
+    split_by: Literal["id", "text"] = "id"
+    #: seed of the split hash and of the tokenizer training sample
     seed: int = 0
-    chunk_records: int = 1_000_000  # input records per split commit (the unit of resuming step 1)
+    #: input records per split commit (the unit of resuming step 1)
+    chunk_records: int = 1_000_000
     # -- tokenizer ---------------------------------------------------------------------------------------------
+    #: tokens of the new BPE, its 4 special tokens included (the paper: 512 for UniRef50)
     vocab_size: int = 512
-    tokenizer_kind: Literal["auto", "char", "byte"] = "auto"  # auto: char for protein, byte-level for text
+    #: auto: char for protein, byte-level for text
+    tokenizer_kind: Literal["auto", "char", "byte"] = "auto"
+    #: pairs seen fewer times than this are not merged by the BPE
     min_frequency: int = 2
-    source_tokenizer: str | None = None  # the source LM's tokenizer (file or dir): compression report + baseline shards
-    tokenizer_max_records: int | None = 500_000  # deterministic sample of the train split for BPE training
+    #: the source LM's tokenizer (file or dir): compression report + baseline shards
+    source_tokenizer: str | None = None
+    #: use this tokenizer (an earlier run's BPE, a model's own) instead of training one
+    tokenizer_path: str | None = None
+    #: deterministic sample of the train split for BPE training
+    tokenizer_max_records: int | None = 500_000
     # -- shards ------------------------------------------------------------------------------------------------
+    #: tokens per packed train block (the training context length)
     context_len: int = 512
-    shard_size: int = 8192  # samples per shard: packed blocks (train) or documents (eval)
-    num_workers: int = 0  # tokenizer processes (0: in this process, using the tokenizer's own threads)
+    #: samples per shard: packed blocks (train) or documents (eval)
+    shard_size: int = 8192
+    #: tokenizer processes (0: in this process, using the tokenizer's own threads)
+    num_workers: int = 0
+    #: where splits/, tokenizer/, shards/ and prepare_summary.json are written
     output_dir: str = "data/prepared"
 
     # -- derived ------------------------------------------------------------------------------------------------
@@ -112,6 +142,9 @@ class DataConfig:
         st = self.source_tokenizer
         if st is not None and not os.path.exists(st) and (os.path.isabs(st) or st.count("/") != 1):
             raise bad("source_tokenizer", f"{st!r} is neither a local tokenizer file/directory nor a hub id owner/name")
+        tp = self.tokenizer_path
+        if tp is not None and not os.path.exists(tp) and (os.path.isabs(tp) or tp.count("/") != 1):
+            raise bad("tokenizer_path", f"{tp!r} is neither a local tokenizer file/directory nor a hub id owner/name")
         if self.tokenizer_max_records is not None and self.tokenizer_max_records < 1:
             raise bad("tokenizer_max_records", "must be >= 1 or null (use the whole train split)")
         if self.context_len < 2:

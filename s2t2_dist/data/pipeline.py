@@ -1,7 +1,8 @@
 """`prepare`: the three data steps from one `DataConfig`, in a fixed layout under ``output_dir``::
 
     splits/                      step 1 (split_dataset)
-    tokenizer/                   step 2 (train_tokenizer): the new BPE, AutoTokenizer-loadable
+    tokenizer/                   step 2 (train_tokenizer): the new BPE, AutoTokenizer-loadable (or, with
+                                 tokenizer_path, a copy of that existing tokenizer: no training)
     shards/new/{train,eval}/     step 3 (write_shards) with the new tokenizer
     shards/source/{train,eval}/  step 3 with the source LM's tokenizer (if source_tokenizer is set)
     prepare_summary.json         counts of every step (written last)
@@ -18,7 +19,7 @@ from pathlib import Path
 from s2t2_dist.utils.io import atomic_write_json
 
 from . import sanity
-from .bpe import train_tokenizer
+from .bpe import adopt_tokenizer, train_tokenizer
 from .config import DataConfig
 from .records import RecordPolicy
 from .shards import write_shards
@@ -99,13 +100,17 @@ def prepare(cfg: DataConfig, *, progress: bool = True, steps: tuple[str, ...] = 
     if "tokenizer" in steps:
         compare = {"source": cfg.source_tokenizer} if cfg.source_tokenizer else None
         with _Step(timing, "tokenizer", tok_dir / "tokenizer.json"):
-            rep = train_tokenizer(split_dir=split_dir, output_dir=tok_dir, vocab_size=cfg.vocab_size,
-                                  kind=cfg.resolved_tokenizer_kind(), alphabet=tokenizer_alphabet(cfg),
-                                  min_frequency=cfg.min_frequency, max_records=cfg.tokenizer_max_records,
-                                  seed=cfg.seed, context_len=cfg.context_len, compare_with=compare,
-                                  progress=progress)
+            if cfg.tokenizer_path:  # an existing tokenizer: no training
+                rep = adopt_tokenizer(cfg.tokenizer_path, split_dir=split_dir, output_dir=tok_dir, compare_with=compare)
+            else:
+                rep = train_tokenizer(split_dir=split_dir, output_dir=tok_dir, vocab_size=cfg.vocab_size,
+                                      kind=cfg.resolved_tokenizer_kind(), alphabet=tokenizer_alphabet(cfg),
+                                      min_frequency=cfg.min_frequency, max_records=cfg.tokenizer_max_records,
+                                      seed=cfg.seed, context_len=cfg.context_len, compare_with=compare,
+                                      progress=progress)
         summary["tokenizer"] = {"dir": str(tok_dir), "hash": rep.get("tokenizer_hash"),
                                 "vocab_size": rep.get("vocab_size"), "trained_on": rep.get("trained_on"),
+                                "adopted_from": rep.get("adopted_from"),
                                 "compression": rep.get("compression")}
         found = sanity.tokenizer_warnings(rep, cfg)
         sanity.emit(found)
@@ -156,8 +161,10 @@ def format_summary(summary: dict) -> str:
     tk = summary.get("tokenizer")
     if tk:
         tr = tk.get("trained_on") or {}
-        lines.append(f"  tokenizer {tk['dir']}: vocab {_n(tk.get('vocab_size'))}, trained on {_n(tr.get('records'))} "
-                     f"records ({_n(tr.get('chars'))} characters)")
+        how = (f"adopted from {tk['adopted_from']} (hash {str(tk.get('hash'))[:16]}), not trained"
+               if tk.get("adopted_from")
+               else f"trained on {_n(tr.get('records'))} records ({_n(tr.get('chars'))} characters)")
+        lines.append(f"  tokenizer {tk['dir']}: vocab {_n(tk.get('vocab_size'))}, {how}")
         comp = tk.get("compression")
         if comp:
             lines.append(f"  compression on {comp.get('measured_on', 'held-out text')} ({_n(comp['bytes'])} bytes):")

@@ -317,12 +317,16 @@ class RecordFilter:
     """Apply a RecordPolicy to raw records, counting every decision in ``stats`` (a Counter).
 
     Counter keys: ``read``, ``kept``, ``bad:<reason>`` (skipped malformed records), ``filtered:<rule>``
-    (too_short, too_long, extra_residue), ``replaced_residues``.
+    (too_short, too_long, extra_residue), ``replaced_residues``. ``examples``: the first `MAX_EXAMPLES` records
+    left out, ``{"where": FILE:LINE, "id", "reason", "detail"}``, so a report can say which ones.
     """
 
-    def __init__(self, policy: RecordPolicy, stats: Counter | None = None):
+    MAX_EXAMPLES = 10
+
+    def __init__(self, policy: RecordPolicy, stats: Counter | None = None, examples: list | None = None):
         self.policy = policy
         self.stats = stats if stats is not None else Counter()
+        self.examples = examples if examples is not None else []
         allowed = policy.allowed()
         self._checked = (allowed, policy.uppercase)
         self._bad_re = None if allowed is None else re.compile("[^" + re.escape(allowed) + "]")
@@ -334,6 +338,11 @@ class RecordFilter:
         if self.policy.on_bad_record == "error":
             raise rec.error()
         self.stats["bad:" + rec.bad] += 1
+        self._left_out(rec, "bad:" + rec.bad, rec.detail)
+
+    def _left_out(self, rec: Record, reason: str, detail: str | None = None) -> None:
+        if len(self.examples) < self.MAX_EXAMPLES:
+            self.examples.append({"where": rec.where(), "id": rec.id, "reason": reason, "detail": detail})
 
     def __call__(self, rec: Record) -> Record | None:
         """The record to keep (text possibly normalised), or None (counted). Raises DataFormatError on "error"."""
@@ -369,6 +378,7 @@ class RecordFilter:
                                           "(extra_residue_policy: error)", reason="extra_residue")
                 if pol == "skip":
                     st["filtered:extra_residue"] += 1
+                    self._left_out(rec, "filtered:extra_residue", f"{m.group()!r} at residue {m.start() + 1}")
                     return None
                 new = text.translate(self._extra_table)
                 st["replaced_residues"] += sum(1 for a, b in zip(text, new) if a != b)
@@ -376,9 +386,11 @@ class RecordFilter:
         n = len(text)
         if n < self.policy.min_length:
             st["filtered:too_short"] += 1
+            self._left_out(rec, "filtered:too_short", f"{n} < min_length {self.policy.min_length}")
             return None
         if self.policy.max_length is not None and n > self.policy.max_length:
             st["filtered:too_long"] += 1
+            self._left_out(rec, "filtered:too_long", f"{n} > max_length {self.policy.max_length}")
             return None
         st["kept"] += 1
         rec.text = text

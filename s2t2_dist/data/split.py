@@ -137,7 +137,7 @@ def split_dataset(
     skip = commits[-1]["position"] if commits else 0
     parts: dict[str, list[dict]] = {s: [p for e in commits for p in e["parts"][s]] for s in SPLITS}
     chunk_index = len(commits)
-    filt = RecordFilter(policy, stats)
+    filt = RecordFilter(policy, stats, list(commits[-1].get("examples", [])) if commits else None)
     key_is_text = split_by == "text"
 
     raw: Iterator = read_raw(inputs, format=format, id_column=id_column, text_column=text_column,
@@ -162,13 +162,13 @@ def split_dataset(
                 writers[s].write(kept.id, kept.text)
             pending += 1
             if pending >= chunk_records:
-                _commit(out, journal, writers, parts, stats, position, chunk_index)
+                _commit(out, journal, writers, parts, stats, position, chunk_index, filt.examples)
                 chunk_index += 1
                 writers = {s: _PartWriter(out / s, chunk_index) for s in SPLITS}
                 if bar is not None:
                     bar.update(pending)
                 pending = 0
-        _commit(out, journal, writers, parts, stats, position, chunk_index)
+        _commit(out, journal, writers, parts, stats, position, chunk_index, filt.examples)
         if bar is not None:
             bar.update(pending)
     except BaseException:
@@ -186,18 +186,21 @@ def split_dataset(
         "parts": parts, "records": n, "chars": chars,
         "stats": dict(sorted(stats.items())),
         "summary": summarize_stats(stats, n, chars),
+        "left_out_examples": filt.examples,  # the first records skipped or filtered: where and why
     }
     atomic_write_json(manifest_path, manifest)
     return manifest
 
 
-def _commit(out: Path, journal: Path, writers: dict, parts: dict, stats: Counter, position: int, index: int) -> None:
+def _commit(out: Path, journal: Path, writers: dict, parts: dict, stats: Counter, position: int, index: int,
+            examples: list) -> None:
     new = {}
     for s, w in writers.items():
         info = w.commit()
         new[s] = [info] if info else []
         parts[s].extend(new[s])
-    append_json_line(journal, {"chunk": index, "position": position, "parts": new, "stats": dict(stats)})
+    append_json_line(journal, {"chunk": index, "position": position, "parts": new, "stats": dict(stats),
+                               "examples": examples})
 
 
 def summarize_stats(stats: Counter | dict, records: dict, chars: dict) -> dict:

@@ -18,8 +18,10 @@ that arranges it (and skips the slow JIT build of the shared-memory communicatio
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import logging
 import math
 import os
 import warnings
@@ -35,7 +37,10 @@ from s2t2_dist.engines.base import Engine
 from s2t2_dist.train.optim import build_adamw, build_scheduler, param_groups
 
 #: subdirectory (DeepSpeed "tag") of a loop checkpoint directory that holds DeepSpeed's own files
+log = logging.getLogger("s2t2.deepspeed")
+
 DS_TAG = "deepspeed"
+DS_WORLD_FILE = "deepspeed_world.json"
 
 _BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
@@ -328,6 +333,50 @@ def _ds_safe_globals() -> list:
     return [ZeroStageEnum, LossScaler, DynamicLossScaler]
 
 
+def universal_checkpoint(src: Path, out: Path) -> Path:
+    """DeepSpeed's own ds_to_universal conversion of the ZeRO checkpoint folder `src` into `out` (atomically: built
+    in OUT.partial), in this process (no worker pool)."""
+    import argparse
+    import shutil
+
+    from deepspeed.checkpoint import ds_to_universal
+
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    args = argparse.Namespace(input_folder=str(src), output_folder=str(partial), num_extract_workers=1,
+                              num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=False)
+    with _weights_only_loads():
+        ds_to_universal.main(args)
+    partial.rename(out)
+    return out
+
+
+@contextlib.contextmanager
+def _weights_only_loads():
+    """DeepSpeed's universal-checkpoint code calls torch.load(weights_only=False); inside this block every torch.load
+    is weights_only with DeepSpeed's own classes allowed (as `_safe_ds_load`): no code runs from a checkpoint,
+    converted or not."""
+    original = torch.load
+    safe = _ds_safe_globals()
+
+    def load(f, map_location=None, *args, **kwargs):
+        import pickle
+
+        try:
+            with torch.serialization.safe_globals(safe):
+                return original(f, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise RuntimeError(f"DeepSpeed checkpoint file {f} holds pickled objects other than tensors, containers "
+                               "and DeepSpeed's own state; refusing to unpickle it (no code runs from a checkpoint): "
+                               f"{str(e).splitlines()[-1] if str(e) else e}") from None
+
+    torch.load = load
+    try:
+        yield
+    finally:
+        torch.load = original
+
+
 def _safe_ds_load(path: str, map_location=None):
     import pickle
 
@@ -448,11 +497,17 @@ class DeepSpeedEngine(Engine):
                                      save_latest=False)
         if ok is False:
             raise RuntimeError(f"DeepSpeed could not save a checkpoint into {directory}")
+        if self.rank == 0:  # read before loading: whether this checkpoint must go through a universal one
+            (Path(directory) / DS_WORLD_FILE).write_text(json.dumps({"world_size": self.world}))
 
     def load(self, directory: Path) -> None:
         d = Path(directory) / DS_TAG
         if not d.is_dir():
             raise FileNotFoundError(f"checkpoint {directory}: no DeepSpeed state ({d.name}/ is missing)")
+        wf = Path(directory) / DS_WORLD_FILE
+        saved = json.loads(wf.read_text())["world_size"] if wf.is_file() else self.world
+        if saved != self.world:
+            return self._load_universal(Path(directory), saved)
         # DeepSpeed's TorchCheckpointEngine loads with torch.load(weights_only=False): unpickling a checkpoint could
         # run code. Load through weights_only=True instead, allowing the two DeepSpeed classes its files hold.
         ce = self.ds.checkpoint_engine
@@ -467,6 +522,47 @@ class DeepSpeedEngine(Engine):
         w = (client or {}).get("s2t2_world_size")
         if w is not None and w != self.world:
             raise RuntimeError(f"checkpoint {directory} was written by {w} ranks, this run has {self.world}")
+
+    def _load_universal(self, directory: Path, saved_world: int) -> None:
+        """Resume a checkpoint of `saved_world` ranks: rank 0 converts it once into DeepSpeed's universal format
+        (every parameter and its Adam moments whole, in RUN/checkpoints/step_N/deepspeed_universal), which every
+        rank then loads into its own ZeRO partitions."""
+        from s2t2_dist.engines._common import raise_if_any_failed
+
+        uni = directory / (DS_TAG + "_universal")
+        err = None
+        if self.rank == 0 and not (uni / "zero").is_dir():
+            try:
+                universal_checkpoint(directory / DS_TAG, uni)
+            except BaseException as e:  # noqa: BLE001 - raised on every rank
+                err = e
+        raise_if_any_failed(err, f"converting {directory} ({saved_world} ranks) to a universal checkpoint")
+        # DeepSpeed's ZeRO-3 universal load gives every parameter group the hyperparameters of group 0 (here: weight
+        # decay to the no-decay group, too); this run's own groups are put back after it (lr comes from the schedule)
+        groups = [{k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")}
+                  for g in self.optimizer.param_groups]
+        cfg = self.ds._config
+        cfg.load_universal_checkpoint = True
+        ce = self.ds.checkpoint_engine
+        ce.load = _safe_ds_load
+        try:
+            with _weights_only_loads():
+                path, _ = self.ds.load_checkpoint(str(directory), tag=uni.name, load_module_strict=True,
+                                                  load_optimizer_states=True, load_lr_scheduler_states=True)
+        finally:
+            del ce.load
+            cfg.load_universal_checkpoint = False
+        if path is None:
+            raise RuntimeError(f"checkpoint {directory}: DeepSpeed could not load the universal checkpoint {uni}")
+        for g, own in zip(self.optimizer.param_groups, groups):
+            g.update(own)
+        # ...and hands ONE step-count tensor to every group's state: Adam increments it in place once per group, so
+        # the bias correction would run ahead (seen: losses off by 1e-4 one step after the resume). One each.
+        inner = getattr(self.optimizer, "optimizer", None)
+        for st in (inner.state.values() if inner is not None else ()):
+            if torch.is_tensor(st.get("step")):
+                st["step"] = st["step"].clone()
+        log.warning("resumed the DeepSpeed checkpoint of %d ranks on %d through %s", saved_world, self.world, uni)
 
     # ---- export
     def consolidated_state_dict(self) -> dict[str, torch.Tensor]:

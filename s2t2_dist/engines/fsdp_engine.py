@@ -181,11 +181,13 @@ class FSDP2Engine(Engine):
 
         d = Path(directory) / FSDP_DIR
         f = self._sched_file(directory)
+        if not f.is_file():  # written by fewer ranks: the schedule is the same on every rank
+            f = Path(directory) / "fsdp_sched_rank00000.pt"
         if not d.is_dir() or not f.is_file():
             raise FileNotFoundError(f"checkpoint {directory}: no FSDP2 state ({FSDP_DIR}/ or {f.name} is missing)")
         extra = torch.load(f, map_location="cpu", weights_only=True)
-        if extra["world_size"] != self.world:
-            raise RuntimeError(f"checkpoint {directory} was written by {extra['world_size']} ranks, this run has {self.world}")
+        # Another number of ranks is fine: DCP reads each saved shard into whatever parameter (and Adam moment)
+        # shards this run's mesh has (the checkpointer decides whether that is allowed: elastic)
         check_dcp_metadata(d / ".metadata")
         msd, osd = get_state_dict(self.model, self.optimizer)
         state = {"model": msd, "optim": osd}

@@ -96,27 +96,40 @@ class TorchEngine(Engine):
     def _file(self, directory: Path) -> Path:
         return Path(directory) / f"engine_rank{self.rank:05d}.pt"
 
+    def _layout(self) -> dict[str, list[int]]:
+        """name -> [dim, start, end, total] of each parameter sharded over the ranks (from the module's
+        `shard_layout()`, e.g. the translator's columns of C); empty when the module says nothing."""
+        fn = getattr(self.module, "shard_layout", None)
+        if self.params_kind != "sharded" or fn is None:
+            return {}
+        return {n: [int(x) for x in v] for n, v in fn().items()}
+
     def save(self, directory: Path) -> None:
         state = {
             "world_size": self.world,
             "params": {n: p.detach().cpu() for n, p in self.trainable},
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
+            "layout": self._layout(),
         }
         torch.save(state, self._file(directory))
 
     def load(self, directory: Path) -> None:
         f = self._file(directory)
+        if not f.is_file() and (Path(directory) / "engine_rank00000.pt").is_file():
+            f = Path(directory) / "engine_rank00000.pt"  # fewer ranks wrote it: rank 0's file says how many
         if not f.is_file():
             raise FileNotFoundError(f"checkpoint {directory}: no engine state for rank {self.rank} ({f.name})")
         try:
             state = torch.load(f, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - torch raises several types for damaged or unsafe files
             raise RuntimeError(f"checkpoint {directory}: {f.name} is unreadable ({type(e).__name__}: {e})") from e
-        if state["world_size"] != self.world:
-            raise RuntimeError(
-                f"checkpoint {directory} was written by {state['world_size']} ranks, this run has {self.world}"
-            )
+        if state["world_size"] != self.world and self.params_kind == "sharded":
+            if not self._layout() or not state.get("layout"):
+                raise RuntimeError(
+                    f"checkpoint {directory} was written by {state['world_size']} ranks, this run has {self.world}"
+                )
+            state = reshard(directory, state["world_size"], self._layout(), self.trainable)
         names = {n for n, _ in self.trainable}
         if set(state["params"]) != names:
             raise RuntimeError(
@@ -130,3 +143,61 @@ class TorchEngine(Engine):
                 p.copy_(src)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+
+
+def _read(directory: Path, rank: int) -> dict:
+    f = Path(directory) / f"engine_rank{rank:05d}.pt"
+    if not f.is_file():
+        raise FileNotFoundError(f"checkpoint {directory}: no engine state for rank {rank} ({f.name})")
+    try:
+        return torch.load(f, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001
+        raise RuntimeError(f"checkpoint {directory}: {f.name} is unreadable ({type(e).__name__}: {e})") from e
+
+
+def reshard(directory: Path, old_world: int, layout: dict[str, list[int]], trainable) -> dict:
+    """This rank's engine state under `layout`, from the files of a checkpoint written by `old_world` ranks: each
+    sharded parameter, and every optimiser tensor of its shape (Adam's moments), is reassembled from the saved
+    ranges [start, end) along its dim and cut to this rank's range, so the columns move exactly; everything else
+    (the step counts, the schedule, the parameter groups) is the same on every rank and taken from rank 0."""
+    states = [_read(directory, r) for r in range(old_world)]
+    names = [n for n, _ in trainable]
+    out = {"world_size": old_world, "params": {}, "scheduler": states[0]["scheduler"],
+           "optimizer": {"param_groups": states[0]["optimizer"]["param_groups"], "state": {}}, "layout": layout}
+    for i, n in enumerate(names):
+        spec = layout.get(n)
+        if spec is None:  # replicated: rank 0's copy
+            out["params"][n] = states[0]["params"][n]
+            if i in states[0]["optimizer"]["state"]:
+                out["optimizer"]["state"][i] = states[0]["optimizer"]["state"][i]
+            continue
+        dim, start, end, total = spec
+        pieces = []
+        for r, st in enumerate(states):
+            saved = (st.get("layout") or {}).get(n)
+            if saved is None or saved[0] != dim or saved[3] != total:
+                raise RuntimeError(f"checkpoint {directory}: rank {r} saved {n} as {saved}, this run shards it as "
+                                   f"dim {dim} of {total}")
+            pieces.append((saved[1], saved[2], r))
+        pieces.sort()
+        if [a for a, _, _ in pieces] != [0] + [b for _, b, _ in pieces[:-1]] or pieces[-1][1] != total:
+            raise RuntimeError(f"checkpoint {directory}: the saved ranges of {n} {[(a, b) for a, b, _ in pieces]} do "
+                               f"not cover [0, {total}) once")
+
+        def cut(get):
+            full = torch.cat([get(states[r]) for _, _, r in pieces], dim=dim)
+            return full.narrow(dim, start, end - start).clone()
+
+        out["params"][n] = cut(lambda st: st["params"][n])
+        local_shape = [st["params"][n].shape for st in states]
+        opt0 = states[0]["optimizer"]["state"].get(i)
+        if opt0 is None:
+            continue
+        new_state = {}
+        for k, v in opt0.items():
+            if isinstance(v, torch.Tensor) and v.dim() == len(local_shape[0]) and v.shape == local_shape[0]:
+                new_state[k] = cut(lambda st, k=k: st["optimizer"]["state"][i][k])
+            else:  # the step count: the same on every rank
+                new_state[k] = v
+        out["optimizer"]["state"][i] = new_state
+    return out

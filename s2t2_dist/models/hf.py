@@ -31,6 +31,11 @@ _DTYPES = {
 }
 
 
+class UnsupportedModel(ConfigError):
+    """A causal LM whose embedding / head S2T2 cannot translate (a head with a bias, no separate input embedding
+    and head of one shape, scaled logits): a user error, said in one line."""
+
+
 def asset_path(*parts: str) -> Path:
     """Path of a file shipped in `s2t2_dist/assets/` (raises FileNotFoundError naming it if missing)."""
     p = ASSETS.joinpath(*parts)
@@ -102,13 +107,17 @@ def get_embedding_and_head(model) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """
     emb = model.get_input_embeddings()
     head = model.get_output_embeddings()
+    name = type(model).__name__
     if emb is None or head is None:
-        raise ValueError(f"{type(model).__name__} has no input embeddings or no output head")
+        raise UnsupportedModel(f"{name} has no input embeddings or no output head")
     if getattr(head, "bias", None) is not None:
-        raise NotImplementedError(f"{type(model).__name__}'s output head has a bias; S2T2 translates weights only")
-    E, L = emb.weight, head.weight
+        raise UnsupportedModel(f"{name}'s output head has a bias; S2T2 translates the head's weights only "
+                               "(L' = W^T L) and has no translation for a per-token bias")
+    E, L = getattr(emb, "weight", None), getattr(head, "weight", None)
+    if not isinstance(E, torch.Tensor) or not isinstance(L, torch.Tensor) or E.dim() != 2:
+        raise UnsupportedModel(f"{name}'s input embedding or output head is not one [V, d] weight matrix")
     if E.shape != L.shape:
-        raise ValueError(f"embedding {tuple(E.shape)} and head {tuple(L.shape)} shapes differ")
+        raise UnsupportedModel(f"{name}: embedding {tuple(E.shape)} and head {tuple(L.shape)} shapes differ")
     tied = E is L or (E.data_ptr() == L.data_ptr() and E.stride() == L.stride())
     return E, L, tied
 
@@ -291,7 +300,10 @@ class ModelPathConfig:
     model, whose embedding and head init replaces; evaluate: the model evaluated, or the source model a P file is
     applied to). Finetuning keeps float32 master weights (train.precision selects bf16 compute): no dtype key."""
 
+    #: a Hugging Face model directory or hub id (finetune: the source model; evaluate: the model evaluated, or the
+    #: source model a P file is applied to)
     path: str = ""
+    #: let transformers run the model repository's own Python code (models not built into transformers)
     trust_remote_code: bool = False
 
     def validate(self) -> None:

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .hf import freeze
+from .hf import UnsupportedModel, freeze
 
 IGNORE_INDEX = -100
 
@@ -41,7 +41,7 @@ def backbone_of(model: nn.Module) -> nn.Module:
     """The transformer body of an HF causal LM (`OlmoModel` / `LlamaModel` ...): embeddings -> final norm."""
     body = getattr(model, "base_model", None)
     if body is None or body is model:
-        raise TypeError(f"{type(model).__name__} has no separate base model to call with inputs_embeds")
+        raise UnsupportedModel(f"{type(model).__name__} has no separate base model to call with inputs_embeds")
     return body
 
 
@@ -100,7 +100,7 @@ class TranslatedLM(nn.Module):
         cfg = getattr(model, "config", None)
         self.logit_softcap = getattr(cfg, "final_logit_softcapping", None) if cfg is not None else None
         if cfg is not None and getattr(cfg, "logit_scale", None) not in (None, 1, 1.0):
-            raise NotImplementedError(f"{type(model).__name__} scales its logits (logit_scale); not supported")
+            raise UnsupportedModel(f"{type(model).__name__} scales its logits (logit_scale); not supported")
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -134,8 +134,10 @@ class TranslatedLM(nn.Module):
         d = body.get_input_embeddings().weight.shape[1]
         if E_new.shape[1] != d:
             raise ValueError(f"E' has width {E_new.shape[1]}, the model's hidden size is {d}")
-        dtype = body.get_input_embeddings().weight.dtype
-        inputs_embeds = F.embedding(input_ids, E_new.to(dtype))
+        emb = body.get_input_embeddings()
+        # The embedding module's own forward runs with E' as its weight, so whatever it does besides the lookup
+        # (Gemma's sqrt(d) scale lives in GemmaTextScaledWordEmbedding.forward) applies to E' as it did to E.
+        inputs_embeds = torch.func.functional_call(emb, {"weight": E_new.to(emb.weight.dtype)}, (input_ids,))
         out = body(
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
@@ -220,10 +222,13 @@ def materialize(
         raise ValueError(f"E' has width {d}, the model's hidden size is {old_emb.weight.shape[1]}")
     dtype = dtype or old_emb.weight.dtype
     device = old_emb.weight.device
-    emb = nn.Embedding(u, d, device=device, dtype=dtype)
-    emb.weight.copy_(E_new.detach().to(device=device, dtype=dtype))
-    head = nn.Linear(d, u, bias=False, device=device, dtype=dtype)
-    head.weight.copy_(L_new.detach().to(device=device, dtype=dtype))
+    old_head = out.get_output_embeddings()
+    # The model's own embedding and head modules are kept and given new weights, not replaced by plain nn.Embedding /
+    # nn.Linear: their class may do more than a lookup (Gemma scales embeddings by sqrt(d) in its embedding module).
+    emb = _with_weight(old_emb, E_new.detach().to(device=device, dtype=dtype), "num_embeddings")
+    if getattr(emb, "padding_idx", None) is not None and emb.padding_idx >= u:
+        emb.padding_idx = None
+    head = _with_weight(old_head, L_new.detach().to(device=device, dtype=dtype), "out_features")
     cfg = out.config
     cfg.tie_word_embeddings = False
     text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
@@ -245,3 +250,18 @@ def materialize(
             setattr(out.generation_config, k, v)
     assert out.get_input_embeddings().weight.data_ptr() != out.get_output_embeddings().weight.data_ptr()
     return out
+
+
+def _with_weight(module: nn.Module, weight: torch.Tensor, size_attr: str) -> nn.Module:
+    """A shallow copy of `module` (same class and attributes, e.g. an embedding scale) holding `weight` [u, d] as its
+    own new parameter (never shared with the original: a tied model's embedding and head come apart)."""
+    if getattr(module, "bias", None) is not None:
+        raise NotImplementedError(f"{type(module).__name__} has a bias; S2T2 translates weights only")
+    new = copy.copy(module)
+    new._parameters = dict(module._parameters)
+    new._buffers = dict(module._buffers)
+    new._modules = dict(module._modules)
+    new.weight = nn.Parameter(weight.clone(), requires_grad=True)
+    if hasattr(new, size_attr):
+        setattr(new, size_attr, weight.shape[0])
+    return new

@@ -80,7 +80,9 @@ def translate_job(cfg: ReproduceConfig, st: Setting, name: str, kind: str, alpha
           f"translator.kind={kind}", f"translator.alpha={alpha}", f"optim.lr={lr}", f"train.steps={cfg.p_steps}",
           f"train.seed={seed}", *_train_overrides(cfg, st)]
     if st.local:
-        ov += ["data.eval=", "translator.heatmap=[64,64]"]  # evaluated by the evaluate stage
+        # evaluated by the evaluate stage; the local byte LMs' vocabulary is bytes plus their specials, so `all`
+        # (the config's single_byte would drop the BOS/EOS rows the documents start and end with)
+        ov += ["data.eval=", "translator.heatmap=[64,64]", "model.source_vocab=all"]
     return Job(name, "translate", "configs/translate_olmo1b.yaml", ov, rd, f"{rd}/result.json",
                consumes=[d], produces=[f"{rd}/P.safetensors"], script="slurm/translate_1b.sh")
 

@@ -23,7 +23,12 @@ log = logging.getLogger("s2t2")
 
 
 def parse_args(cls: type[T], argv: list[str], prog: str, extra=None) -> tuple[T, argparse.Namespace]:
-    p = argparse.ArgumentParser(prog=prog)
+    epilog = None
+    if "-h" in argv or "--help" in argv:  # every key, its type, default and description (config_docs)
+        from s2t2_dist.config_docs import format_keys
+
+        epilog = format_keys(cls, prog.split()[-1])
+    p = argparse.ArgumentParser(prog=prog, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", "-c", help="YAML run config (see configs/)")
     p.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. train.steps=100")
     if extra is not None:

@@ -13,6 +13,12 @@ both). The baselines at initialisation are `init.kind=orig_tok` (source-tokenize
 result.json and final export carry the same metrics. The model is built exactly as finetuning builds its start
 (stages/init_model.py), then held by the chosen engine (plain: a replica per rank; deepspeed / fsdp: sharded).
 
+Raw files: `s2t2 evaluate model.path=DIR data.files=[a.fasta.gz,b.jsonl]` scores the model on FASTA (plain or
+compressed), jsonl, parquet or text files directly. Every record is scored, or counted as left out with its reason
+(malformed, empty, beyond eval.max_docs; the first ones by FILE:LINE) in one summary line and in the JSON. The files
+are tokenized with the tokenizer the model speaks (its own for as_is) through the data pipeline's own steps and
+cached under data.cache_dir, keyed by the files' content hashes and the tokenizer's hash (`data.raw_eval`).
+
 BpB = sum NLL (nats) / (ln 2 * sum UTF-8 bytes) over the documents: a ratio of corpus sums, the same bytes whatever
 the tokenizer; each rank scores its share of the documents and the totals are summed exactly. The JSON result also
 holds the random-guess line ln(u) (u = the tokenizer's vocabulary) in nats per token and in BpB. Results: RUN_DIR/
@@ -43,19 +49,43 @@ class EvalDataConfig:
     eval: str = ""
     #: that tokenizer (the new BPE for translated / new_tok_truncate); empty for as_is / orig_tok: the model's own
     tokenizer: str = ""
+    #: raw files to score instead of shards (FASTA[.gz], jsonl[.gz], parquet, text), tokenized with that tokenizer
+    files: list[str] = field(default_factory=list)
+    #: format of data.files: auto (from the file name), fasta, jsonl, parquet or text
+    format: Literal["auto", "fasta", "jsonl", "parquet", "text"] = "auto"
+    #: column (jsonl, parquet) holding the text of a document
+    text_column: str = "text"
+    #: column holding a document's id (null: FILE:LINE; FASTA ids always come from the headers)
+    id_column: str | None = None
+    #: text files: one document per line, per blank-line separated paragraph, or per file
+    text_mode: Literal["line", "paragraph", "file"] = "line"
+    #: a malformed or empty record in data.files: skip it (counted, reported) or stop with FILE:LINE
+    on_bad_record: Literal["skip", "error"] = "skip"
+    #: where tokenized data.files are cached (default: $S2T2_CACHE_DIR/tokenized or ~/.cache/s2t2/tokenized)
+    cache_dir: str = ""
 
     def validate(self) -> None:
-        if not self.eval:
-            raise ConfigError("eval: the eval shard directory (written by `s2t2 prepare`) is required")
+        import glob
+        import os
+
+        if bool(self.eval) == bool(self.files):
+            both = ("data.eval (eval shards written by `s2t2 prepare`) or data.files (raw FASTA / jsonl / parquet "
+                    "/ text files)")
+            raise ConfigError(f"eval: give {both}, not both" if self.eval else f"eval: one of {both} is required")
+        for f in self.files:
+            if not (os.path.exists(f) or glob.glob(f)):
+                raise ConfigError(f"files: {f!r} does not exist")
 
 
 @dataclass
 class EvalOptions:
+    #: tokens the model sees per window (documents longer than this are scored in rolling windows)
     context_len: int = 512
     #: rolling windows per forward call
     batch_size: int = 8
     #: evaluate the first max_docs documents of the split (0: all); independent of the number of ranks
     max_docs: int = 0
+    #: auto: bf16 on GPU, fp32 on CPU; fp32; bf16
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     #: label of this evaluation in the JSON and the TensorBoard tags (default: the init kind)
     name: str = ""
@@ -67,15 +97,21 @@ class EvalOptions:
 
 @dataclass
 class EvaluateConfig:
+    #: run directory: eval.json, TensorBoard logs (tb/), the resolved config.yaml
     run_dir: str = "runs/evaluate"
     #: the JSON result; default RUN_DIR/eval.json
     output: str = ""
+    #: random seed (evaluation itself is deterministic)
     seed: int = 0
     #: the model evaluated (init.kind=as_is / orig_tok) or the source model a P file is applied to (translated)
     model: ModelPathConfig = field(default_factory=ModelPathConfig)
+    #: what it is scored on: prepared eval shards or raw files
     data: EvalDataConfig = field(default_factory=EvalDataConfig)
+    #: how the model is built from model.path (as_is: used as it is)
     init: InitConfig = field(default_factory=lambda: InitConfig(kind="as_is"))
+    #: plain (a replica per rank) | deepspeed | fsdp (sharded, for models that do not fit one device)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    #: scoring options
     eval: EvalOptions = field(default_factory=EvalOptions)
 
 
@@ -113,12 +149,12 @@ def preflight(cfg: EvaluateConfig) -> None:
     mdir = checks.model_dir(cfg.model.path)
     checks.model_tokenizer_fits(mdir)
     checks.context_fits(mdir, cfg.eval.context_len, "eval.context_len")
-    m = checks.shards(cfg.data.eval, "data.eval", "docs")
-    if cfg.data.tokenizer:
+    m = checks.shards(cfg.data.eval, "data.eval", "docs") if cfg.data.eval else None  # else raw data.files
+    if cfg.data.tokenizer and m is not None:
         checks.shards_match_tokenizer(m, "data.eval", checks.tokenizer(cfg.data.tokenizer))
     if cfg.init.kind == "translated" and not Path(cfg.init.p_file).is_file():
         raise ConfigError(f"init.p_file: P file {cfg.init.p_file} does not exist")
-    if mdir is not None:  # the tokenizer the model will speak (P file, init kind) against the shards: no weights read
+    if mdir is not None and m is not None:  # the tokenizer the model will speak against the shards: no weights read
         from s2t2_dist.stages.init_model import check_shards, resolve_plan
 
         plan, _ = resolve_plan(cfg.init, cfg.model.path, cfg.data.tokenizer,
@@ -142,7 +178,9 @@ def run(cfg: EvaluateConfig) -> dict:
     init_dir = cfg.init.dir or str(Path(cfg.run_dir) / "init")
     plan = prepare_initial_model(cfg.init, cfg.model.path, cfg.data.tokenizer, init_dir, is_main=rt.env.is_main,
                                  trust_remote_code=cfg.model.trust_remote_code)
-    docs = EvalDocs(cfg.data.eval, rank=rt.env.rank, world_size=rt.env.world_size)
+    raw = _tokenize_raw_files(cfg, plan, rt.env.is_main) if cfg.data.files else None
+    eval_dir = raw["eval_dir"] if raw else cfg.data.eval
+    docs = EvalDocs(eval_dir, rank=rt.env.rank, world_size=rt.env.world_size)
     check_shards(docs.manifest, plan, "data.eval")
     model, engine = build_eval_model(cfg, plan, rt)
     autocast = torch.bfloat16 if (cfg.engine.kind == "plain" and rt.dtype == torch.bfloat16
@@ -156,15 +194,61 @@ def run(cfg: EvaluateConfig) -> dict:
               "eval_shards": cfg.data.eval, "context_len": cfg.eval.context_len, "max_docs": cfg.eval.max_docs,
               "world_size": rt.env.world_size, "engine": cfg.engine.kind, "metrics": metrics,
               "totals": totals.to_dict()}
+    if raw:
+        from s2t2_dist.data.raw_eval import format_records, leave_out_beyond
+
+        raw["records"] = leave_out_beyond(raw["records"], cfg.eval.max_docs)
+        result.update(files=raw["files"], records=raw["records"], eval_shards=eval_dir)
     out = Path(cfg.output or Path(cfg.run_dir) / "eval.json")
     if rt.env.is_main:
         atomic_write_text(out, json.dumps(result, indent=1))
+        if raw:
+            print(f"evaluate {name}: {format_records(raw['records'])}", flush=True)
+        print(f"evaluate {name}: perplexity {metrics['perplexity']:.4f}, bpb {metrics['bpb']:.4f} over "
+              f"{int(metrics['docs']):,} docs, {int(metrics['tokens']):,} tokens -> {out}", flush=True)
         rt.logger.scalars(0, {f"eval/{name}/{k}": v for k, v in metrics.items()})
         log.info("evaluate %s: perplexity %.4f, bpb %.4f (random guess %.4f) over %d docs", name,
                  metrics["perplexity"], metrics["bpb"], metrics["random_guess_bpb"], int(metrics["docs"]))
     rt.logger.close()
     teardown()
     return result
+
+
+def _tokenize_raw_files(cfg: EvaluateConfig, plan: InitPlan, is_main: bool) -> dict:
+    """data.files as cached eval shards in the model's tokenizer: rank 0 tokenizes, the others then find the cache
+    (a barrier between). Rank 0's error (e.g. a bad record with on_bad_record=error) stays the user error it is;
+    the other ranks raise one naming rank 0."""
+    import torch.distributed as dist
+
+    from s2t2_dist.data.errors import DataError
+    from s2t2_dist.data.raw_eval import tokenize_files
+
+    d = cfg.data
+
+    def go(progress: bool) -> dict:
+        return tokenize_files(list(d.files), plan.tokenizer, cache_dir=d.cache_dir or None, format=d.format,
+                              text_column=d.text_column, id_column=d.id_column, text_mode=d.text_mode,
+                              on_bad_record=d.on_bad_record, progress=progress)
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return go(True)
+    err, out = None, None
+    if is_main:
+        try:
+            out = go(True)
+        except Exception as e:  # noqa: BLE001 - every rank learns of it below
+            err = e
+    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    failed = torch.tensor([0.0 if err is None else 1.0], device=dev)  # NCCL reduces device tensors only
+    dist.all_reduce(failed)  # also the barrier: the cache is complete when rank 0 gets here
+    if err is not None:
+        raise err
+    if failed.item():
+        import time
+
+        time.sleep(1.0)  # a launcher stops every rank when the first exits: let rank 0 print the error that matters
+        raise DataError("data.files: tokenizing the files failed on rank 0 (its error names the file)")
+    return out if is_main else go(False)
 
 
 def parse_config(argv: list[str]) -> EvaluateConfig:

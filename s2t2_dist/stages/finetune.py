@@ -65,16 +65,23 @@ def _paper_optim() -> OptimConfig:
 
 @dataclass
 class FinetuneConfig:
+    #: run directory: checkpoints, final export, result.json, TensorBoard logs (tb/)
     run_dir: str = "runs/finetune"
+    #: the source model (Hugging Face directory or hub id); float32 master weights, train.precision selects bf16 compute
     model: ModelPathConfig = field(default_factory=ModelPathConfig)
     #: shards and the tokenizer the model will speak (the new BPE; the source tokenizer for init.kind=orig_tok)
     data: DataPaths = field(default_factory=DataPaths)
     #: plain | deepspeed (ZeRO, from --ds_config) | fsdp; see engines/build.py
     engine: EngineConfig = field(default_factory=EngineConfig)
+    #: AdamW and its learning-rate schedule (defaults: the paper's stage-2 settings)
     optim: OptimConfig = field(default_factory=_paper_optim)
+    #: steps, batch layout, precision, logging, evaluation and checkpoint cadence
     train: TrainConfig = field(default_factory=TrainConfig)
+    #: the model training starts from: translated (a P file), new_tok_truncate, orig_tok
     init: InitConfig = field(default_factory=InitConfig)
+    #: held-out evaluation options
     eval: FinetuneEvalConfig = field(default_factory=FinetuneEvalConfig)
+    #: the final Hugging Face export
     export: ExportConfig = field(default_factory=ExportConfig)
 
 
@@ -161,16 +168,20 @@ def _set_special_ids(model, plan: InitPlan) -> None:
 
 
 def build(cfg: FinetuneConfig, rt: Runtime):
-    from s2t2_dist.data.loader import EvalDocs, TrainLoader
+    from s2t2_dist.data.global_loader import GlobalTrainLoader
+    from s2t2_dist.data.loader import EvalDocs
     from s2t2_dist.stages.init_model import check_shards, prepare_initial_model
 
     env = rt.env
     init_dir = cfg.init.dir or str(rt.run_dir / "init")
     plan = prepare_initial_model(cfg.init, cfg.model.path, cfg.data.tokenizer, init_dir, is_main=env.is_main,
                                  trust_remote_code=cfg.model.trust_remote_code)
-    loader = TrainLoader(cfg.data.train, batch_size=cfg.train.micro_batch_size, rank=env.rank,
-                         world_size=env.world_size, num_workers=cfg.data.num_workers, seed=cfg.train.seed,
-                         shuffle_window=cfg.data.shuffle_window)
+    # the data position is global (a sample count): a checkpoint resumes on another number of ranks
+    cfg.train.grad_accum(env.world_size)  # the layout is possible (ConfigError naming the keys otherwise)
+    loader = GlobalTrainLoader(cfg.data.train, global_batch_size=cfg.train.batch_size,
+                               micro_batch_size=cfg.train.micro_batch_size, rank=env.rank, world_size=env.world_size,
+                               num_workers=cfg.data.num_workers, seed=cfg.train.seed,
+                               shuffle_window=cfg.data.shuffle_window)
     check_shards(loader.manifest, plan, "data.train")
     if loader.manifest.get("context_len") not in (None, cfg.train.context_len):
         raise ConfigError(f"train.context_len={cfg.train.context_len} but the shards in {cfg.data.train} hold "
@@ -290,10 +301,12 @@ def run(cfg: FinetuneConfig) -> dict:
     # the checkpoint is checked against this config before the initial model is written or loaded
     plan, _ = resolve_plan(cfg.init, cfg.model.path, cfg.data.tokenizer, cfg.init.dir or str(rt.run_dir / "init"))
     fp = fingerprint(**config_part(cfg, "model", "init"), data=cfg.data.train, tokenizer=plan.tokenizer_hash,
-                     engine=cfg.engine.kind, world_size=rt.env.world_size,
-                     train=[cfg.train.batch_size, cfg.train.micro_batch_size, cfg.train.context_len, cfg.train.seed])
+                     engine=cfg.engine.kind, train=[cfg.train.batch_size, cfg.train.context_len, cfg.train.seed])
     fp["optim"] = config_part(cfg, "optim")["optim"]  # by value: a refusal names the changed setting
-    ck = Checkpointer(rt.run_dir, keep=cfg.train.keep_checkpoints, fingerprint=fp)
+    # elastic: a checkpoint resumes on another number of ranks -- FSDP2 through torch DCP (which re-splits the
+    # parameters and Adam moments over the new mesh), DeepSpeed through a universal checkpoint, the plain engine
+    # from rank 0's replica
+    ck = Checkpointer(rt.run_dir, keep=cfg.train.keep_checkpoints, fingerprint=fp, elastic=True)
     ck.check_resumable()
     record_config(rt, cfg)
     task, model, engine, loader, plan = build(cfg, rt)

@@ -32,9 +32,13 @@ class ModelConfig:
     path: str = ""
     #: auto: bfloat16 on GPU, float32 on CPU
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    #: source tokens P translates from: all (real vocabulary), single_char (the paper's "bytes"), or a file of ids
+    #: source tokens P translates from: all (every real token), single_byte (tokens of exactly one byte: the
+    #: paper's "bytes", 243 on OLMo), single_char (tokens of one character: 1,004 on OLMo, 876 multi-byte, so NOT
+    #: bytes), or a file of ids
     source_vocab: str = "all"
+    #: let transformers run the model repository's own Python code (models not built into transformers)
     trust_remote_code: bool = False
+    #: recompute each block's activations in backward (less memory, about a third more compute)
     activation_checkpointing: bool = False
     #: none: the frozen LM replicated on every rank; fsdp: its transformer blocks partitioned across ranks
     #: (FSDP2, gathered block by block in forward and backward) for models that do not fit one device
@@ -53,7 +57,9 @@ class DataPaths:
     eval: str = ""
     #: the target tokenizer directory (the new BPE)
     tokenizer: str = ""
+    #: DataLoader worker processes reading the train shards (0: in the training process)
     num_workers: int = 0
+    #: train samples shuffled together in a seeded window (larger: better mixing, more memory)
     shuffle_window: int = 4096
 
     def validate(self) -> None:
@@ -66,12 +72,24 @@ class DataPaths:
 
 @dataclass
 class TranslatorConfig:
+    #: sparse: sparse Sinkhorn P (the paper's S2T2); softmax: dense Sinkhorn baseline; unconstrained: W = C, no OT
     kind: Literal["sparse", "softmax", "unconstrained"] = "sparse"
+    #: full (row, column) Dykstra iterations: 3 = the paper's "iterating 3 times" (Algorithm 1's k = 0..n with n = 2)
     n_iter: int = 3
+    #: convex: W_E = W_L = P / nu (E', L' are convex combinations of source rows); paper: the paper's literal
+    #: W_E = P / mu, W_L = P / nu
     normalization: Literal["convex", "paper"] = "convex"
     #: weight of the entropy regulariser alpha * H(P) (larger: sparser P)
     alpha: float = 0.0
-    #: start from a P file instead of C = 1/v (e.g. the transfer experiment)
+    #: the plan C starts from. uniform: C = 1/v (the paper; P = mu nu^T). fvt: from the surface strings, each
+    #: target token's bytes written as source tokens by greedy longest match (`ot.prior`), blended with the
+    #: uniform plan, P0 = init_weight * P_fvt + (1 - init_weight) * mu nu^T; C = P0 (sparse), log P0 (softmax),
+    #: P0 / nu (unconstrained). Default fvt at 0.5: on stories260K it took S2T2 from 2.64 (uniform) to 1.56 BpB
+    #: (FVT alone 2.05) and on the demo's proteins from 4.46 to 4.38, below the unigram line (BENCHMARKS.md #16b).
+    init: Literal["uniform", "fvt"] = "fvt"
+    #: fvt only: the weight of the surface-string plan in the blend (1: FVT itself, 0: uniform)
+    init_weight: float = 0.5
+    #: start from a P file instead (e.g. the transfer experiment); overrides `init`
     init_p: str = ""
     #: rows x cols of P shown as a heatmap image in TensorBoard
     heatmap: list[int] = field(default_factory=lambda: [128, 64])
@@ -81,15 +99,23 @@ class TranslatorConfig:
             raise ConfigError(f"n_iter: must be >= 1, got {self.n_iter}")
         if self.alpha < 0:
             raise ConfigError(f"alpha: must be >= 0, got {self.alpha}")
+        if not 0.0 <= self.init_weight <= 1.0:
+            raise ConfigError(f"init_weight: must be in [0, 1], got {self.init_weight}")
 
 
 @dataclass
 class TranslateConfig:
+    #: run directory: checkpoints, P.safetensors, TensorBoard logs (tb/), the resolved config.yaml
     run_dir: str = "runs/translate"
+    #: the frozen source LM
     model: ModelConfig = field(default_factory=ModelConfig)
+    #: target-domain shards and tokenizer written by `s2t2 prepare`
     data: DataPaths = field(default_factory=DataPaths)
+    #: how P is parameterised and regularised
     translator: TranslatorConfig = field(default_factory=TranslatorConfig)
+    #: AdamW and its learning-rate schedule (stage 1 trains only P's parameters)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, weight_decay=0.0))
+    #: steps, batch layout, precision, logging, evaluation and checkpoint cadence
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
@@ -167,8 +193,9 @@ def _vocab_strings(tok, ids) -> list[str]:
 
 def build(cfg: TranslateConfig, rt: Runtime):
     from s2t2_dist.data.bpe import load_tokenizer, tokenizer_hash
-    from s2t2_dist.data.loader import EvalDocs, TrainLoader
-    from s2t2_dist.models.hf import get_embedding_and_head, load_causal_lm, source_token_ids
+    from s2t2_dist.data.global_loader import GlobalTrainLoader
+    from s2t2_dist.data.loader import EvalDocs
+    from s2t2_dist.models.hf import UnsupportedModel, get_embedding_and_head, load_causal_lm, source_token_ids
     from s2t2_dist.models.translated import TranslatedLM
     from s2t2_dist.translator import TokenTranslator
 
@@ -178,7 +205,11 @@ def build(cfg: TranslateConfig, rt: Runtime):
     from transformers import AutoTokenizer
 
     src_tok = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
-    E, L, tied = get_embedding_and_head(model)
+    try:
+        E, L, tied = get_embedding_and_head(model)
+        TranslatedLM(model, freeze_model=False)  # checks the body and the logits (no state: dropped)
+    except UnsupportedModel as e:
+        raise UnsupportedModel(f"model.path={cfg.model.path}: {e}") from None
     if cfg.model.partition == "fsdp" and env.distributed:
         # Only the blocks are sharded: the translator reads E and L whole (they are the small part of the model),
         # and the LM's own embedding/head modules are never called (TranslatedLM feeds E' and applies L').
@@ -204,6 +235,13 @@ def build(cfg: TranslateConfig, rt: Runtime):
         p = load_p(cfg.translator.init_p)
         p.check_compatible(hashes["source"], hashes["target"], where=f"{cfg.translator.init_p}: ")
         translator.init_from_dense(p.dense())
+    elif cfg.translator.init == "fvt":
+        P0, dec = surface_prior(cfg.model.path, src_tok, src_ids.tolist(), tgt, translator.mu, translator.nu,
+                                cfg.translator.init_weight, trust_remote_code=cfg.model.trust_remote_code)
+        translator.init_from_dense(P0)
+        log.info("translate: FVT start (weight %.3g): %.1f%% of target bytes covered by source tokens, %d target "
+                 "tokens without pieces, %d identical to a source token", cfg.translator.init_weight,
+                 100 * dec.coverage, dec.empty, dec.identical)
     lm = TranslatedLM(model, freeze_model=True, gradient_checkpointing=cfg.model.activation_checkpointing)
     from s2t2_dist.engines.torch_engine import TorchEngine
 
@@ -211,9 +249,15 @@ def build(cfg: TranslateConfig, rt: Runtime):
     engine = TorchEngine(translator, lr=o.lr, weight_decay=o.weight_decay, betas=o.betas, eps=o.eps,
                          total_steps=cfg.train.steps, warmup_frac=o.warmup_frac, final_frac=o.final_lr_frac,
                          grad_clip=o.grad_clip, params="sharded")
-    loader = TrainLoader(cfg.data.train, batch_size=cfg.train.micro_batch_size, rank=env.rank,
-                         world_size=env.world_size, num_workers=cfg.data.num_workers, seed=cfg.train.seed,
-                         shuffle_window=cfg.data.shuffle_window, return_index=True)
+    # The data position is global (a sample count), so that a checkpoint resumes on any number of ranks
+    cfg.train.grad_accum(env.world_size)  # the layout is possible (ConfigError naming the keys otherwise)
+    loader = GlobalTrainLoader(cfg.data.train, global_batch_size=cfg.train.batch_size,
+                               micro_batch_size=cfg.train.micro_batch_size, rank=env.rank, world_size=env.world_size,
+                               num_workers=cfg.data.num_workers, seed=cfg.train.seed,
+                               shuffle_window=cfg.data.shuffle_window, return_index=True)
+    if loader.dropped_per_epoch and env.is_main:
+        log.info("data: %d blocks of each epoch (fewer than one global batch of %d) are left out of that epoch; "
+                 "the order changes every epoch", loader.dropped_per_epoch, cfg.train.batch_size)
     if loader.manifest.get("context_len") not in (None, cfg.train.context_len):
         raise ConfigError(f"train.context_len={cfg.train.context_len} but the shards in {cfg.data.train} hold "
                           f"blocks of {loader.manifest.get('context_len')} tokens")
@@ -223,6 +267,47 @@ def build(cfg: TranslateConfig, rt: Runtime):
                          _vocab_strings(src_tok, src_ids.tolist()), eval_docs)
     task.lm_param_fraction = local / total
     return task, engine, loader, hashes
+
+
+def source_surface_bytes(src_tok, src_ids: list[int]) -> list:
+    """The bytes of each source token (None: special), a byte-fallback token (`<0x41>`) set to None where a
+    regular token stands for the same bytes: the tokenizer writes "A" as the regular token, whose embedding is the
+    trained one."""
+    import re
+
+    from s2t2_dist.models.hf import _backend, token_bytes
+
+    tok, _ = _backend(src_tok)
+    tb = token_bytes(tok)
+    fallback = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+    regular = {tb[i] for i in tb if tb[i] and not fallback.fullmatch(tok.id_to_token(i) or "")}
+    out = []
+    for i in src_ids:
+        b = tb.get(int(i))
+        out.append(None if b in regular and fallback.fullmatch(tok.id_to_token(int(i)) or "") else b)
+    return out
+
+
+def surface_prior(model_path: str, src_tok, src_ids: list[int], tgt, mu, nu, weight: float, *,
+                  trust_remote_code: bool = False):
+    """The FVT start P0 (v x u, float64) of `ot.prior` from both tokenizers' surface strings, and its
+    decomposition. Special tokens are paired by role: the target's document-start token (BOS, or EOS without one)
+    with the source's BOS, the target's EOS with the source's EOS, where the source list holds them."""
+    from s2t2_dist.models.hf import token_bytes
+    from s2t2_dist.ot.prior import blend_with_uniform, decompose, fvt_plan
+
+    src = source_surface_bytes(model_path if src_tok is None else src_tok, src_ids)
+    tgt_bytes = token_bytes(tgt.tokenizer)
+    row = {int(i): r for r, i in enumerate(src_ids)}
+    pairs = {}
+    s_bos = getattr(src_tok, "bos_token_id", None) if src_tok is not None else None
+    s_eos = getattr(src_tok, "eos_token_id", None) if src_tok is not None else None
+    for t_id, s_id in ((tgt.eos_id, s_eos if s_eos is not None else s_bos), (tgt.start_id, s_bos),
+                       (tgt.bos_id, s_bos)):
+        if t_id is not None and s_id is not None and int(s_id) in row:
+            pairs[int(t_id)] = row[int(s_id)]
+    dec = decompose([tgt_bytes.get(j) for j in range(tgt.vocab_size)], src, pairs)
+    return blend_with_uniform(fvt_plan(dec, mu.cpu(), nu.cpu()), mu.cpu(), nu.cpu(), weight), dec
 
 
 def export_p(path: Path, task: TranslateTask, hashes: dict) -> Path | None:
@@ -277,10 +362,12 @@ def run(cfg: TranslateConfig) -> dict:
     rt = setup(cfg.run_dir, cfg.train.precision, cfg, cfg.train.seed, record=False)
     # the checkpoint is checked against this config before the model is loaded (hashes as build computes them)
     hashes = {"source": tokenizer_hash(cfg.model.path), "target": load_tokenizer(cfg.data.tokenizer).hash}
+    # elastic: C's columns and their Adam moments are re-split, and the data position is global, so a checkpoint
+    # resumes on any number of ranks (the global batch and the seed must stay)
     fp = fingerprint(**config_part(cfg, "model", "translator"), data=cfg.data.train,
-                     tokenizers=hashes, world_size=rt.env.world_size, train=[cfg.train.batch_size, cfg.train.seed])
+                     tokenizers=hashes, train=[cfg.train.batch_size, cfg.train.seed])
     fp["optim"] = config_part(cfg, "optim")["optim"]  # by value: a refusal names the changed setting
-    ck = Checkpointer(rt.run_dir, keep=cfg.train.keep_checkpoints, fingerprint=fp)
+    ck = Checkpointer(rt.run_dir, keep=cfg.train.keep_checkpoints, fingerprint=fp, elastic=True)
     ck.check_resumable()
     record_config(rt, cfg)
     task, engine, loader, hashes = build(cfg, rt)

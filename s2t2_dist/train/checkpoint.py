@@ -8,7 +8,8 @@ loaded, so a crash, a lost node or a full disk mid-write leaves the previous che
 
 Resuming (`resume`) takes the newest complete checkpoint whose files are all there with their recorded sizes; one
 that is not (a file truncated or deleted after it was written) is renamed `step_N.corrupt`, said loudly, and the
-previous one is used. A checkpoint of another configuration or another number of ranks is refused, never skipped.
+previous one is used. A checkpoint of another configuration is refused, never skipped; one of another number of ranks too, unless the
+Checkpointer is `elastic` (the engine then re-splits its shards on load).
 Loading uses torch.load(weights_only=True): no code runs from a checkpoint.
 """
 
@@ -111,11 +112,20 @@ def _space_hint(directory: Path, err: BaseException | None, previous: Path | Non
 
 
 class Checkpointer:
-    def __init__(self, run_dir: str | Path, keep: int = 2, fingerprint: dict | None = None):
+    def __init__(self, run_dir: str | Path, keep: int = 2, fingerprint: dict | None = None, elastic: bool = False):
         self.root = Path(run_dir) / "checkpoints"
         self.keep = keep
         # What must match for a checkpoint to be resumable (config hash, world size, shapes); checked at load.
         self.fingerprint = fingerprint or {}
+        # elastic: a checkpoint of another number of ranks is accepted (the engine re-splits its shards and the
+        # loop state -- the same on every rank: step counts, a global data position -- is read from rank 0's file)
+        self.elastic = elastic
+
+    def _loop_file(self, directory: Path, meta: dict) -> Path:
+        rank, world = _rank_world()
+        if meta.get("world_size") != world and self.elastic:
+            return directory / "loop_rank00000.pt"
+        return directory / f"loop_rank{rank:05d}.pt"
 
     def complete_steps(self) -> list[int]:
         if not self.root.is_dir():
@@ -227,7 +237,7 @@ class Checkpointer:
         """Refuse a checkpoint of another number of ranks or another configuration (CheckpointError)."""
         _, world = _rank_world()
         meta = self._read_meta(directory) if meta is None else meta
-        if meta.get("world_size") != world:
+        if meta.get("world_size") != world and not self.elastic:
             raise CheckpointError(
                 f"checkpoint {directory} was written by {meta.get('world_size')} ranks but this run has {world}; "
                 "restart with the same number of ranks"
@@ -280,7 +290,7 @@ class Checkpointer:
         rank, _ = _rank_world()
         meta = self.check_compatible(directory)
         self.verify(directory, meta)
-        f = directory / f"loop_rank{rank:05d}.pt"
+        f = self._loop_file(directory, meta)
         if not f.is_file():
             raise CheckpointCorrupt(f"checkpoint {directory}: missing {f.name}")
         try:
@@ -301,7 +311,7 @@ class Checkpointer:
             try:
                 meta = self.check_compatible(d)
                 self.verify(d, meta)
-                lf = d / f"loop_rank{rank:05d}.pt"
+                lf = self._loop_file(d, meta)
                 if not lf.is_file():
                     raise CheckpointCorrupt(f"checkpoint {d}: missing {lf.name}")
                 state = torch.load(lf, map_location="cpu", weights_only=True)
@@ -313,6 +323,9 @@ class Checkpointer:
                 err = CheckpointCorrupt(f"checkpoint {d}: loop_rank{rank:05d}.pt is unreadable "
                                         f"({type(e).__name__}: {e})")
             if _all_ok(err is None):
+                if meta.get("world_size") != _rank_world()[1] and rank == 0:
+                    log.warning("resuming %s, written by %s ranks, on %d ranks", d, meta.get("world_size"),
+                                _rank_world()[1])
                 engine.load(d)
                 return d, state
             if err is not None:

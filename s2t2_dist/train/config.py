@@ -10,12 +10,19 @@ from s2t2_dist.config import ConfigError
 
 @dataclass
 class OptimConfig:
+    #: peak learning rate of AdamW
     lr: float = 1e-3
+    #: AdamW decoupled weight decay
     weight_decay: float = 0.0
+    #: AdamW (beta1, beta2)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    #: AdamW epsilon
     eps: float = 1e-5
+    #: fraction of train.steps of linear warm-up from 0 to lr
     warmup_frac: float = 0.2
+    #: the cosine decay after warm-up ends at this fraction of lr
     final_lr_frac: float = 0.1
+    #: clip the global gradient norm to this (0: no clipping)
     grad_clip: float = 1.0
 
     def validate(self) -> None:
@@ -33,18 +40,27 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
+    #: optimiser steps of the whole run (a resumed run continues up to it)
     steps: int = 2000
     #: global batch in sequences per optimiser step (paper: 16), split over ranks and accumulation steps
     batch_size: int = 16
     #: sequences per rank per forward pass
     micro_batch_size: int = 16
+    #: tokens per training sequence (must equal the shards' context_len)
     context_len: int = 512
+    #: seed of model initialisation and data order
     seed: int = 0
+    #: auto: bf16 compute on GPU, fp32 on CPU; fp32; bf16
     precision: Literal["auto", "fp32", "bf16"] = "auto"
+    #: steps between loss / throughput logs (TensorBoard, progress bar)
     log_every: int = 10
+    #: steps between held-out evaluations on data.eval (0: none during training)
     eval_every: int = 0
+    #: held-out documents scored per evaluation (0: all)
     eval_max_docs: int = 0
+    #: steps between checkpoints (0: only the final one)
     ckpt_every: int = 100
+    #: the newest checkpoints kept on disk; older ones are deleted
     keep_checkpoints: int = 2
     #: a step whose loss or gradients are not finite is skipped; after this many the run stops
     max_bad_steps: int = 10

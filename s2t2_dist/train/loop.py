@@ -123,13 +123,16 @@ def train(
         step, bad_steps = int(state["step"]), int(state["bad_steps"])
         result.final_loss = state.get("last_loss")
         loader.load_state_dict(state["loader"])
-        torch.set_rng_state(state["rng"])
+        if state.get("world_size", world) == world:
+            torch.set_rng_state(state["rng"])
+        else:  # an elastic restart: per-rank random streams cannot be carried to another number of ranks
+            torch.manual_seed(cfg.seed + rank + 1_000_003 * step)
         result.last_checkpoint = latest
     faults.record("start", step=step, checkpoint=str(latest) if latest is not None else None)
 
     def save(at_step: int) -> None:
         state = {"step": at_step, "bad_steps": bad_steps, "loader": loader.state_dict(), "rng": torch.get_rng_state(),
-                 "last_loss": result.final_loss}
+                 "last_loss": result.final_loss, "world_size": world}
         result.last_checkpoint = checkpointer.save(at_step, engine, state)
 
     stop = _StopFlag()

@@ -1,9 +1,11 @@
 """Stage 1 with non-finite losses and gradients on some ranks (2 ranks, torchrun): a bad step is skipped on every
 rank (C and the Adam moments unchanged), counted, and the run stops with a clear message once more than
 train.max_bad_steps steps were bad; C is never poisoned. Then its checkpoints are offered to runs with another
-number of ranks or another configuration: refused, with the reason."""
+number of ranks (resumed: C is re-split) or another configuration (refused, with the reason)."""
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 import torch
@@ -58,21 +60,25 @@ def _in_process(monkeypatch, *args):
     return run(load_config(TranslateConfig, None, list(args)))
 
 
-def test_checkpoint_of_two_ranks_refused_by_one(nan_run, tiny_data, stories, monkeypatch):
+def test_checkpoint_of_two_ranks_resumed_by_one(nan_run, tiny_data, stories, monkeypatch, caplog):
+    """Elastic: C's columns and Adam moments of the 2 ranks are reassembled for 1 (tests/test_translate_elastic.py
+    checks the arithmetic against an uninterrupted run)."""
     run_dir, _ = nan_run
-    with pytest.raises(CheckpointError, match=r"step_00000005 was written by 2 ranks but this run has 1; restart "
-                                              r"with the same number of ranks"):
-        _in_process(monkeypatch, *translate_args(tiny_data, stories, run_dir, "train.steps=8"))
-    ledger("bad input: a checkpoint of 2 ranks resumed by 1 (refused)")
+    with caplog.at_level("WARNING", logger="s2t2.checkpoint"):
+        summary = _in_process(monkeypatch, *translate_args(tiny_data, stories, run_dir, "train.steps=8"))
+    assert summary["finished"] and summary["step"] == 8
+    assert "step_00000005, written by 2 ranks, on 1 ranks" in caplog.text
+    ledger("elastic: a checkpoint of 2 ranks resumed by 1 (C and its Adam moments re-split)")
 
 
-def test_checkpoint_of_one_rank_refused_by_two_and_other_config_refused(stage1_p, tiny_data, stories, monkeypatch,
+def test_checkpoint_of_one_rank_resumed_by_two_and_other_config_refused(stage1_p, tiny_data, stories, monkeypatch,
                                                                          tmp_path):
-    run_dir = stage1_p.parent  # a finished 1-rank stage-1 run with checkpoints at steps 2 and 4
-    job = Job("translate.py", translate_args(tiny_data, stories, run_dir, "train.steps=6"), log=tmp_path / "j.log")
-    out = job.expect(rc_ok=False)
-    assert "step_00000004 was written by 1 ranks but this run has 2; restart with the same number of ranks" in out
-    ledger("bad input: a checkpoint of 1 rank resumed by 2 (refused)")
+    run_dir = tmp_path / "run"  # a copy of a finished 1-rank stage-1 run's checkpoints (steps 2 and 4)
+    shutil.copytree(stage1_p.parent / "checkpoints", run_dir / "checkpoints")
     with pytest.raises(CheckpointError, match=r"belongs to another configuration \(translator: checkpoint="):
         _in_process(monkeypatch, *translate_args(tiny_data, stories, run_dir, "train.steps=6", "translator.n_iter=2"))
     ledger("bad input: a checkpoint of another configuration (refused)")
+    job = Job("translate.py", translate_args(tiny_data, stories, run_dir, "train.steps=6"), log=tmp_path / "j.log")
+    out = job.expect(rc_ok=True)
+    assert "step_00000004, written by 1 ranks, on 2 ranks" in out
+    ledger("elastic: a checkpoint of 1 rank resumed by 2 (C and its Adam moments re-split)")

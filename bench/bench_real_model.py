@@ -1,0 +1,366 @@
+"""Real-model benchmark of the translators (issue #16): stories260K on English text of its own kind.
+
+    python bench/bench_real_model.py            # every row: hours on a busy 2-core CPU; results in OUT/table.md
+    python bench/bench_real_model.py --out /tmp/rm --steps 300 --ft-steps 100 --only s2t2_fvt
+
+The source LM is the shipped stories260K (llama2.c, trained on TinyStories; d = 64, its own sentencepiece
+vocabulary of 512). The English text is sampled from stories260K itself (temperature 1, seed 0): TinyStories-like
+stories, the model's own domain, shipped nowhere else. `s2t2 prepare` splits it, trains a NEW 512-token byte-level
+BPE on it and writes shards with both tokenizers. Every row is a real stage run (`translate`, `finetune`,
+`evaluate`, in this process) from configs written to OUT/configs:
+
+  original tokenizer   the source model and its own tokenizer (the ceiling), `evaluate init.kind=orig_tok`
+  S2T2 / softmax / unconstrained   `translate` with translator.kind sparse / softmax / unconstrained
+  FVT                  the surface-string start of `translator.init=fvt` with weight 1, not trained (its P file,
+                       `evaluate init.kind=translated`)
+  truncation           the new tokenizer with E, L cut to its first u rows (`init.kind=new_tok_truncate`)
+  random guess         log2(u) per token, in bits per byte
+each P only (frozen LM) and after `--ft-steps` of finetuning the whole model (`finetune`). Two regimes:
+  v > d   source_vocab all: v = 512 source tokens against d = 64 (an unconstrained W spans the embedding space)
+  v < d   the paper's regime (bytes against d = 2,048): the 48 single-character source tokens of lowest id
+          (space, lower-case letters, common punctuation and capitals), v = 48 < d = 64.
+"shared -> self": of the target tokens whose string is also one source token, the fraction whose largest weight
+(W = P / nu) is that source token. Reruns reuse finished runs (same arguments), so subsets of rows can run in
+parallel (`--only ROWS --tag T`, same --out) and a final plain invocation collects them.
+  protein the demo's stage 1: stories260K on the shipped protein sample (context 128), against its unigram line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+#: translator rows: name -> (kind, init, init_weight, lr). The lrs are the best measured ones (BENCHMARKS.md #16b).
+TRANSLATORS = {
+    "s2t2_uniform": ("sparse", "uniform", 0.0, 2e-5),
+    "s2t2_fvt": ("sparse", "fvt", 0.5, 2e-5),
+    "softmax": ("softmax", "uniform", 0.0, 1.0),
+    "softmax_fvt": ("softmax", "fvt", 0.5, 1.0),
+    "unconstrained": ("unconstrained", "uniform", 0.0, 1e-3),
+    "unconstrained_fvt": ("unconstrained", "fvt", 0.5, 1e-3),
+}
+LABELS = {
+    "orig_tok": "original tokenizer (ceiling)", "s2t2_uniform": "S2T2, uniform start (paper)",
+    "s2t2_fvt": "S2T2, FVT start", "softmax": "softmax Sinkhorn, uniform start",
+    "softmax_fvt": "softmax Sinkhorn, FVT start", "unconstrained": "unconstrained, uniform start",
+    "unconstrained_fvt": "unconstrained, FVT start", "fvt": "FVT (no training)", "truncate": "truncation",
+    "random": "random guess", "unigram": "unigram (train-split token frequencies)",
+}
+N_CHARS = 48
+
+
+def say(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# inputs
+
+
+def corpus(out: Path, model: Path, n_docs: int, max_tokens: int = 256, seed: int = 0) -> Path:
+    """n_docs stories sampled from the source model (cut at its next BOS/EOS), one JSON line each."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = out / f"stories_{n_docs}_{max_tokens}_s{seed}.jsonl"
+    if path.is_file():
+        return path
+    torch.set_num_threads(1)  # a 260K-parameter model: threads only contend
+    tok = AutoTokenizer.from_pretrained(str(model))
+    lm = AutoModelForCausalLM.from_pretrained(str(model)).eval()
+    torch.manual_seed(seed)
+    stop = {tok.bos_token_id, tok.eos_token_id}
+    lines, batch = [], 64
+    while len(lines) < n_docs:
+        ids = torch.full((batch, 1), tok.bos_token_id)
+        with torch.no_grad():
+            gen = lm.generate(ids, do_sample=True, temperature=1.0, top_k=0, max_new_tokens=max_tokens,
+                              eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+        for row in gen[:, 1:].tolist():
+            cut = next((k for k, t in enumerate(row) if t in stop), len(row))
+            text = tok.decode(row[:cut], skip_special_tokens=True).strip()
+            if len(text) > 50:
+                lines.append(json.dumps({"id": f"s{len(lines)}", "text": text}))
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".partial")
+    tmp.write_text("\n".join(lines[:n_docs]) + "\n")
+    tmp.rename(path)
+    return path
+
+
+def prepare_data(out: Path, text: Path, model: Path, context_len: int) -> dict:
+    from s2t2_dist.data.config import DataConfig
+    from s2t2_dist.data.pipeline import prepare
+
+    cfg = DataConfig(inputs=[str(text)], format="jsonl", text_column="text", id_column="id", domain="text",
+                     eval_fraction=0.1, seed=0, vocab_size=512, source_tokenizer=str(model),
+                     context_len=context_len, shard_size=256, num_workers=0, output_dir=str(out))
+    return prepare(cfg, progress=False)
+
+
+def char_vocab_file(out: Path, model: Path, n: int = N_CHARS) -> Path:
+    """The n single-character source tokens of lowest id (llama2.c's sentencepiece orders them by frequency),
+    byte-fallback tokens left out: the v < d source vocabulary."""
+    from s2t2_dist.models.hf import source_token_ids, token_bytes
+
+    tb = token_bytes(str(model))
+    ids = [i for i in source_token_ids(str(model), "single_char").tolist()
+           if not (tb[i] is not None and len(tb[i]) == 1 and i < 259)][:n]  # 3..258 are <0xNN> byte fallbacks
+    path = out / f"source_chars{n}.txt"
+    path.write_text("".join(f"{i}\n" for i in ids))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# runs
+
+
+class Bench:
+    def __init__(self, args):
+        from s2t2_dist.recipes.orchestrate import Runner
+
+        self.args = args
+        self.out = Path(args.out).resolve()
+        self.runs, self.cfgs = self.out / "runs", self.out / "configs"
+        self.runner = Runner(ranks=1, log_dir=self.out / "logs", echo=False)
+        self.results: dict = {}
+        self.tag = f"_{args.tag}" if args.tag else ""
+
+    def train_block(self, steps: int, regime: str = "") -> dict:
+        a = self.args
+        ctx = 128 if regime == "protein" else a.context_len  # the demo's blocks
+        return {"steps": steps, "batch_size": 8, "micro_batch_size": 8, "context_len": ctx,
+                "log_every": max(1, steps // 10), "ckpt_every": 0, "eval_every": 0, "eval_max_docs": 0, "seed": 0}
+
+    def data(self, source: bool = False, regime: str = "") -> dict:
+        d = self.out / ("protein_data" if regime == "protein" else "data")
+        split = "source" if source else "new"
+        return {"train": str(d / f"shards/{split}/train"), "eval": str(d / f"shards/{split}/eval"),
+                "tokenizer": str(self.model if source else d / "tokenizer"), "num_workers": 0}
+
+    def translate(self, name: str, regime: str, kind: str, init: str, weight: float, lr: float) -> dict:
+        from s2t2_dist.recipes.demo import write_config
+        from s2t2_dist.stages.translate import TranslateConfig
+
+        run_dir = self.runs / regime / name
+        cfg = write_config(self.cfgs / regime / f"{name}.yaml", {
+            "run_dir": str(run_dir), "model": {"path": str(self.model), "source_vocab": self.vocab[regime]},
+            "data": self.data(regime=regime), "translator": {"kind": kind, "n_iter": 3, "init": init, "init_weight": weight},
+            "optim": {"lr": lr, "weight_decay": 0.0}, "train": self.train_block(self.args.steps, regime)},
+            TranslateConfig)
+        t0 = time.time()
+        r = self.runner.run("translate", ["--config", str(cfg)], run_dir, f"{regime}-{name}")
+        self.random_bpb = r.result["eval"].get("random_guess_bpb")
+        return {"p_file": r.result["p_file"], "bpb": r.result["eval"]["bpb"], "seconds": round(time.time() - t0, 1),
+                "final_loss": r.result.get("final_loss")}
+
+    def evaluate(self, name: str, regime: str, init: dict, source: bool = False) -> float:
+        from s2t2_dist.recipes.demo import write_config
+        from s2t2_dist.stages.evaluate import EvaluateConfig
+
+        run_dir = self.runs / regime / f"eval_{name}"
+        d = self.data(source, regime)
+        cfg = write_config(self.cfgs / regime / f"eval_{name}.yaml", {
+            "run_dir": str(run_dir), "model": {"path": str(self.model)},
+            "data": {"eval": d["eval"], "tokenizer": "" if source else d["tokenizer"]},
+            "init": {**init, "dir": str(run_dir / "init")} if init["kind"] != "orig_tok" else init,
+            "engine": {"kind": "plain"},
+            "eval": {"context_len": 128 if regime == "protein" else self.args.context_len, "batch_size": 16, "max_docs": 0, "name": name}},
+            EvaluateConfig)
+        r = self.runner.run("evaluate", ["--config", str(cfg)], run_dir, f"{regime}-eval_{name}")
+        self.random_bpb = r.result["metrics"].get("random_guess_bpb") if not source else getattr(self, "random_bpb", None)
+        return r.result["metrics"]["bpb"]
+
+    def finetune(self, name: str, regime: str, init: dict, source: bool = False) -> float:
+        from s2t2_dist.recipes.demo import write_config
+        from s2t2_dist.stages.finetune import FinetuneConfig
+
+        run_dir = self.runs / regime / f"ft_{name}"
+        cfg = write_config(self.cfgs / regime / f"ft_{name}.yaml", {
+            "run_dir": str(run_dir), "model": {"path": str(self.model)}, "data": self.data(source, regime),
+            "init": {**init, "dir": str(run_dir / "init")} if init["kind"] != "orig_tok" else init,
+            "engine": {"kind": "plain"}, "optim": {"lr": self.args.ft_lr, "weight_decay": 0.01},
+            "train": self.train_block(self.args.ft_steps, regime), "export": {"dir": "", "dtype": "float32"}},
+            FinetuneConfig)
+        r = self.runner.run("finetune", ["--config", str(cfg)], run_dir, f"{regime}-ft_{name}")
+        return r.result["eval"]["bpb"]
+
+    def fvt_p_file(self, regime: str) -> str:
+        """The FVT plan itself (init_weight 1, no training) as a P file."""
+        import torch
+        from transformers import AutoTokenizer
+
+        from s2t2_dist.data.bpe import load_tokenizer, tokenizer_hash
+        from s2t2_dist.models.hf import source_token_ids
+        from s2t2_dist.pfile import SparseP, save_p
+        from s2t2_dist.stages.translate import surface_prior
+
+        path = self.runs / regime / "fvt" / "P.safetensors"
+        if path.is_file():
+            return str(path)
+        src_tok = AutoTokenizer.from_pretrained(str(self.model))
+        src_ids = source_token_ids(src_tok, self.vocab[regime])
+        tgt = load_tokenizer(self.data(regime=regime)["tokenizer"])
+        v, u = src_ids.numel(), tgt.vocab_size
+        mu, nu = torch.full((v,), 1.0 / v, dtype=torch.float64), torch.full((u,), 1.0 / u, dtype=torch.float64)
+        P, dec = surface_prior(str(self.model), src_tok, src_ids.tolist(), tgt, mu, nu, 1.0)
+        self.results.setdefault(regime, {})["fvt_decomposition"] = {
+            "coverage": dec.coverage, "empty": dec.empty, "identical": dec.identical}
+        idx = (P != 0).nonzero().t().contiguous()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_p(path, SparseP(idx, P[idx[0], idx[1]].float(), mu.float(), nu.float(), src_ids,
+                             tokenizer_hash(str(self.model)), tgt.hash, kind="sparse", normalization="convex"))
+        return str(path)
+
+    def shared_to_self(self, p_file: str, regime: str) -> tuple[int, int]:
+        """(target tokens whose string is one source token, how many of them have that token as top source)."""
+        from s2t2_dist.data.bpe import load_tokenizer
+        from s2t2_dist.models.hf import token_bytes
+        from s2t2_dist.pfile import load_p
+        from s2t2_dist.stages.translate import source_surface_bytes
+
+        p = load_p(p_file)
+        src = source_surface_bytes(str(self.model), p.source_ids.tolist())
+        tgt = token_bytes(load_tokenizer(self.data(regime=regime)["tokenizer"]).tokenizer)
+        row_of = {}
+        for r, b in enumerate(src):
+            if b:
+                row_of.setdefault(b, r)
+        top = p.dense().argmax(0).tolist()  # W = P / nu: the same argmax per column
+        shared = [(j, row_of[b]) for j, b in tgt.items() if b and b in row_of]
+        return len(shared), sum(top[j] == r for j, r in shared)
+
+    # -----------------------------------------------------------------------------------------------------------
+    def run(self) -> dict:
+        from s2t2_dist.recipes.orchestrate import quiet_process_env, stories260k
+
+        a = self.args
+        quiet_process_env()
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.model = stories260k(self.out / "source_lm")
+        text = corpus(self.out / "corpus", self.model, a.docs)
+        summary = prepare_data(self.out / "data", text, self.model, a.context_len)
+        self.vocab = {"v>d": "all", "v<d": str(char_vocab_file(self.out, self.model)), "protein": "all"}
+        say(f"source {self.model}; corpus {text} ({a.docs} stories); data {self.out / 'data'}")
+        res = self.results
+        res["setup"] = {"steps": a.steps, "ft_steps": a.ft_steps, "batch": [8, a.context_len], "ft_lr": a.ft_lr,
+                        "docs": a.docs, "split": summary.get("split")}
+        only = set(a.only.split(",")) if a.only else None
+        want = lambda n: only is None or n in only  # noqa: E731
+        for regime in a.regimes.split(","):
+            r = res.setdefault(regime, {})
+            self.random_bpb = None
+            rows = r.setdefault("rows", {})
+
+            def put(name, **kw):
+                rows.setdefault(name, {}).update(kw)
+                say(f"  [{regime}] {name}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                                                         for k, v in rows[name].items()))
+                from s2t2_dist.utils.io import atomic_write_json
+
+                atomic_write_json(self.out / f"results{self.tag}.json", res)
+
+            if regime == "protein":
+                from s2t2_dist.recipes.orchestrate import prepare_protein
+
+                prepare_protein(self.out / "protein_data", vocab_size=512, context_len=128, progress=False)
+            if want("orig_tok") and regime == "v>d":
+                put("orig_tok", p_only=self.evaluate("orig_tok", regime, {"kind": "orig_tok"}, source=True))
+                if a.ft_steps:
+                    put("orig_tok", finetuned=self.finetune("orig_tok", regime, {"kind": "orig_tok"}, source=True))
+            if want("truncate") and regime == "v>d":
+                put("truncate", p_only=self.evaluate("truncate", regime, {"kind": "new_tok_truncate"}))
+                if a.ft_steps:
+                    put("truncate", finetuned=self.finetune("truncate", regime, {"kind": "new_tok_truncate"}))
+            if want("fvt"):
+                pf = self.fvt_p_file(regime)
+                n, s = self.shared_to_self(pf, regime)
+                put("fvt", p_only=self.evaluate("fvt", regime, {"kind": "translated", "p_file": pf}),
+                    shared=n, self_=s)
+                if a.ft_steps:
+                    put("fvt", finetuned=self.finetune("fvt", regime, {"kind": "translated", "p_file": pf}))
+            for name, (kind, init, w, lr) in self.variants().items():
+                if not want(name) and not (only and any(name.startswith(o + "@") for o in only)):
+                    continue
+                t = self.translate(name, regime, kind, init, w, lr)
+                n, s = self.shared_to_self(t["p_file"], regime)
+                put(name, p_only=t["bpb"], lr=lr, init_weight=w, shared=n, self_=s, seconds=t["seconds"])
+                if a.ft_steps and "@" not in name:
+                    put(name, finetuned=self.finetune(name, regime, {"kind": "translated", "p_file": t["p_file"]}))
+            if regime == "protein" and want("unigram"):
+                from s2t2_dist.recipes.orchestrate import unigram_reference
+
+                d = self.data(regime=regime)
+                put("unigram", p_only=unigram_reference(d["train"], d["eval"])["bpb"])
+            if getattr(self, "random_bpb", None):
+                put("random", p_only=self.random_bpb, finetuned=self.random_bpb)
+        (self.out / f"table{self.tag}.md").write_text(table(res))
+        say("\n" + table(res))
+        return res
+
+    def variants(self) -> dict:
+        """The table's translators, plus a sweep `--sweep name:lr1,lr2:w1,w2` of one of them (rows name@lr@w)."""
+        v = dict(TRANSLATORS)
+        for spec in self.args.sweep:
+            name, lrs, ws = (spec.split(":") + ["", ""])[:3]
+            kind, init, w0, lr0 = TRANSLATORS[name]
+            for lr in [float(x) for x in lrs.split(",") if x] or [lr0]:
+                for w in [float(x) for x in ws.split(",") if x] or [w0]:
+                    v[f"{name}@{lr:g}@{w:g}"] = (kind, init, w, lr)
+        return v
+
+
+def table(res: dict) -> str:
+    s = res["setup"]
+    lines = [f"stories260K, new 512-token byte-level BPE, {s['steps']} P steps / {s['ft_steps']} finetuning steps "
+             f"(lr {s['ft_lr']:g}), batch {s['batch'][0]} x {s['batch'][1]}; held-out bits per byte (lower is "
+             "better)", ""]
+    for regime in ("v>d", "v<d", "protein"):
+        r = res.get(regime)
+        if not r:
+            continue
+        dec = r.get("fvt_decomposition") or {}
+        lines += [f"### {regime}" + (f" (FVT covers {100 * dec['coverage']:.1f}% of target bytes; "
+                                      f"{dec['identical']} target tokens are one source token)" if dec else ""), "",
+                  "| method | P lr | init weight | P only | + finetune | shared -> self |", "|---|---:|---:|---:|---:|---:|"]
+        for name, row in r["rows"].items():
+            label = LABELS.get(name.split("@")[0], name) + (f" ({name.split('@', 1)[1]})" if "@" in name else "")
+            f = lambda x, fmt=".3f": "" if x is None else format(x, fmt)  # noqa: E731
+            sh = f"{row['self_']}/{row['shared']}" if "shared" in row else ""
+            lines.append(f"| {label} | {f(row.get('lr'), 'g')} | {f(row.get('init_weight'), 'g')} | "
+                         f"{f(row.get('p_only'))} | {f(row.get('finetuned'))} | {sh} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="runs/bench_real_model")
+    ap.add_argument("--steps", type=int, default=300, help="stage-1 (P) steps")
+    ap.add_argument("--ft-steps", type=int, default=100, help="finetuning steps (0: P only)")
+    ap.add_argument("--ft-lr", type=float, default=1e-3)
+    ap.add_argument("--context-len", type=int, default=256)
+    ap.add_argument("--docs", type=int, default=640, help="stories sampled from stories260K")
+    ap.add_argument("--regimes", default="v>d,v<d,protein")
+    ap.add_argument("--only", default="", help="comma-separated row names (default: all)")
+    ap.add_argument("--sweep", action="append", default=[],
+                    help="extra rows NAME:LR1,LR2:W1,W2 (e.g. s2t2_fvt:2e-6,2e-5:0.1,0.5), P only")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (default 1: a 260K-parameter model gains nothing from more on a busy CPU)")
+    ap.add_argument("--tag", default="", help="name results_TAG.json / table_TAG.md (parallel invocations)")
+    args = ap.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    Bench(args).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

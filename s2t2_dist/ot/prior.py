@@ -1,0 +1,109 @@
+"""Starting plans for C from the surface strings of the tokens (pure math on bytes; no I/O, no torch.distributed).
+
+FVT ("fast vocabulary transfer", the zero-shot baseline of ZeTT / tokenkit): each target token's bytes are written
+as source tokens by greedy longest match, and its embedding is the mean of theirs. As a plan: column j of
+``P_fvt`` puts ``nu_j * count_i / n_pieces`` on each source row i of its decomposition, so ``W = P / nu`` (the
+"convex" weights) is exactly the FVT average. A target token whose bytes no source token covers (or a special
+token without a counterpart) gets the uniform column ``nu_j * mu``.
+
+The start of training is ``P0 = lam * P_fvt + (1 - lam) * mu nu^T``: lam = 1 is FVT itself, lam = 0 the paper's
+uniform start. Columns of P0 sum exactly to nu; rows do not sum to mu (the sparse Sinkhorn projects them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["Decomposition", "decompose", "fvt_plan", "blend_with_uniform"]
+
+
+@dataclass
+class Decomposition:
+    #: per target token: the source ROWS (indices into the source list) of its pieces, in order
+    pieces: List[List[int]]
+    #: bytes of all (non-special) target tokens, and how many of them some source piece covers
+    total_bytes: int
+    covered_bytes: int
+    #: target tokens with no piece at all (uniform column)
+    empty: int
+    #: target tokens that are one source token exactly (the same string in both vocabularies)
+    identical: int
+
+    @property
+    def coverage(self) -> float:
+        return self.covered_bytes / self.total_bytes if self.total_bytes else 0.0
+
+
+def decompose(target: Sequence[Optional[bytes]], source: Sequence[Optional[bytes]],
+              special_pairs: Optional[Dict[int, int]] = None) -> Decomposition:
+    """Greedy longest-match decomposition of every target token's bytes into source tokens.
+
+    ``target[j]`` / ``source[i]``: the bytes each token stands for (None: a special token). ``special_pairs``:
+    target id -> source row for tokens matched by role (BOS to BOS...), used whatever their bytes. A byte that no
+    source token starts with is skipped (counted as uncovered)."""
+    special_pairs = dict(special_pairs or {})
+    index: Dict[bytes, int] = {}
+    for i, b in enumerate(source):
+        if b:  # the first (lowest-row) source token of a string wins, as a tokenizer's own id would
+            index.setdefault(bytes(b), i)
+    max_len = max((len(b) for b in index), default=0)
+    pieces: List[List[int]] = []
+    total = covered = empty = identical = 0
+    for j, t in enumerate(target):
+        if j in special_pairs:
+            pieces.append([int(special_pairs[j])])
+            continue
+        if not t:
+            pieces.append([])
+            empty += 1
+            continue
+        t = bytes(t)
+        total += len(t)
+        out: List[int] = []
+        k = 0
+        while k < len(t):
+            for n in range(min(max_len, len(t) - k), 0, -1):
+                i = index.get(t[k: k + n])
+                if i is not None:
+                    out.append(i)
+                    covered += n
+                    k += n
+                    break
+            else:
+                k += 1  # no source token starts with this byte
+        if not out:
+            empty += 1
+        elif len(out) == 1 and source[out[0]] == t:
+            identical += 1
+        pieces.append(out)
+    return Decomposition(pieces, total, covered, empty, identical)
+
+
+def fvt_plan(dec: Decomposition, mu: Tensor, nu: Tensor) -> Tensor:
+    """The FVT plan (v x u, float64) of a decomposition: column j is ``nu_j`` spread evenly over its pieces (a
+    piece used twice counts twice), or ``nu_j * mu`` when it has none."""
+    mu, nu = mu.double().reshape(-1), nu.double().reshape(-1)
+    v, u = mu.numel(), nu.numel()
+    if len(dec.pieces) != u:
+        raise ValueError(f"decomposition of {len(dec.pieces)} target tokens for u={u}")
+    P = torch.zeros(v, u, dtype=torch.float64)
+    for j, rows in enumerate(dec.pieces):
+        if not rows:
+            P[:, j] = mu * nu[j]
+            continue
+        r = torch.tensor(rows, dtype=torch.long)
+        if int(r.max()) >= v or int(r.min()) < 0:
+            raise ValueError(f"target {j}: source row out of range 0..{v - 1}")
+        P[:, j].index_add_(0, r, torch.full((r.numel(),), float(nu[j]) / r.numel(), dtype=torch.float64))
+    return P
+
+
+def blend_with_uniform(P: Tensor, mu: Tensor, nu: Tensor, lam: float) -> Tensor:
+    """``lam * P + (1 - lam) * mu nu^T`` (float64): a start between the prior (lam = 1) and the uniform plan."""
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"blend weight must be in [0, 1], got {lam}")
+    U = mu.double().reshape(-1, 1) * nu.double().reshape(1, -1)
+    return lam * P.double() + (1.0 - lam) * U
