@@ -185,6 +185,16 @@ def validate_tree(obj: Any, prefix: str = "") -> None:
             raise ConfigError(f"{prefix}.{e}" if prefix else str(e)) from None
 
 
+def _drop_slurm_section(cls, data: dict) -> None:
+    """A stage YAML may carry the `slurm:` section that `s2t2 submit` reads and checks (docs/slurm.md); the stage
+    itself does not use it and drops it knowingly (the product does not import the cluster package)."""
+    if "slurm" not in data or "slurm" in {f.name for f in dataclasses.fields(cls)}:
+        return
+    section = data.pop("slurm")
+    if section is not None and not isinstance(section, dict):
+        raise ConfigError(f"slurm: expected a mapping of SLURM resources (docs/slurm.md), got {section!r}")
+
+
 def read_yaml(path: str | Path) -> dict:
     """The one YAML reader of configs (stage configs, SLURM sections): a mapping, or a ConfigError naming the file."""
     path = Path(path)
@@ -221,6 +231,7 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     apply_overrides(data, overrides or [])
     where = f"{path}: " if path is not None else ""
     try:
+        _drop_slurm_section(cls, data)
         return config_from_dict(cls, data, validate=validate)
     except ConfigError as e:
         raise ConfigError(f"{where}{e}") from None

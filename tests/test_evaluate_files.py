@@ -224,7 +224,7 @@ def test_two_ranks_a_bad_record_is_one_line_from_rank_0(world, tmp_path):
     with pytest.raises(AssertionError) as e:
         run_cmd([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0",
                  "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:0", "-m", "s2t2_dist.cli", "evaluate",
-                 f"model.path={model}", f"data.files=[{bad}]", "data.on_bad_record=error",
+                 f"model.path={model}", f"data.files=[{bad}]", "data.on_bad_record=error", "eval.context_len=128",
                  f"data.cache_dir={tmp_path / 'cache'}", f"run_dir={tmp_path / 'run'}"])
     err = str(e.value)
     assert f"[rank 0] s2t2 evaluate: error: DataFormatError: {bad}:2:" in err

@@ -263,7 +263,7 @@ def resolve_slurm_config(stage_argv: list[str], slurm_config: str | None, flags:
                          ) -> tuple[SlurmConfig, list[str]]:
     """SlurmConfig from (lowest first) defaults, the stage YAML's `slurm:` section, --slurm-config, slurm.* overrides,
     flags; returns it and the stage's argv without the slurm.* overrides."""
-    from s2t2_dist.config import apply_overrides, config_from_dict, read_yaml
+    from s2t2_dist.config import _build, apply_overrides, read_yaml, validate_tree
 
     data: dict = {}
     path = _stage_config_path(stage_argv)
@@ -290,10 +290,8 @@ def resolve_slurm_config(stage_argv: list[str], slurm_config: str | None, flags:
     for key, value in flags.items():
         if value is not None:
             data[key] = value
-    try:
-        cfg = config_from_dict(SlurmConfig, data)
-    except ConfigError as e:
-        raise ConfigError(f"slurm.{e}") from None
+    cfg = _build(SlurmConfig, data, "slurm")  # errors name the key as slurm.KEY
+    validate_tree(cfg, "slurm")
     return cfg, rest
 
 
@@ -323,10 +321,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cluster", default=None, help="submitit cluster: slurm (default when sbatch exists), local, debug")
     args, stage_argv = p.parse_known_args(argv)
     flags = {n: getattr(args, n) for n in names if hasattr(args, n)}
-    try:
-        cfg, stage_argv = resolve_slurm_config(stage_argv, args.slurm_config, flags)
-    except ConfigError as e:
-        p.error(str(e))
+    from s2t2_dist.stages.common import run_main
+
+    return run_main("s2t2 submit", lambda: _submit(args, stage_argv, flags))
+
+
+def check_stage_config(stage: str, argv: list[str]) -> None:
+    """Parse the stage's own config here, before queueing, so that a mistake is one line now and not a job that
+    waits in the queue and then fails at start (ConfigError)."""
+    parse = getattr(importlib.import_module(STAGES[stage]), "parse_config", None)
+    if parse is not None:
+        parse(list(argv))
+
+
+def _submit(args, stage_argv: list[str], flags: dict) -> int:
+    cfg, stage_argv = resolve_slurm_config(stage_argv, args.slurm_config, flags)
+    check_stage_config(args.stage, stage_argv)
     if args.device == "cpu":
         cfg.env["S2T2_DEVICE"] = "cpu"
     job = submit_stage(args.stage, stage_argv, cfg, cluster=args.cluster)

@@ -21,7 +21,7 @@ from typing import Iterable, Iterator
 
 from s2t2_dist.utils.io import atomic_dir, atomic_write_json
 
-from .errors import DataError
+from .errors import DataError, ManifestError
 
 BOS, EOS, PAD, UNK = "<s>", "</s>", "<pad>", "<unk>"
 SPECIAL_TOKENS = [BOS, EOS, PAD, UNK]
@@ -257,6 +257,11 @@ def train_tokenizer(*, split_dir: str | os.PathLike, output_dir: str | os.PathLi
         done = json.loads(info_file.read_text())
         if done.get("params") == params:
             return done
+        # Never replace a tokenizer made with other settings: shards, summaries and runs may depend on it.
+        theirs = done.get("params") or {}
+        changed = ", ".join(f"{k} {theirs.get(k)!r} -> {v!r}" for k, v in params.items() if theirs.get(k) != v)
+        raise ManifestError(f"{out}: this directory holds a tokenizer made with other settings ({changed}); "
+                            "choose another output_dir or delete it")
     count = [0, 0]
 
     def texts():

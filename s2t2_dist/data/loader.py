@@ -356,7 +356,8 @@ class TrainLoader:
             source = iter(torch.utils.data.DataLoader(
                 _WorkerDataset(self._stream, epoch, k0), batch_size=None, collate_fn=_identity,
                 num_workers=self.num_workers, prefetch_factor=self.prefetch_factor,
-                multiprocessing_context=self.mp_context, persistent_workers=False))
+                multiprocessing_context=self.mp_context, persistent_workers=False,
+                worker_init_fn=_ignore_sigint))
         pending: dict[int, dict] = {}
         try:
             for b in source:
@@ -375,6 +376,14 @@ class TrainLoader:
             raise DataError(f"loader produced {self.batch} of {plan.n_batches} batches of epoch {epoch} "
                             f"(unmatched: {sorted(pending)}); this is a bug")
         self.epoch, self.batch = epoch + 1, 0
+
+
+def _ignore_sigint(_worker_id: int) -> None:
+    """Ctrl-C reaches every process of the terminal's group: the workers keep serving while the training loop
+    writes its checkpoint at the next step boundary (the main process stops them)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class EvalDocs:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from s2t2_dist.utils.io import atomic_write_json
 
+from . import sanity
 from .bpe import adopt_tokenizer, train_tokenizer
 from .config import DataConfig
 from .records import RecordPolicy
@@ -83,6 +84,7 @@ def prepare(cfg: DataConfig, *, progress: bool = True, steps: tuple[str, ...] = 
     summary: dict = {"output_dir": str(out), "paths": {k: str(v) for k, v in paths.items() if k != "splits"},
                      "steps": {}}
     timing = summary["steps"]
+    warnings: list[str] = summary.setdefault("warnings", [])  # data that is well-formed but almost surely wrong
     split_dir, tok_dir = paths["splits"], paths["tokenizer"]
     if "split" in steps:
         with _Step(timing, "split", split_dir / "split.json"):
@@ -92,6 +94,9 @@ def prepare(cfg: DataConfig, *, progress: bool = True, steps: tuple[str, ...] = 
                               eval_fraction=cfg.eval_fraction, split_by=cfg.split_by, seed=cfg.seed,
                               chunk_records=cfg.chunk_records, progress=progress)
         summary["split"] = m["summary"]
+        found = sanity.split_warnings(m["summary"], cfg) + sanity.content_warnings(split_dir, cfg)
+        sanity.emit(found)  # now: a later step may fail because of what they say
+        warnings += found
     if "tokenizer" in steps:
         compare = {"source": cfg.source_tokenizer} if cfg.source_tokenizer else None
         with _Step(timing, "tokenizer", tok_dir / "tokenizer.json"):
@@ -107,6 +112,9 @@ def prepare(cfg: DataConfig, *, progress: bool = True, steps: tuple[str, ...] = 
                                 "vocab_size": rep.get("vocab_size"), "trained_on": rep.get("trained_on"),
                                 "adopted_from": rep.get("adopted_from"),
                                 "compression": rep.get("compression")}
+        found = sanity.tokenizer_warnings(rep, cfg)
+        sanity.emit(found)
+        warnings += found
     if "shards" in steps:
         summary["shards"] = {}
         for key, shard_dir in paths.items():
@@ -182,6 +190,8 @@ def format_summary(summary: dict) -> str:
             if s.get("n_tokens"):
                 what += f", {s['text_bytes'] / s['n_tokens']:.3f} bytes/token"
         lines.append(f"    {key:<13} {s['shards']:>4} shard{'s' if s['shards'] != 1 else ''}, {mb:,.1f} MB: {what}")
+    for w in summary.get("warnings") or []:
+        lines.append(f"  WARNING: {w}")
     paths = summary.get("paths") or {}
     if paths.get("new/train"):
         lines.append(f"  train on: train {paths['new/train']}, eval {paths['new/eval']}, "

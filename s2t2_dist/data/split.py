@@ -117,6 +117,8 @@ def split_dataset(
         (out / s).mkdir(parents=True, exist_ok=True)
     journal = out / "_journal.jsonl"
     entries = read_json_lines(journal)
+    if len(entries) == 1 and entries[0].get("params_hash") != phash:
+        entries = []  # a split that failed before committing anything (e.g. bad input, since fixed): start afresh
     if entries and entries[0].get("params_hash") != phash:
         raise ManifestError(
             f"{journal}: a half-finished split with different parameters or inputs is in {out}; "

@@ -473,8 +473,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args, cfg = parse(argv)
     except ConfigError as e:
-        print(f"s2t2 reproduce: {e}", file=sys.stderr)
-        return 2
+        from s2t2_dist.stages.common import report_user_error
+
+        return report_user_error("s2t2 reproduce", e)
     if args.scale == "paper":
         runs = args.collect or PAPER_OUT
         jobs = build_plan(cfg, paper_setting(runs))

@@ -58,7 +58,9 @@ def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16
 
 
-def setup(run_dir: str, precision: str, cfg, seed: int) -> Runtime:
+def setup(run_dir: str, precision: str, cfg, seed: int, *, record: bool = True) -> Runtime:
+    """record=False: the caller writes RUN_DIR/config.yaml itself (`record_config`) once it knows the run will use
+    this config (a resumed run checks its checkpoint first)."""
     logging.basicConfig(level=os.environ.get("S2T2_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s: %(message)s")
     env = init_distributed()
     device = device_for(env)
@@ -68,9 +70,16 @@ def setup(run_dir: str, precision: str, cfg, seed: int) -> Runtime:
     rd = Path(run_dir)
     if env.is_main:
         rd.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, rd / "config.yaml")
+        if record:
+            save_config(cfg, rd / "config.yaml")
     logger = MetricsLogger(rd / "tb", rank=env.rank, node_rank=env.node_rank, local_rank=env.local_rank)
     return Runtime(env, device, resolve_dtype(precision, device), rd, logger)
+
+
+def record_config(rt: Runtime, cfg) -> None:
+    """Write RUN_DIR/config.yaml: the config this run really uses (called after the resume checks passed)."""
+    if rt.env.is_main:
+        save_config(cfg, rt.run_dir / "config.yaml")
 
 
 def fingerprint(**parts) -> dict:
@@ -100,20 +109,37 @@ USER_ERRORS = ("ConfigError", "DataError", "PFileError", "InitError", "Checkpoin
                "FaultSpecError")
 
 
+def is_user_error(e: BaseException) -> bool:
+    return bool({c.__name__ for c in type(e).__mro__} & set(USER_ERRORS))
+
+
+def report_user_error(prog: str, e: BaseException) -> int:
+    """Print a user error as one line `[rank R] prog: error: Type: message` on stderr; returns the exit code 2."""
+    import sys
+
+    world = os.environ.get("WORLD_SIZE", "1")
+    where = f"[rank {os.environ.get('RANK', '?')}] " if world not in ("", "1") else ""
+    msg = " ".join(str(e).split("\n"))  # one line, whatever the message holds
+    print(f"{where}{prog}: error: {type(e).__name__}: {msg}", file=sys.stderr, flush=True)
+    return 2
+
+
 def run_main(prog: str, fn: Callable[[], Any]) -> int:
-    """Run a stage's entry point. A user error (USER_ERRORS, by class name, so that the check imports nothing) is
-    printed as one line `[rank R] prog: error: Type: message` on stderr and gives exit code 2; anything else (a bug)
-    keeps its traceback. S2T2_TRACEBACK=1 shows the traceback of every error."""
+    """Run an entry point (every stage, evaluate and submit included). A user error (USER_ERRORS, by class name, so
+    that the check imports nothing) is printed as one line (`report_user_error`) and gives exit code 2; anything
+    else (a bug) keeps its traceback. S2T2_TRACEBACK=1 shows the traceback of every error. The exit code is fn's
+    when it returns an int, else 0."""
     try:
-        fn()
-    except Exception as e:  # noqa: BLE001 - re-raised unless it is a user error
-        names = {c.__name__ for c in type(e).__mro__}
-        if os.environ.get("S2T2_TRACEBACK") or not names & set(USER_ERRORS):
+        rc = fn()
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop (which checkpoints on the first one), or twice
+        if os.environ.get("S2T2_TRACEBACK"):
             raise
         import sys
 
-        world = os.environ.get("WORLD_SIZE", "1")
-        where = f"[rank {os.environ.get('RANK', '?')}] " if world not in ("", "1") else ""
-        print(f"{where}{prog}: error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        return 2
-    return 0
+        print(f"{prog}: interrupted (Ctrl-C); a run resumes from its last checkpoint", file=sys.stderr, flush=True)
+        return 130
+    except Exception as e:  # noqa: BLE001 - re-raised unless it is a user error
+        if os.environ.get("S2T2_TRACEBACK") or not is_user_error(e):
+            raise
+        return report_user_error(prog, e)
+    return rc if isinstance(rc, int) and not isinstance(rc, bool) else 0

@@ -140,6 +140,28 @@ def build_eval_model(cfg: EvaluateConfig, plan: InitPlan, rt):
     return model, engine
 
 
+def preflight(cfg: EvaluateConfig) -> None:
+    """Before any weight is read: the model directory, its tokenizer against its embedding rows, its positions
+    against eval.context_len, the eval shards (not empty; against data.tokenizer when it is given)."""
+    from s2t2_dist.stages import checks
+
+    checks.run_dir(cfg.run_dir)
+    mdir = checks.model_dir(cfg.model.path)
+    checks.model_tokenizer_fits(mdir)
+    checks.context_fits(mdir, cfg.eval.context_len, "eval.context_len")
+    m = checks.shards(cfg.data.eval, "data.eval", "docs") if cfg.data.eval else None  # else raw data.files
+    if cfg.data.tokenizer and m is not None:
+        checks.shards_match_tokenizer(m, "data.eval", checks.tokenizer(cfg.data.tokenizer))
+    if cfg.init.kind == "translated" and not Path(cfg.init.p_file).is_file():
+        raise ConfigError(f"init.p_file: P file {cfg.init.p_file} does not exist")
+    if mdir is not None and m is not None:  # the tokenizer the model will speak against the shards: no weights read
+        from s2t2_dist.stages.init_model import check_shards, resolve_plan
+
+        plan, _ = resolve_plan(cfg.init, cfg.model.path, cfg.data.tokenizer,
+                               cfg.init.dir or str(Path(cfg.run_dir) / "init"))
+        check_shards(m, plan, "data.eval")
+
+
 def run(cfg: EvaluateConfig) -> dict:
     from s2t2_dist.data.loader import EvalDocs
     from s2t2_dist.eval.scoring import evaluate_documents, hf_logits_fn
@@ -147,6 +169,7 @@ def run(cfg: EvaluateConfig) -> dict:
     from s2t2_dist.stages.init_model import check_shards, prepare_initial_model
     from s2t2_dist.utils.io import atomic_write_text
 
+    preflight(cfg)
     if cfg.engine.kind == "deepspeed":
         from s2t2_dist.engines.deepspeed_engine import init_deepspeed_distributed
 
@@ -229,8 +252,14 @@ def _tokenize_raw_files(cfg: EvaluateConfig, plan: InitPlan, is_main: bool) -> d
     return out if is_main else go(False)
 
 
-def main(argv: list[str]) -> int:
-    from s2t2_dist.stages.common import run_main
+def parse_config(argv: list[str]) -> EvaluateConfig:
+    """The run config from the command line (`s2t2 submit` checks it with this before queueing)."""
     from s2t2_dist.stages.finetune import parse_command_line
 
-    return run_main("s2t2 evaluate", lambda: run(parse_command_line(argv, EvaluateConfig, "s2t2 evaluate")))
+    return parse_command_line(argv, EvaluateConfig, "s2t2 evaluate")
+
+
+def main(argv: list[str]) -> int:
+    from s2t2_dist.stages.common import run_main
+
+    return run_main("s2t2 evaluate", lambda: run(parse_config(argv)))

@@ -256,30 +256,70 @@ def probe_logits(task: FinetuneTask, n_tokens: int = 32, seed: int = 1234) -> di
 # entry points
 
 
+def preflight(cfg: FinetuneConfig) -> None:
+    """What can be checked from files before any weight is read (see translate.preflight); the shards against the
+    tokenizer the model will speak are checked by `build` (check_shards), before the model is loaded."""
+    from s2t2_dist.stages import checks
+
+    checks.run_dir(cfg.run_dir)
+    checks.training_layout(cfg.train, cfg.data.eval)
+    mdir = checks.model_dir(cfg.model.path)
+    checks.model_tokenizer_fits(mdir)
+    checks.context_fits(mdir, cfg.train.context_len, "train.context_len")
+    train_m = checks.shards(cfg.data.train, "data.train", "packed")
+    checks.context_matches_shards(train_m, cfg.train.context_len, "data.train")
+    if cfg.data.tokenizer:
+        checks.shards_match_tokenizer(train_m, "data.train", checks.tokenizer(cfg.data.tokenizer))
+    if cfg.data.eval:
+        eval_m = checks.shards(cfg.data.eval, "data.eval", "docs")
+        if cfg.data.tokenizer:
+            checks.shards_match_tokenizer(eval_m, "data.eval", checks.tokenizer(cfg.data.tokenizer))
+        checks.same_shards(train_m, eval_m)
+    if cfg.init.kind == "translated" and not Path(cfg.init.p_file).is_file():
+        raise ConfigError(f"init.p_file: P file {cfg.init.p_file} does not exist")
+    if mdir is not None:  # the tokenizer the model will speak (P file, init kind) against the shards: no weights read
+        from s2t2_dist.stages.init_model import check_shards, resolve_plan
+
+        plan, _ = resolve_plan(cfg.init, cfg.model.path, cfg.data.tokenizer,
+                               cfg.init.dir or str(Path(cfg.run_dir) / "init"))
+        check_shards(train_m, plan, "data.train")
+        if cfg.data.eval:
+            check_shards(eval_m, plan, "data.eval")
+
+
 def run(cfg: FinetuneConfig) -> dict:
+    from s2t2_dist.stages.common import record_config
     from s2t2_dist.train.checkpoint import Checkpointer
     from s2t2_dist.train.loop import train
 
+    preflight(cfg)
     if cfg.engine.kind == "deepspeed":
         from s2t2_dist.engines.deepspeed_engine import init_deepspeed_distributed
 
         init_deepspeed_distributed()
+    from s2t2_dist.stages.init_model import resolve_plan
+
     if cfg.engine.kind == "fsdp":
         from s2t2_dist.dist.env import init_distributed
 
         init_distributed(single_rank_group=True)  # FSDP2 on one GPU / one process needs a (1-rank) group
-    rt = setup(cfg.run_dir, cfg.train.precision, cfg, cfg.train.seed)
-    task, model, engine, loader, plan = build(cfg, rt)
+    rt = setup(cfg.run_dir, cfg.train.precision, cfg, cfg.train.seed, record=False)
+    # the checkpoint is checked against this config before the initial model is written or loaded
+    plan, _ = resolve_plan(cfg.init, cfg.model.path, cfg.data.tokenizer, cfg.init.dir or str(rt.run_dir / "init"))
     fp = fingerprint(**config_part(cfg, "model", "init"), data=cfg.data.train, tokenizer=plan.tokenizer_hash,
                      engine=cfg.engine.kind, train=[cfg.train.batch_size, cfg.train.context_len, cfg.train.seed])
+    fp["optim"] = config_part(cfg, "optim")["optim"]  # by value: a refusal names the changed setting
     # elastic: a checkpoint resumes on another number of ranks -- FSDP2 through torch DCP (which re-splits the
     # parameters and Adam moments over the new mesh), DeepSpeed through a universal checkpoint, the plain engine
     # from rank 0's replica
     ck = Checkpointer(rt.run_dir, keep=cfg.train.keep_checkpoints, fingerprint=fp, elastic=True)
+    ck.check_resumable()
+    record_config(rt, cfg)
+    task, model, engine, loader, plan = build(cfg, rt)
     result = train(cfg.train, task, engine, loader, ck, rt.logger, on_step=task.on_step)
     summary: dict = {"step": result.step, "finished": result.finished, "preempted": result.preempted,
                      "bad_steps": result.bad_steps, "losses": result.losses,
-                     "final_loss": result.losses[-1][1] if result.losses else None,
+                     "final_loss": result.final_loss,
                      "init": plan.to_dict(), "world_size": rt.env.world_size, "engine": cfg.engine.kind,
                      "last_checkpoint": str(result.last_checkpoint) if result.last_checkpoint else None}
     if result.finished:
@@ -339,3 +379,8 @@ def main(argv: list[str]) -> int:
     from s2t2_dist.stages.common import run_main
 
     return run_main("s2t2 finetune", lambda: run(parse_command_line(argv)))
+
+
+def parse_config(argv: list[str]) -> FinetuneConfig:
+    """The run config from the command line (`s2t2 submit` checks it with this before queueing)."""
+    return parse_command_line(argv)

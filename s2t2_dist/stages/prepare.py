@@ -17,9 +17,8 @@ import logging
 import os
 import sys
 
-from s2t2_dist.config import ConfigError, save_config
+from s2t2_dist.config import save_config
 from s2t2_dist.data.config import DataConfig
-from s2t2_dist.data.errors import DataError
 from s2t2_dist.dist.env import detect
 from s2t2_dist.stages.common import parse_args
 
@@ -39,17 +38,24 @@ def run(cfg: DataConfig, *, progress: bool = True) -> dict:
     return summary
 
 
+def parse_config(argv: list[str]) -> DataConfig:
+    """The config from the command line (`s2t2 submit` checks it with this before queueing)."""
+    return parse_args(DataConfig, argv, "s2t2 prepare", extra=_flags)[0]
+
+
 def main(argv: list[str] | None = None) -> int:
+    from s2t2_dist.stages.common import run_main
+
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=os.environ.get("S2T2_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s: %(message)s")
-    try:
+
+    def work() -> int:
         cfg, args = parse_args(DataConfig, argv, "s2t2 prepare", extra=_flags)
         env = detect()
         if not env.is_main:
             log.info("rank %d: data preparation runs on rank 0 only; nothing to do here", env.rank)
             return 0
         run(cfg, progress=not args.no_progress)
-    except (ConfigError, DataError) as e:
-        print(f"s2t2 prepare: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return run_main("s2t2 prepare", work)

@@ -18,7 +18,8 @@ from typing import Literal
 import torch
 
 from s2t2_dist.config import ConfigError
-from s2t2_dist.stages.common import Runtime, config_part, fingerprint, parse_args, setup, teardown
+from s2t2_dist.stages.common import (Runtime, config_part, fingerprint, parse_args, record_config, setup,
+                                     teardown)
 from s2t2_dist.train.config import OptimConfig, TrainConfig
 
 log = logging.getLogger("s2t2.translate")
@@ -397,20 +398,58 @@ def export_p(path: Path, task: TranslateTask, hashes: dict) -> Path | None:
     return save_p(path, p)
 
 
+def preflight(cfg: TranslateConfig) -> None:
+    """Everything checkable from files before any weight is read: the model directory, its tokenizer against its
+    embedding rows and its positions against train.context_len, the shards against data.tokenizer and the
+    context length, the eval split (not empty)."""
+    from s2t2_dist.stages import checks
+
+    checks.run_dir(cfg.run_dir)
+    checks.training_layout(cfg.train, cfg.data.eval)
+    mdir = checks.model_dir(cfg.model.path)
+    checks.model_tokenizer_fits(mdir)
+    checks.context_fits(mdir, cfg.train.context_len, "train.context_len")
+    tok = checks.tokenizer(cfg.data.tokenizer)
+    train_m = checks.shards(cfg.data.train, "data.train", "packed")
+    checks.shards_match_tokenizer(train_m, "data.train", tok)
+    checks.context_matches_shards(train_m, cfg.train.context_len, "data.train")
+    if cfg.data.eval:
+        eval_m = checks.shards(cfg.data.eval, "data.eval", "docs")
+        checks.shards_match_tokenizer(eval_m, "data.eval", tok)
+        checks.same_shards(train_m, eval_m)
+    if cfg.translator.init_p:
+        if not Path(cfg.translator.init_p).is_file():
+            raise ConfigError(f"translator.init_p: P file {cfg.translator.init_p} does not exist")
+        from s2t2_dist.pfile import load_p
+
+        if mdir is not None and (mdir / "tokenizer.json").is_file():
+            from s2t2_dist.data.bpe import tokenizer_hash
+
+            load_p(cfg.translator.init_p).check_compatible(tokenizer_hash(str(mdir)), tok.hash,
+                                                           where=f"translator.init_p {cfg.translator.init_p}: ")
+
+
 def run(cfg: TranslateConfig) -> dict:
+    from s2t2_dist.data.bpe import load_tokenizer, tokenizer_hash
     from s2t2_dist.train.checkpoint import Checkpointer
     from s2t2_dist.train.loop import train
 
-    rt = setup(cfg.run_dir, cfg.train.precision, cfg, cfg.train.seed)
-    task, engine, loader, hashes = build(cfg, rt)
+    preflight(cfg)
+    rt = setup(cfg.run_dir, cfg.train.precision, cfg, cfg.train.seed, record=False)
+    # the checkpoint is checked against this config before the model is loaded (hashes as build computes them)
+    hashes = {"source": tokenizer_hash(cfg.model.path), "target": load_tokenizer(cfg.data.tokenizer).hash}
     # elastic: C's columns and their Adam moments are re-split, and the data position is global, so a checkpoint
     # resumes on any number of ranks (the global batch and the seed must stay)
     fp = fingerprint(**config_part(cfg, "model", "translator"), data=cfg.data.train,
                      tokenizers=hashes, train=[cfg.train.batch_size, cfg.train.seed])
+    fp["optim"] = config_part(cfg, "optim")["optim"]  # by value: a refusal names the changed setting
     ck = Checkpointer(rt.run_dir, keep=cfg.train.keep_checkpoints, fingerprint=fp, elastic=True)
+    ck.check_resumable()
+    record_config(rt, cfg)
+    task, engine, loader, hashes = build(cfg, rt)
     result = train(cfg.train, task, engine, loader, ck, rt.logger, on_step=lambda s, _: task.translator.end_step())
     summary = {"step": result.step, "finished": result.finished, "preempted": result.preempted,
-               "bad_steps": result.bad_steps, "final_loss": result.losses[-1][1] if result.losses else None,
+               "bad_steps": result.bad_steps, "final_loss": result.final_loss,
                "lm_param_fraction_per_rank": task.lm_param_fraction,
                "gradient_on_C": task.gradient_summary(result.step)}
     if result.finished:
@@ -433,4 +472,9 @@ def run(cfg: TranslateConfig) -> dict:
 def main(argv: list[str]) -> int:
     from s2t2_dist.stages.common import run_main
 
-    return run_main("s2t2 translate", lambda: run(parse_args(TranslateConfig, argv, "s2t2 translate")[0]))
+    return run_main("s2t2 translate", lambda: run(parse_config(argv)))
+
+
+def parse_config(argv: list[str]) -> TranslateConfig:
+    """The run config from the command line (`s2t2 submit` checks it with this before queueing)."""
+    return parse_args(TranslateConfig, argv, "s2t2 translate")[0]

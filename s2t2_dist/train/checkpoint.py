@@ -228,11 +228,33 @@ class Checkpointer:
                 "restart with the same number of ranks"
             )
         theirs = meta.get("fingerprint", {})
-        diff = {k: (theirs.get(k), v) for k, v in self.fingerprint.items() if theirs.get(k) != v}
+        unknown = [k for k in self.fingerprint if k not in theirs]
+        if unknown:  # written before these were recorded: cannot be checked
+            log.warning("checkpoint %s does not record %s; resuming without checking them", directory, unknown)
+        diff = {k: (theirs.get(k), v) for k, v in self.fingerprint.items() if k in theirs and theirs.get(k) != v}
         if diff:
-            lines = ", ".join(f"{k}: checkpoint={a!r} run={b!r}" for k, (a, b) in diff.items())
-            raise CheckpointError(f"checkpoint {directory} belongs to another configuration ({lines})")
+            parts = []
+            for k, (a, b) in diff.items():
+                if isinstance(a, dict) and isinstance(b, dict):  # recorded as values: name each changed key
+                    parts += [f"{k}.{n}: checkpoint={a.get(n)!r} run={b.get(n)!r}" for n in sorted(set(a) | set(b))
+                              if a.get(n) != b.get(n)]
+                else:
+                    parts.append(f"{k}: checkpoint={a!r} run={b!r}")
+            raise CheckpointError(f"checkpoint {directory} belongs to another configuration ({', '.join(parts)}); "
+                                  "resume with the settings it was written with, or start a new run_dir")
         return meta
+
+    def check_resumable(self) -> Path | None:
+        """Before any work: the checkpoint `resume` would load must belong to this configuration (CheckpointError
+        otherwise). Returns it, or None when there is none. Damaged ones are left for `resume` to set aside."""
+        for step in reversed(self.complete_steps()):
+            d = self.root / f"step_{step:08d}"
+            try:
+                self.check_compatible(d)
+            except CheckpointCorrupt:
+                continue
+            return d
+        return None
 
     def verify(self, directory: Path, meta: dict | None = None) -> dict:
         """Every file meta.json lists is there with its recorded size (CheckpointCorrupt names the first that is

@@ -54,12 +54,15 @@ class LoopResult:
     losses: list[tuple[int, float]] = field(default_factory=list)
     bad_steps: int = 0
     last_checkpoint: Path | None = None
+    #: loss of the last step taken, by this invocation or (resumed) by the run before it
+    final_loss: float | None = None
 
 
 class _StopFlag:
-    """Remembers SIGTERM/SIGUSR1 so the loop can checkpoint at the next step boundary instead of dying mid-step."""
+    """Remembers SIGTERM/SIGUSR1/SIGINT so the loop can checkpoint at the next step boundary instead of dying
+    mid-step. A second Ctrl-C (SIGINT) while that checkpoint is pending interrupts at once, as Python would."""
 
-    def __init__(self, signals=(signal.SIGTERM, signal.SIGUSR1)):
+    def __init__(self, signals=(signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)):
         self.requested: int | None = None
         self._old = {}
         for s in signals:
@@ -69,6 +72,13 @@ class _StopFlag:
                 pass
 
     def _handler(self, signum, frame):
+        if signum == signal.SIGINT and self.requested == signal.SIGINT:
+            raise KeyboardInterrupt
+        if signum == signal.SIGINT:
+            import sys
+
+            print("\ninterrupted: writing a checkpoint at the end of this step (Ctrl-C again to stop at once)",
+                  file=sys.stderr, flush=True)
         self.requested = signum
 
     def restore(self):
@@ -103,6 +113,7 @@ def train(
     if resumed is not None:
         latest, state = resumed
         step, bad_steps = int(state["step"]), int(state["bad_steps"])
+        result.final_loss = state.get("last_loss")
         loader.load_state_dict(state["loader"])
         if state.get("world_size", world) == world:
             torch.set_rng_state(state["rng"])
@@ -115,7 +126,8 @@ def train(
 
     def save(at_step: int) -> None:
         state = {"step": at_step, "bad_steps": bad_steps, "loader": loader.state_dict(), "rng": torch.get_rng_state(),
-                 "world_size": world, "cuda_rng": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
+                 "last_loss": result.final_loss, "world_size": world,
+                 "cuda_rng": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
         result.last_checkpoint = checkpointer.save(at_step, engine, state)
 
     stop = _StopFlag()
@@ -162,6 +174,7 @@ def train(
                         f"{cfg.max_bad_steps}); last at step {step}. The parameters were not updated by them."
                     )
             result.losses.append((step, mean_loss))
+            result.final_loss = mean_loss
             faults.record_step(step, mean_loss, applied)
             faults.point("loop.step_end", step)
             if on_step is not None:

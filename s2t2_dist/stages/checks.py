@@ -1,0 +1,174 @@
+"""Pre-flight checks every stage runs before its first unit of work: cheap (files and JSON only, no weights), on
+every rank, and each failure is a ConfigError naming the config key and the file, said in one line (run_main).
+
+What is almost certainly a mistake but can be meant (a tiny eval split, train and eval shards that are the same
+files) is a warning in the log instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from pathlib import Path
+
+from s2t2_dist.config import ConfigError
+
+log = logging.getLogger("s2t2.checks")
+
+#: an eval split of fewer documents than this gives a BpB too noisy to compare runs by
+MIN_EVAL_DOCS = 8
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def _looks_like_hub_id(path: str) -> bool:
+    return bool(_HUB_ID.match(path)) and not path.startswith((".", "/", "~"))
+
+
+def model_dir(path: str, key: str = "model.path") -> Path | None:
+    """A local model directory must exist and hold config.json; a hub id (`org/name` that is no local path) is
+    left to transformers. Returns the local directory, or None for a hub id."""
+    p = Path(os.path.expanduser(str(path)))
+    if p.exists():
+        if not p.is_dir():
+            raise ConfigError(f"{key}: {path} is a file; give a Hugging Face model directory (holding config.json)")
+        if not (p / "config.json").is_file():
+            raise ConfigError(f"{key}: {path} holds no config.json; it is not a Hugging Face model directory "
+                              "(give the directory save_pretrained wrote, e.g. RUN_DIR/final)")
+        return p
+    if _looks_like_hub_id(str(path)):
+        return None
+    raise ConfigError(f"{key}: model directory {path} does not exist")
+
+
+def _model_config(directory: Path) -> dict:
+    try:
+        cfg = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{directory / 'config.json'}: unreadable ({e})") from None
+    return cfg.get("text_config", cfg) if isinstance(cfg.get("text_config"), dict) else cfg
+
+
+def embedding_rows(directory: Path) -> int | None:
+    return _model_config(directory).get("vocab_size")
+
+
+def max_positions(directory: Path) -> int | None:
+    cfg = _model_config(directory)
+    for k in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        if isinstance(cfg.get(k), int):
+            return cfg[k]
+    return None
+
+
+def model_tokenizer_fits(directory: Path | None, key: str = "model.path") -> None:
+    """The tokenizer stored with a model must not have ids beyond the model's embedding rows (it would read rows
+    that belong to no token, or fail inside the model); fewer tokens than rows is normal (padded embeddings)."""
+    if directory is None or not (directory / "tokenizer.json").is_file():
+        return
+    from tokenizers import Tokenizer
+
+    rows = embedding_rows(directory)
+    try:  # only the ids matter here (special-token conventions are the stages' business)
+        ids = Tokenizer.from_file(str(directory / "tokenizer.json")).get_vocab(with_added_tokens=True).values()
+    except Exception as e:  # noqa: BLE001 - the tokenizers library raises its own exception type
+        raise ConfigError(f"{key}: the tokenizer stored with {directory} cannot be loaded: {e}") from None
+    n = max(ids) + 1 if ids else 0
+    if rows is not None and n > rows:
+        raise ConfigError(f"{key}: the tokenizer stored with {directory} has {n} tokens but the model "
+                          f"has only {rows} embedding rows (config.json vocab_size); the tokenizer belongs to "
+                          "another model")
+
+
+def context_fits(directory: Path | None, context_len: int, key: str, model_key: str = "model.path") -> None:
+    if directory is None:
+        return
+    n = max_positions(directory)
+    if n is not None and context_len > n:
+        raise ConfigError(f"{key}={context_len} is longer than the {n} positions the model {directory} was built "
+                          f"for ({model_key}, config.json max_position_embeddings); use at most {n}")
+
+
+def tokenizer(path: str, key: str = "data.tokenizer"):
+    from s2t2_dist.data.bpe import load_tokenizer
+    from s2t2_dist.data.errors import DataError
+
+    try:
+        return load_tokenizer(path)
+    except DataError as e:
+        raise ConfigError(f"{key}: {e}") from None
+
+
+def shards(path: str, key: str, kind: str):
+    """The manifest of a shard directory (packed train blocks or eval documents), checked against its files."""
+    from s2t2_dist.data.errors import DataError
+    from s2t2_dist.data.shards import load_manifest
+
+    try:
+        m = load_manifest(path)
+    except DataError as e:  # the same error type (ShardError, ManifestError), naming the key too
+        try:
+            named = type(e)(f"{key}: {e}")
+        except TypeError:
+            named = ConfigError(f"{key}: {e}")
+        raise named from None
+    if m.get("kind") != kind:
+        want = "a train split (packed blocks)" if kind == "packed" else "an eval split (documents)"
+        raise ConfigError(f"{key}: {path} holds the {m.get('split')!r} split ({m.get('kind')}); {key} needs {want}")
+    if not m["totals"].get("n_samples"):
+        what = "no documents" if kind == "docs" else "no training blocks"
+        raise ConfigError(f"{key}: {path} holds {what} (an empty split); prepare more data or a larger "
+                          "eval_fraction" + (", or leave the key empty for no evaluation" if kind == "docs" else ""))
+    if kind == "docs" and m["totals"]["n_samples"] < MIN_EVAL_DOCS:
+        log.warning("%s: %s holds only %d eval documents; its BpB will be too noisy to compare runs by", key, path,
+                    m["totals"]["n_samples"])
+    return m
+
+
+def shards_match_tokenizer(m: dict, key: str, tok, tok_key: str = "data.tokenizer") -> None:
+    """Shards tokenized with another tokenizer than the one the run reads them with are refused (ids would mean
+    other strings, or lie outside the vocabulary)."""
+    t = m.get("tokenizer") or {}
+    if t.get("hash") != tok.hash:
+        raise ConfigError(
+            f"{key} {m.get('_dir')}: shards were tokenized with {t.get('path')} (hash {str(t.get('hash'))[:12]}, "
+            f"{t.get('vocab_size')} tokens) but {tok_key} is {tok.path} (hash {tok.hash[:12]}, {tok.vocab_size} "
+            f"tokens); use shards and tokenizer of the same kind (prepare's shards/new/* with its tokenizer/, "
+            "shards/source/* with the source model's)")
+
+
+def same_shards(train: dict, evald: dict, train_key: str = "data.train", eval_key: str = "data.eval") -> None:
+    """Train and eval shards from the same split input whose held-out documents overlap the train split."""
+    a, b = train.get("input") or {}, evald.get("input") or {}
+    if a.get("split_hash") and a.get("split_hash") != b.get("split_hash"):
+        log.warning("%s and %s come from different splits (%s, %s): the eval documents may overlap the train "
+                    "data", train_key, eval_key, a.get("split_dir"), b.get("split_dir"))
+
+
+def context_matches_shards(m: dict, context_len: int, key: str, ctx_key: str = "train.context_len") -> None:
+    if m.get("context_len") not in (None, context_len):
+        raise ConfigError(f"{ctx_key}={context_len} but the shards in {key} {m.get('_dir')} hold blocks of "
+                          f"{m.get('context_len')} tokens; use {ctx_key}={m.get('context_len')} or re-run prepare")
+
+
+def run_dir(path: str, key: str = "run_dir") -> None:
+    """The run directory must be a directory (or not exist yet) in a place this process may write."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{key}: {path} exists and is not a directory")
+    parent = p
+    while not parent.exists():
+        parent = parent.parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}: cannot write into {parent} (permission denied)")
+
+
+def training_layout(train, eval_dir: str) -> None:
+    """The batch layout against the ranks this process was started with, and evaluation that cannot happen."""
+    from s2t2_dist.dist.env import detect
+
+    train.grad_accum(detect().world_size)
+    if train.eval_every and not eval_dir:
+        log.warning("train.eval_every=%d but data.eval is empty: no held-out evaluation will run",
+                    train.eval_every)

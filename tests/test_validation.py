@@ -1,0 +1,316 @@
+"""Every stage validates before it works and reports a user error as one line with exit 2 (issue #14).
+
+Real inputs: protein shards prepared from a real FASTA file, the shipped stories260K model; the stages are called
+through their command-line entry points (`main(argv)`), as `s2t2 <stage>` calls them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stage_fixtures import REPO, prepare_small
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    from s2t2_dist.recipes.llama2c import save_hf
+
+    root = tmp_path_factory.mktemp("validation_inputs")
+    a = prepare_small(root / "a", vocab_size=96)
+    b = prepare_small(root / "b", vocab_size=80)
+    model = save_hf(root / "stories260k")
+    return a, b, model
+
+
+def _one_line_error(capsys, rc) -> str:
+    err = capsys.readouterr().err.strip()
+    lines = [ln for ln in err.splitlines() if "error" in ln]
+    assert rc == 2, err[-3000:]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    return lines[0]
+
+
+def _translate_args(run_dir, model, train, tokenizer, *extra):
+    return ["--config", str(REPO / "configs" / "translate_olmo1b.yaml"), f"run_dir={run_dir}",
+            f"model.path={model}", "model.source_vocab=all", f"data.train={train}", f"data.tokenizer={tokenizer}",
+            "train.context_len=64", "train.batch_size=2", "train.micro_batch_size=2", "train.log_every=1",
+            "train.ckpt_every=2", "translator.heatmap=[8,8]", "data.eval=", *extra]
+
+
+# -- 1. translate checks the shards against data.tokenizer ------------------------------------------------------
+
+
+@pytest.mark.parametrize("direction", ["smaller_tokenizer", "larger_tokenizer"])
+def test_translate_refuses_shards_of_another_tokenizer(inputs, tmp_path, capsys, direction):
+    from s2t2_dist.stages import translate
+
+    a, b, model = inputs
+    shards, tok = (a, b) if direction == "smaller_tokenizer" else (b, a)
+    rc = translate.main(_translate_args(tmp_path / "run", model, shards / "shards/new/train", tok / "tokenizer",
+                                        "train.steps=2"))
+    line = _one_line_error(capsys, rc)
+    assert "data.train" in line and "data.tokenizer" in line and "hash" in line, line
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "P.safetensors").exists()
+
+
+def test_translate_refuses_eval_shards_of_another_tokenizer(inputs, tmp_path, capsys):
+    from s2t2_dist.stages import translate
+
+    a, b, model = inputs
+    rc = translate.main(_translate_args(tmp_path / "run", model, a / "shards/new/train", a / "tokenizer",
+                                        f"data.eval={b}/shards/new/eval", "train.steps=2"))
+    line = _one_line_error(capsys, rc)
+    assert "data.eval" in line, line
+
+
+# -- 2. prepare never replaces the tokenizer of another job -------------------------------------------------------
+
+
+def test_prepare_rerun_with_another_vocab_size_keeps_everything(inputs, tmp_path, capsys):
+    from s2t2_dist.stages import prepare as prepare_stage
+
+    out = tmp_path / "data"
+    shutil.copytree(inputs[0], out)
+    before = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    from stage_fixtures import protein_fasta
+
+    rc = prepare_stage.main([f"inputs=[{protein_fasta()}]", "eval_fraction=0.05", "vocab_size=80", "context_len=64",
+                             "shard_size=64", f"output_dir={out}", "extra_residue_policy=keep", "--no-progress"])
+    line = _one_line_error(capsys, rc)
+    assert "tokenizer" in line and "vocab_size" in line, line
+    after = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    assert after == before
+
+
+# -- 3. the documented `slurm:` section of a stage YAML ---------------------------------------------------------
+
+
+def test_stage_yaml_with_slurm_section_is_accepted(tmp_path):
+    from s2t2_dist.config import ConfigError, load_config
+    from s2t2_dist.stages.translate import TranslateConfig
+
+    cfg = yaml.safe_load((REPO / "configs" / "translate_olmo1b.yaml").read_text())
+    cfg["slurm"] = {"nodes": 2, "gpus_per_node": 8, "time": "8:00:00", "partition": "a100"}
+    f = tmp_path / "t.yaml"
+    f.write_text(yaml.safe_dump(cfg))
+    loaded = load_config(TranslateConfig, f, ["data.train=x", "data.tokenizer=y", "model.path=m"])
+    assert loaded.model.path == "m"
+    # its keys are `s2t2 submit`'s to check (test_submit_validates_...); the stage only needs a mapping
+    cfg["slurm"] = "two nodes"
+    f.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ConfigError, match="slurm: expected a mapping"):
+        load_config(TranslateConfig, f, ["data.train=x", "data.tokenizer=y", "model.path=m"])
+
+
+def test_submit_validates_the_stage_config_before_queueing(inputs, tmp_path, capsys, monkeypatch):
+    """`s2t2 submit` reads the slurm: section, checks the stage's own config (which carries that section) and
+    refuses a bad one with one line, before anything is queued."""
+    from s2t2_dist.cluster import submit
+
+    cfg = yaml.safe_load((REPO / "configs" / "translate_olmo1b.yaml").read_text())
+    cfg["slurm"] = {"nodes": 1, "tasks_per_node": 1, "time": "0:05:00", "folder": str(tmp_path / "sub")}
+    f = tmp_path / "t.yaml"
+    f.write_text(yaml.safe_dump(cfg))
+    queued = []
+    monkeypatch.setattr(submit, "submit_stage", lambda *a, **k: queued.append(a) or pytest.fail("queued"))
+    rc = submit.main(["translate", "--config", str(f), "train.stepz=3", "--cluster", "local"])
+    line = _one_line_error(capsys, rc)
+    assert "train.stepz" in line and not queued, line
+    # the same file with a valid stage config is accepted and its slurm: section used
+    monkeypatch.setattr(submit, "submit_stage", lambda stage, argv, c, cluster=None: queued.append((stage, argv, c))
+                        or (_ for _ in ()).throw(SystemExit(0)))
+    a, _, model = inputs
+    with pytest.raises(SystemExit):
+        submit.main(["translate", "--config", str(f), f"model.path={model}", f"data.train={a}/shards/new/train",
+                     f"data.tokenizer={a}/tokenizer", "--cluster", "local"])
+    assert queued and queued[0][2].time == "0:05:00"
+    # a mistyped key in the YAML's slurm: section is submit's to refuse, before queueing
+    cfg["slurm"]["nodez"] = 2
+    f.write_text(yaml.safe_dump(cfg))
+    queued.clear()
+    line = _one_line_error(capsys, submit.main(["translate", "--config", str(f), "--cluster", "local"]))
+    assert "slurm.nodez" in line and not queued, line
+
+
+def test_stage_run_directly_with_slurm_section(inputs, tmp_path, capsys):
+    from s2t2_dist.stages import translate
+
+    a, _, model = inputs
+    cfg = yaml.safe_load((REPO / "configs" / "translate_olmo1b.yaml").read_text())
+    cfg["slurm"] = {"nodes": 1, "time": "10"}
+    f = tmp_path / "t.yaml"
+    f.write_text(yaml.safe_dump(cfg))
+    args = _translate_args(tmp_path / "run", model, a / "shards/new/train", a / "tokenizer", "train.steps=2")
+    args[1] = str(f)
+    assert translate.main(args) == 0, capsys.readouterr().err[-3000:]
+
+
+# -- 4. resume with changed optimiser settings; re-running a finished run ----------------------------------------
+
+
+def test_resume_with_changed_optimiser_is_refused_and_config_yaml_kept(inputs, tmp_path, capsys):
+    from s2t2_dist.stages import translate
+
+    a, _, model = inputs
+    run = tmp_path / "run"
+    base = _translate_args(run, model, a / "shards/new/train", a / "tokenizer", "train.steps=4")
+    assert translate.main([*base, "train.stop_after=2", "optim.lr=0.01"]) == 0
+    recorded = (run / "config.yaml").read_text()
+    rc = translate.main([*base, "optim.lr=0.5"])
+    line = _one_line_error(capsys, rc)
+    assert "optim" in line and "lr" in line, line
+    assert (run / "config.yaml").read_text() == recorded  # the recorded config is the one the checkpoint used
+    assert translate.main([*base, "optim.lr=0.01"]) == 0
+
+
+def test_rerunning_a_finished_run_keeps_final_loss(inputs, tmp_path):
+    from s2t2_dist.stages import translate
+
+    a, _, model = inputs
+    run = tmp_path / "run"
+    args = _translate_args(run, model, a / "shards/new/train", a / "tokenizer", "train.steps=2")
+    assert translate.main(args) == 0
+    first = json.loads((run / "result.json").read_text())
+    assert first["final_loss"] is not None
+    assert translate.main(args) == 0
+    again = json.loads((run / "result.json").read_text())
+    assert again["final_loss"] == first["final_loss"] and again["step"] == 2
+
+
+# -- 5. evaluate reports user errors in one line; empty eval split before training --------------------------------
+
+
+def test_evaluate_user_errors_are_one_line(inputs, tmp_path, capsys):
+    from s2t2_dist.stages import evaluate
+
+    a, _, model = inputs
+    base = [f"run_dir={tmp_path / 'ev'}", f"data.eval={a}/shards/new/eval", "eval.context_len=64"]
+    rc = evaluate.main([*base, f"model.path={tmp_path / 'nope'}"])
+    line = _one_line_error(capsys, rc)
+    assert "model.path" in line and "nope" in line, line
+    empty = tmp_path / "empty_model"
+    empty.mkdir()
+    rc = evaluate.main([*base, f"model.path={empty}"])
+    line = _one_line_error(capsys, rc)
+    assert "config.json" in line, line
+    # a source model whose tokenizer has more tokens than the model has embedding rows
+    bad = tmp_path / "bad_model"
+    shutil.copytree(model, bad)
+    shutil.copy(a / "tokenizer" / "tokenizer.json", bad / "tokenizer.json")
+    cfgj = json.loads((bad / "config.json").read_text())
+    cfgj["vocab_size"] = 64
+    (bad / "config.json").write_text(json.dumps(cfgj))
+    rc = evaluate.main([*base, f"model.path={bad}", f"data.eval={a}/shards/new/eval"])
+    line = _one_line_error(capsys, rc)
+    assert "embedding rows" in line or "tokens" in line, line
+
+
+def test_empty_eval_split_is_refused_before_training(inputs, tmp_path, capsys):
+    from s2t2_dist.data.shards import load_manifest
+    from s2t2_dist.stages import translate
+
+    a, _, model = inputs
+    ev = tmp_path / "eval"
+    shutil.copytree(a / "shards/new/eval", ev)
+    m = json.loads((ev / "manifest.json").read_text())
+    for s in m["shards"]:
+        (ev / s["name"]).unlink()
+    m["shards"] = []
+    for k in m["totals"]:
+        m["totals"][k] = 0
+    (ev / "manifest.json").write_text(json.dumps(m))
+    load_manifest(ev)  # a well-formed manifest of zero documents
+    rc = translate.main(_translate_args(tmp_path / "run", model, a / "shards/new/train", a / "tokenizer",
+                                        f"data.eval={ev}", "train.steps=2", "train.eval_every=1"))
+    line = _one_line_error(capsys, rc)
+    assert "data.eval" in line and "no documents" in line, line
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+# -- data that is almost certainly wrong: warnings in the summary ------------------------------------------------
+
+
+def _fasta(tmp_path, name, n=120, edit=None, double=False):
+    from stage_fixtures import protein_fasta
+
+    lines, recs = [], 0
+    for line in protein_fasta().read_text().splitlines():
+        recs += line.startswith(">")
+        if recs > n:
+            break
+        lines.append(edit(recs, line) if edit and not line.startswith(">") else line)
+    text = "\n".join(lines) + "\n"
+    if double:
+        text += text.replace(">", ">copy_")
+    f = tmp_path / f"{name}.fasta"
+    f.write_text(text)
+    return f
+
+
+def _warnings(tmp_path, fasta, **kw):
+    from s2t2_dist.data.config import DataConfig
+    from s2t2_dist.data.pipeline import prepare
+
+    cfg = DataConfig(inputs=[str(fasta)], output_dir=str(tmp_path / fasta.stem), context_len=64, shard_size=64,
+                     **{"vocab_size": 40, "eval_fraction": 0.2, **kw})
+    return prepare(cfg, progress=False)["warnings"]
+
+
+def test_prepare_warns_about_almost_certainly_wrong_data(tmp_path):
+    clean = _warnings(tmp_path, _fasta(tmp_path, "clean"))
+    assert clean == [], clean
+    w = _warnings(tmp_path, _fasta(tmp_path, "dups", double=True))
+    assert any("same text as an eval record" in x for x in w), w
+    w = _warnings(tmp_path, _fasta(tmp_path, "all_x", edit=lambda i, s: "X" * len(s)))
+    assert any("not among the 20 standard amino acids" in x for x in w), w
+    w = _warnings(tmp_path, _fasta(tmp_path, "junk", edit=lambda i, s: s if i % 4 == 0 else "1" * len(s)),
+                  on_bad_record="skip")
+    assert any("were skipped or filtered (bad_character" in x for x in w), w
+    w = _warnings(tmp_path, _fasta(tmp_path, "big_vocab"), vocab_size=50_000)
+    assert any("fewer than vocab_size=50000" in x for x in w), w
+    w = _warnings(tmp_path, _fasta(tmp_path, "tiny_eval", n=30), eval_fraction=0.05)
+    assert any("eval split" in x for x in w), w
+
+
+def test_translate_preflight_refusals_name_the_key(inputs, tmp_path, capsys):
+    from s2t2_dist.stages import translate
+
+    a, b, model = inputs
+    base = _translate_args(tmp_path / "run", model, a / "shards/new/train", a / "tokenizer", "train.steps=2")
+    cases = {
+        "train.context_len=4096": "longer than the",  # the model's positions (stories260K: 512)
+        f"translator.init_p={tmp_path / 'none.safetensors'}": "translator.init_p",
+        "train.batch_size=3": "not a multiple",
+        f"data.train={a}/shards/new/eval": "needs a train split",
+        f"model.path={a}/tokenizer": "no config.json",
+    }
+    for override, expect in cases.items():
+        rc = translate.main([*base, override])
+        line = _one_line_error(capsys, rc)
+        assert expect in line, (override, line)
+    (tmp_path / "file").write_text("x")
+    line = _one_line_error(capsys, translate.main([*base, f"run_dir={tmp_path / 'file'}"]))
+    assert "run_dir" in line and "not a directory" in line
+    assert not (tmp_path / "run").exists()  # nothing was written by any refused run
+
+
+def test_prepare_after_fixing_a_bad_input_continues_in_the_same_output_dir(tmp_path, capsys):
+    """The first run stops at the bad line having committed nothing; once the file is fixed the same command
+    works (before: 'a half-finished split with different parameters' until the directory was deleted)."""
+    from s2t2_dist.stages import prepare as prepare_stage
+
+    good = _fasta(tmp_path, "input", n=40)
+    text = good.read_text()
+    lines = text.splitlines()
+    lines[1] = lines[1][:5] + "123" + lines[1][8:]
+    good.write_text("\n".join(lines) + "\n")
+    args = [f"inputs=[{good}]", f"output_dir={tmp_path / 'out'}", "vocab_size=40", "context_len=64",
+            "shard_size=64", "eval_fraction=0.2", "--no-progress"]
+    line = _one_line_error(capsys, prepare_stage.main(args))
+    assert "input.fasta:2" in line, line
+    good.write_text(text + ">extra\nMKV\n")  # fixed (another size: the split parameters changed)
+    assert prepare_stage.main(args) == 0, capsys.readouterr().err[-2000:]
