@@ -43,7 +43,16 @@ def stage_config(stage: str) -> type:
 
 @functools.lru_cache(maxsize=None)
 def field_docs(cls: type) -> dict[str, str]:
-    """{field name: its `#:` comment block joined into one line} for one dataclass ('' where there is none)."""
+    """{field name: its `#:` comment block joined into one line} for one dataclass ('' where there is none); a
+    field a subclass inherits (or redeclares without a comment) keeps its base class's description."""
+    docs: dict[str, str] = {}
+    for base in reversed(cls.__mro__):
+        if base is not object and dataclasses.is_dataclass(base):
+            docs.update({k: v for k, v in _own_field_docs(base).items() if v or k not in docs})
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
     lines, _ = inspect.getsourcelines(cls)
     src = textwrap.dedent("".join(lines))
     lines = src.splitlines()
