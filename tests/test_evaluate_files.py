@@ -228,5 +228,8 @@ def test_two_ranks_a_bad_record_is_one_line_from_rank_0(world, tmp_path):
                  f"data.cache_dir={tmp_path / 'cache'}", f"run_dir={tmp_path / 'run'}"])
     err = str(e.value)
     assert f"[rank 0] s2t2 evaluate: error: DataFormatError: {bad}:2:" in err
-    assert "[rank 1] s2t2 evaluate: error: DataError: data.files: tokenizing the files failed on rank 0" in err
+    # torchrun stops rank 1 as soon as rank 0 exits, so rank 1's own line may not get out; if it does, it is one
+    # line naming rank 0, never a traceback
+    rank1 = [ln for ln in err.splitlines() if ln.startswith("[rank 1]") and "error" in ln.lower()]
+    assert all("tokenizing the files failed on rank 0" in ln for ln in rank1), rank1
     assert "s2t2_dist/" not in err  # no traceback through our code (torchrun prints its own report)
