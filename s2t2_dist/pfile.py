@@ -25,13 +25,27 @@ class PFileError(ValueError):
     pass
 
 
-def sparsity_summary(row_nnz: torch.Tensor, col_nnz: torch.Tensor) -> dict:
+def _safe_inv(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(x > 0, 1.0 / x.clamp_min(torch.finfo(x.dtype).tiny), torch.zeros_like(x))
+
+
+def sparsity_summary(row_nnz: torch.Tensor, col_nnz: torch.Tensor, col_max_weight: torch.Tensor | None = None,
+                     col_entropy: torch.Tensor | None = None) -> dict:
     """P's sparsity statistics from its non-zeros per source row (v) and per target column (u): the one place they
     are computed, for the training translator (TokenTranslator.density_stats, logged as P/...) and P files
-    (SparseP.stats: the demo's and the reproduction's reports)."""
+    (SparseP.stats: the demo's and the reproduction's reports).
+
+    Mass-based sparsity, when given the largest weight and the entropy (nats) of each live column of W = P / nu:
+    ``max_weight_mean`` (1.0: every target token reads one source token) and ``col_entropy_mean`` (0: one source
+    each; log v: uniform). Non-zero counts alone call a column with 99% of its mass on one entry dense."""
     v, u = row_nnz.numel(), col_nnz.numel()
     nnz = int(row_nnz.sum())
-    return {
+    mass = {}
+    if col_max_weight is not None and col_entropy is not None:
+        n = max(col_max_weight.numel(), 1)
+        mass = {"max_weight_mean": float(col_max_weight.double().sum()) / n,
+                "col_entropy_mean": float(col_entropy.double().sum()) / n}
+    return {**mass,
         "nnz": nnz,
         "density": nnz / float(v * u),
         "row_nnz_mean": float(row_nnz.double().mean()),
@@ -74,7 +88,16 @@ class SparseP:
         cols = self.indices[1][nz].bincount(minlength=u)
         signed = bool((vals < 0).any())
         pos = vals[vals > 0]
-        return {"v": v, "u": u, "kind": self.kind, **sparsity_summary(rows, cols),
+        # W = P / nu, the head weights (each column sums to one), from the non-zeros only: no v x u temporary
+        col = self.indices[1]
+        w = vals * _safe_inv(self.nu.double())[col]
+        live = self.nu > 0
+        col_max = torch.full((u,), -math.inf, dtype=torch.float64).scatter_reduce(0, col, w, "amax")
+        col_max = torch.where(col_max.isfinite(), col_max, torch.zeros_like(col_max))
+        wp = w.clamp_min(0)  # the unconstrained weights may be negative: entropy of their positive part
+        col_h = torch.zeros(u, dtype=torch.float64).index_add_(0, col, -torch.special.xlogy(wp, wp))
+        return {"v": v, "u": u, "kind": self.kind,
+                **sparsity_summary(rows, cols, col_max[live], col_h[live]),
                 "entropy": None if signed else float(-(pos * pos.log()).sum()), "signed": signed,
                 "entropy_uniform": math.log(v * u)}
 

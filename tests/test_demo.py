@@ -31,6 +31,7 @@ def test_demo_prints_where_everything_is(demo):
     assert f"tensorboard --logdir {out / 'runs'}" in text
     assert str(out / "report.md") in text and str(out / "results.json") in text and str(out / "model") in text
     assert "2 ranks (torchrun" in text
+    assert "mean largest weight per column of W = P/nu" in text and "learned translations" in text
 
 
 def test_demo_results_are_finite_and_ranked_against_random_guess(demo):
@@ -54,6 +55,13 @@ def test_demo_results_are_finite_and_ranked_against_random_guess(demo):
     assert ft["world_size"] == 2 and ft["finished"]
     # P is a sparse coupling: fewer non-zeros than the dense v x u, columns non-empty
     assert 0 < r["translate"]["P"]["density"] < 1
+    # mass-based sparsity of W = P / nu next to the non-zero count, and learned translations read from W with weights
+    P = r["translate"]["P"]
+    assert 0 < P["max_weight_mean"] <= 1 and 0 <= P["col_entropy_mean"] <= math.log(P["v"]) + 1e-6
+    assert P["top"], "no learned translations shown"
+    for tops in P["top"].values():
+        ws = [w for _, w in tops]
+        assert ws == sorted(ws, reverse=True) and all(0 < w <= 1 for w in ws) and sum(ws) <= 1 + 1e-3
 
 
 def test_demo_export_loads_with_plain_transformers(demo):
@@ -82,6 +90,7 @@ def test_demo_tensorboard_logs_and_report(demo):
     assert (out / "runs" / "translate" / "P.safetensors").is_file()
     report = (out / "report.md").read_text()
     assert "random guess" in report and "S2T2 + CFT" in report and "tensorboard --logdir" in report
+    assert "mean largest weight" in report and "mean column entropy" in report
     for cfg in ("translate", "finetune", "evaluate"):
         assert (out / "configs" / f"{cfg}.yaml").is_file()
 

@@ -2,6 +2,7 @@
 research recipes, the cluster launchers or the test harness), and the one E'/L' definition and P statistics shared by
 training and export."""
 import ast
+import math
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,7 @@ def test_export_builds_the_rows_training_used(normalization, config):
     # one place for P's statistics: the P file's agree with the live translator's
     live, filed = tr.density_stats(), p.stats()
     assert {k: filed[k] for k in live} == pytest.approx(live)
+    # ... and the P file's mass-based sparsity (W = P / nu from the non-zeros) agrees with the translator's dense one
+    mass = tr.mass_stats()
+    assert {k: filed[k] for k in mass} == pytest.approx(mass, rel=1e-5)
+    assert 0 < filed["max_weight_mean"] <= 1 and 0 <= filed["col_entropy_mean"] <= math.log(v) + 1e-9

@@ -188,8 +188,10 @@ def run(args) -> dict:
     ps = p_summary(p_file, data / "tokenizer", model)
     ev = tr.result.get("eval") or {}
     _say(f"  loss {_first_last(runs / 'translate')}; P: {ps['nnz']:,} of {ps['v']}x{ps['u']} entries non-zero "
-         f"(density {ps['density']:.3f}, {ps['col_nnz_mean']:.1f} source tokens per target token)")
-    _say("  top source tokens of some residues: " + "; ".join(
+         f"(density {ps['density']:.3f}, {ps['col_nnz_mean']:.1f} source tokens per target token); by mass: "
+         f"mean largest weight per column of W = P/nu {ps['max_weight_mean']:.3f} (1 = one source token each), "
+         f"column entropy {ps['col_entropy_mean']:.2f} nats (uniform {math.log(ps['v']):.2f})")
+    _say("  learned translations, top source tokens (weight in W = P/nu) of some residues: " + "; ".join(
         f"{k} <- " + ", ".join(f"{s!r} {w:.2f}" for s, w in v) for k, v in list(ps["top"].items())[:4]))
     results["translate"] = {"run_dir": str(runs / "translate"), "p_file": p_file, "P": ps, "eval": ev,
                             "final_loss": tr.result.get("final_loss"), "command": tr.command}
@@ -280,7 +282,10 @@ def _report(r: dict, rows) -> str:
         "see `s2t2 reproduce` for the comparison with the baselines.", "",
         f"P: {t['nnz']:,} non-zeros of {t['v']} x {t['u']} (density {t['density']:.3f}, "
         f"{t['col_nnz_mean']:.1f} source tokens per target token on average), entropy {t['entropy']:.2f} nats "
-        f"(uniform: {t['entropy_uniform']:.2f}).", "",
+        f"(uniform: {t['entropy_uniform']:.2f}). By mass (W = P/nu, each column sums to one): the mean largest weight "
+        f"per target column is {t['max_weight_mean']:.3f} (1.0: every target token reads one source token) and the "
+        f"mean column entropy {t['col_entropy_mean']:.2f} nats (uniform: {math.log(t['v']):.2f}); non-zero counts "
+        "alone call a column with 99% of its mass on one entry dense.", "",
         "Top source tokens (weight P/nu) of some single-residue target tokens:", "",
         *[f"- `{k}` <- " + ", ".join(f"`{s!r}` {w:.2f}" for s, w in v) for k, v in t["top"].items()], "",
         "## Outputs", "",
