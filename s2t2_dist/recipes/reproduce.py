@@ -71,21 +71,25 @@ def _train_overrides(cfg: ReproduceConfig, st: Setting) -> list[str]:
     return train
 
 
-def translate_job(cfg: ReproduceConfig, st: Setting, name: str, kind: str, alpha: float, lr: float, seed: int
-                  ) -> Job:
+def translate_job(cfg: ReproduceConfig, st: Setting, name: str, kind: str, alpha: float, lr: float, seed: int,
+                  steps: int | None = None, extra: tuple[str, ...] = ()) -> Job:
     """Stage 1 on the small source model: learn P of `kind` with entropy weight `alpha`."""
     d = st.data
     rd = f"{st.out}/{name}"
     ov = [f"run_dir={rd}", f"model.path={st.small_model}", *_data_overrides(d), f"data.tokenizer={d}/tokenizer",
-          f"translator.kind={kind}", f"translator.alpha={alpha}", f"optim.lr={lr}", f"train.steps={cfg.p_steps}",
+          f"translator.kind={kind}", f"translator.alpha={alpha}", f"optim.lr={lr}", f"train.steps={steps or cfg.p_steps}",
           f"train.seed={seed}", *_train_overrides(cfg, st),
-          "translator.recipe=paper"]  # the paper's literal recipe: C = 1/v, optim.lr absolute
+          "translator.recipe=paper", *extra]  # the paper's literal recipe: C = 1/v, optim.lr absolute
     if st.local:
         # evaluated by the evaluate stage; the local byte LMs' vocabulary is bytes plus their specials, so `all`
         # (the config's single_byte would drop the BOS/EOS rows the documents start and end with)
         ov += ["data.eval=", "translator.heatmap=[64,64]", "model.source_vocab=all"]
     return Job(name, "translate", "configs/translate_olmo1b.yaml", ov, rd, f"{rd}/result.json",
                consumes=[d], produces=[f"{rd}/P.safetensors"], script="slurm/translate_1b.sh")
+
+
+#: the FVT row's "training": one step at this lr leaves its start unchanged (C moves by ~1e-12 of its 1/v scale)
+FVT_LR = 1e-12
 
 
 def sweep_plan(cfg: ReproduceConfig, st: Setting) -> list[Job]:
@@ -186,6 +190,13 @@ def build_plan(cfg: ReproduceConfig, st: Setting, p_lrs: dict[str, float] | None
             j = translate(f"{s}/translate_sparse_transfer_{alpha_tag(a)}", "sparse", a, t_lr, seed)
             jobs.append(j)
             transfer_p[a] = j.produces[0]
+        # the training-free FVT baseline (#16): the surface-string start (translator.init=fvt, init_weight 1) as the
+        # translate stage builds and exports it, untrained (one step at a negligible lr: the stage needs >= 1 step)
+        j = translate_job(cfg, st, f"{s}/translate_fvt", "sparse", 0.0, FVT_LR, seed, steps=1,
+                          extra=("translator.init=fvt", "translator.init_weight=1"))
+        jobs.append(j)
+        jobs.append(evaluate(f"{s}/eval_fvt", st.small_model, "translated", j.produces[0],
+                             role=("table1", "fvt", seed)))
         for method in KINDS:  # P only: the frozen small model read through the learned P
             jobs.append(evaluate(f"{s}/eval_{method}", st.small_model, "translated", p_files[method],
                                  role=("table1", method, seed)))

@@ -18,8 +18,16 @@ LN2 = math.log(2)
 COLUMN_NAMES = {
     "plain_p": "Plain P", "plain_p_cft": "Plain P + CFT", "sinkhorn_p": "Sinkhorn P",
     "sinkhorn_p_cft": "Sinkhorn P + CFT", "s2t2": "S2T2", "s2t2_cft": "S2T2 + CFT",
-    "ft_orig_tok": "FT orig. tok.", "ft_new_tok": "FT new tok.",
+    "ft_orig_tok": "FT orig. tok.", "ft_new_tok": "FT new tok.", "fvt": "FVT (no training)",
 }
+#: the columns of the table and its plot: the paper's Table 1 and the training-free FVT start (#16)
+COLUMNS = (*TABLE1, "fvt")
+#: why the paper's FT orig. tok. BpB is 7.24 (#16): it equals log2 of its perplexity, i.e. bits per TOKEN
+PAPER_ORIG_TOK_NOTE = (
+    "The paper's FT orig. tok. BpB, 7.24, is log2(151.05) = 7.239 exactly: log2 of that column's own perplexity, "
+    "i.e. bits per token of OLMo's tokenizer, not per byte (every other column's BpB is below log2 of its "
+    "perplexity, as it must be with more than one byte per token). This project counts real UTF-8 bytes for every "
+    "column, so its FT orig. tok. BpB is comparable with the others and not with the paper's 7.24.")
 METRICS = ("perplexity", "bpb", "nll_per_token")
 
 
@@ -65,7 +73,7 @@ def _override(job: Job, key: str) -> str | None:
 def collect(cfg: ReproduceConfig, jobs: list[Job], st: Setting, extra: dict | None = None) -> dict:
     per_run: dict = {}
     missing = []
-    table: dict[str, dict[str, list]] = {m: {k: [] for k in METRICS} for m in TABLE1}
+    table: dict[str, dict[str, list]] = {m: {k: [] for k in METRICS} for m in COLUMNS}
     transfer: dict[str, dict[str, list]] = {}
     random_guess = {}
     for j in jobs:
@@ -120,19 +128,22 @@ def _cfg_dict(cfg) -> dict:
 
 
 def _sparsity(cfg: ReproduceConfig, jobs: list[Job], per_run: dict) -> dict:
-    """P statistics per (translator kind, alpha), mean over seeds; the transfer runs give P vs alpha."""
-    groups: dict[str, list[dict]] = {}
+    """P statistics per (translator kind, alpha, lr; the FVT start apart), mean over seeds; the transfer runs give P
+    vs alpha. Density counts non-zeros; max_weight_mean and col_entropy_mean are mass-based (W = P / nu)."""
+    groups: dict[str, tuple[dict, list[dict]]] = {}
     for j in jobs:
         e = per_run.get(j.name)
         if j.stage != "translate" or not e or not e.get("P"):
             continue
-        key = f"{e['kind']}_{alpha_tag(e['alpha'])}_lr{e['lr']:g}"
-        groups.setdefault(key, []).append(e["P"])
+        fvt = "translate_fvt" in j.name
+        key = f"{'fvt_' if fvt else ''}{e['kind']}_{alpha_tag(e['alpha'])}_lr{e['lr']:g}"
+        groups.setdefault(key, ({"fvt": fvt, "alpha": e["alpha"], "lr": e["lr"]}, []))[1].append(e["P"])
     out = {}
-    for key, ps in groups.items():
-        out[key] = {k: _stats([p[k] for p in ps]) for k in ("density", "col_nnz_mean", "entropy")}
+    for key, (info, ps) in groups.items():
+        out[key] = {k: _stats([p[k] for p in ps if p.get(k) is not None])
+                    for k in ("density", "col_nnz_mean", "entropy", "max_weight_mean", "col_entropy_mean")}
         out[key].update(kind=ps[0]["kind"], v=ps[0]["v"], u=ps[0]["u"], entropy_uniform=ps[0]["entropy_uniform"],
-                        alpha=float(key.split("_a")[1].split("_lr")[0]), lr=float(key.split("_lr")[1]))
+                        **info)
     return out
 
 
@@ -148,7 +159,8 @@ def _curves(cfg: ReproduceConfig, jobs: list[Job], st: Setting) -> dict:
         tb = Path(j.run_dir) / "tb" / "global"
         if not tb.is_dir():
             continue
-        if j.stage == "translate" and float(_override(j, "translator.alpha") or 0) == 0 and "transfer" not in j.name:
+        if (j.stage == "translate" and float(_override(j, "translator.alpha") or 0) == 0 and "transfer" not in j.name
+                and "translate_fvt" not in j.name):
             method = {v: k for k, v in KINDS.items()}[_override(j, "translator.kind")]
         elif j.stage == "finetune" and j.role:
             method = j.role[1]
@@ -253,21 +265,25 @@ def _pm(s: dict, f: str) -> str:
 def table1_markdown(results: dict) -> str:
     t = results["table1"]
     n = max((t.get(k, {}).get("bpb", {}).get("n", 0) for k in TABLE1), default=0)
-    head = "| | " + " | ".join(f"**{COLUMN_NAMES[k]}**" for k in TABLE1) + " |"
-    sep = "|---|" + "---:|" * len(TABLE1)
-    rows = [f"| **Perp.** | " + " | ".join(_pm(t.get(k, {}).get("perplexity"), ".2f") for k in TABLE1) + " |",
-            f"| **BpB** | " + " | ".join(_pm(t.get(k, {}).get("bpb"), ".3f") for k in TABLE1) + " |",
-            "| *paper perp.* | " + " | ".join(f"*{PAPER_TABLE1[k][0]:.2f}*" for k in TABLE1) + " |",
-            "| *paper BpB* | " + " | ".join(f"*{PAPER_TABLE1[k][1]:.2f}*" for k in TABLE1) + " |"]
+    head = "| | " + " | ".join(f"**{COLUMN_NAMES[k]}**" for k in COLUMNS) + " |"
+    sep = "|---|" + "---:|" * len(COLUMNS)
+    paper = {k: PAPER_TABLE1.get(k, (None, None)) for k in COLUMNS}  # FVT: not in the paper
+    rows = [f"| **Perp.** | " + " | ".join(_pm(t.get(k, {}).get("perplexity"), ".2f") for k in COLUMNS) + " |",
+            f"| **BpB** | " + " | ".join(_pm(t.get(k, {}).get("bpb"), ".3f") for k in COLUMNS) + " |",
+            "| *paper perp.* | " + " | ".join(f"*{paper[k][0]:.2f}*" if paper[k][0] else "—" for k in COLUMNS)
+            + " |",
+            "| *paper BpB* | " + " | ".join(f"*{paper[k][1]:.2f}*" if paper[k][1] else "—" for k in COLUMNS) + " |"]
     spread = "mean ± standard deviation over" if n > 1 else "one run per column,"
     uni = results.get("unigram") or {}
     if uni:
         rows.append("| *unigram ref.* | " + " | ".join(
             f"*{uni['source' if k == 'ft_orig_tok' else 'new']['perplexity']:.2f} / "
-            f"{uni['source' if k == 'ft_orig_tok' else 'new']['bpb']:.3f}*" for k in TABLE1) + " |")
+            f"{uni['source' if k == 'ft_orig_tok' else 'new']['bpb']:.3f}*" for k in COLUMNS) + " |")
     return "\n".join([head, sep, *rows, "",
                       f"Held-out protein sequences; {spread} {n} seed(s). Perplexity per token of each column's "
-                      "tokenizer; BpB = total NLL / (ln 2 x UTF-8 bytes). Paper: OLMo-1B on UniRef50 (Table 1)."
+                      "tokenizer; BpB = total NLL / (ln 2 x UTF-8 bytes). Paper: OLMo-1B on UniRef50 (Table 1). "
+                      "FVT (not in the paper): the training-free surface-string start (translator.init=fvt, "
+                      "init_weight 1), P only, not trained. " + PAPER_ORIG_TOK_NOTE
                       + (" Unigram ref. (perplexity / BpB): a model that knows only the train split's token "
                          "frequencies, for the column's tokenizer." if uni else "")])
 
@@ -316,7 +332,7 @@ def plots(results: dict, out_dir: Path) -> dict[str, Path]:
     paths = {}
     colors = {"plain_p": "tab:gray", "sinkhorn_p": "tab:blue", "s2t2": "tab:green", "plain_p_cft": "tab:gray",
               "sinkhorn_p_cft": "tab:blue", "s2t2_cft": "tab:green", "ft_orig_tok": "tab:purple",
-              "ft_new_tok": "tab:orange"}
+              "ft_new_tok": "tab:orange", "fvt": "tab:brown"}
 
     # loss curves ----------------------------------------------------------------------------------------------
     c = results["curves"]
@@ -381,21 +397,24 @@ def plots(results: dict, out_dir: Path) -> dict[str, Path]:
     # sparsity vs alpha ----------------------------------------------------------------------------------------
     sp = results["sparsity"]
     lr_t = _transfer_lr_used(results)
-    pts = sorted((v for v in sp.values() if v["kind"] == "sparse" and math.isclose(v["lr"], lr_t)),
+    pts = sorted((v for v in sp.values() if v["kind"] == "sparse" and math.isclose(v["lr"], lr_t) and not v["fvt"]),
                  key=lambda v: v["alpha"])
     if pts:
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        fig, axes = plt.subplots(1, 3, figsize=(16, 4))
         xs = [v["alpha"] for v in pts]
         for ax, key, ylabel in ((axes[0], "density", "density of P (non-zeros / (v u))"),
-                                (axes[1], "entropy", "entropy H(P) (nats)")):
+                                (axes[1], "entropy", "entropy H(P) (nats)"),
+                                (axes[2], "max_weight_mean", "mean largest weight per column of W = P/nu")):
+            if not pts[0][key].get("n"):
+                continue
             ys = [v[key]["mean"] for v in pts]
             es = [v[key]["std"] for v in pts]
             ax.errorbar(xs, ys, yerr=es, marker="o", capsize=4, color="tab:green", label="S2T2 (sparse)")
             # the unconstrained P is not a distribution (signed entries): no entropy reference for it
             refs = (("softmax", "tab:blue"),) + ((("unconstrained", "tab:gray"),) if key == "density" else ())
             for kind, col in refs:
-                ref = [v for v in sp.values() if v["kind"] == kind and v["alpha"] == 0]
-                if ref and key in ref[0]:
+                ref = [v for v in sp.values() if v["kind"] == kind and v["alpha"] == 0 and not v["fvt"]]
+                if ref and ref[0].get(key, {}).get("n"):
                     ax.axhline(ref[0][key]["mean"], color=col, ls=":", label=f"{kind} P (alpha 0)")
             if key == "entropy":
                 ax.axhline(pts[0]["entropy_uniform"], color="k", ls="--", lw=0.8, label="uniform P (= init)")
@@ -404,6 +423,7 @@ def plots(results: dict, out_dir: Path) -> dict[str, Path]:
             ax.legend(fontsize=8)
         axes[0].set_title("Sparsity of P vs the entropy weight alpha")
         axes[1].set_title("Entropy of P vs alpha (lower: sparser)")
+        axes[2].set_title("Mass-based sparsity vs alpha (1: one source per target)")
         fig.tight_layout()
         paths["sparsity"] = out_dir / "sparsity_vs_alpha.png"
         fig.savefig(paths["sparsity"], dpi=120)
@@ -411,7 +431,7 @@ def plots(results: dict, out_dir: Path) -> dict[str, Path]:
 
     # Table 1 as bars --------------------------------------------------------------------------------------------
     t = results["table1"]
-    keys = [k for k in TABLE1 if t.get(k, {}).get("bpb", {}).get("n")]
+    keys = [k for k in COLUMNS if t.get(k, {}).get("bpb", {}).get("n")]
     if keys:
         fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
         for ax, metric, f in ((axes[0], "perplexity", "%.1f"), (axes[1], "bpb", "%.3f")):
@@ -419,7 +439,7 @@ def plots(results: dict, out_dir: Path) -> dict[str, Path]:
             errs = [t[k][metric]["std"] for k in keys]
             bars = ax.bar(range(len(keys)), means, yerr=errs, capsize=4, color=[colors[k] for k in keys])
             for b, k in zip(bars, keys):
-                b.set_alpha(0.5 if k in KINDS else 1.0)
+                b.set_alpha(0.5 if k in KINDS or k == "fvt" else 1.0)
             ax.bar_label(bars, fmt=f, fontsize=8)
             ax.set_xticks(range(len(keys)), [COLUMN_NAMES[k] for k in keys], rotation=30, ha="right")
             ax.set(ylabel=metric if metric != "bpb" else "bits per byte")
@@ -511,13 +531,18 @@ def report_markdown(results: dict, plot_paths: dict[str, Path], out: Path) -> st
             lines += [f"![{title}]({plot_paths[key].relative_to(out)})", ""]
     sp = results["sparsity"]
     if sp:
-        lines += ["## P", "", "| translator | alpha | lr | density | non-zeros per target token | H(P) (uniform) |",
-                  "|---|---:|---:|---:|---:|---:|"]
+        lines += ["## P", "", "| translator | alpha | lr | density | non-zeros per target token | H(P) (uniform) | "
+                  "mean largest weight of W = P/nu | column entropy of W (uniform) |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for k, v in sorted(sp.items(), key=lambda kv: (kv[1]["kind"], kv[1]["alpha"])):
-            lines.append(f"| {v['kind']} | {v['alpha']:g} | {v['lr']:g} | {_pm(v['density'], '.3f')} | "
+            name = "FVT start (no training)" if v.get("fvt") else v["kind"]
+            lines.append(f"| {name} | {v['alpha']:g} | {v['lr']:g} | {_pm(v['density'], '.3f')} | "
                          f"{_pm(v['col_nnz_mean'], '.1f')} of {v['v']} | {_pm(v['entropy'], '.2f')} "
-                         f"({v['entropy_uniform']:.2f}) |")
-        lines.append("")
+                         f"({v['entropy_uniform']:.2f}) | {_pm(v.get('max_weight_mean'), '.3f')} | "
+                         f"{_pm(v.get('col_entropy_mean'), '.2f')} ({math.log(v['v']):.2f}) |")
+        lines += ["", "Density counts non-zeros; the mass-based columns read W = P / nu (each target column sums to "
+                  "one): a mean largest weight of 1.0 means every target token reads one source token, whatever "
+                  "the non-zero count.", ""]
     secs = results.get("seconds")
     if secs:
         lines += ["## Time", "", ", ".join(f"{k} {v:.0f} s" for k, v in secs.items()) +
