@@ -19,9 +19,11 @@ COLUMN_NAMES = {
     "plain_p": "Plain P", "plain_p_cft": "Plain P + CFT", "sinkhorn_p": "Sinkhorn P",
     "sinkhorn_p_cft": "Sinkhorn P + CFT", "s2t2": "S2T2", "s2t2_cft": "S2T2 + CFT",
     "ft_orig_tok": "FT orig. tok.", "ft_new_tok": "FT new tok.", "fvt": "FVT (no training)",
+    "s2t2_default": "S2T2 (shipped defaults)",
 }
-#: the columns of the table and its plot: the paper's Table 1 and the training-free FVT start (#16)
-COLUMNS = (*TABLE1, "fvt")
+#: the columns of the table and its plot: the paper's Table 1 (S2T2 with the paper's literal recipe), S2T2 with the
+#: shipped defaults and the training-free FVT start (#16)
+COLUMNS = (*TABLE1, "s2t2_default", "fvt")
 #: why the paper's FT orig. tok. BpB is 7.24 (#16): it equals log2 of its perplexity, i.e. bits per TOKEN
 PAPER_ORIG_TOK_NOTE = (
     "The paper's FT orig. tok. BpB, 7.24, is log2(151.05) = 7.239 exactly: log2 of that column's own perplexity, "
@@ -135,9 +137,11 @@ def _sparsity(cfg: ReproduceConfig, jobs: list[Job], per_run: dict) -> dict:
         e = per_run.get(j.name)
         if j.stage != "translate" or not e or not e.get("P"):
             continue
-        fvt = "translate_fvt" in j.name
-        key = f"{'fvt_' if fvt else ''}{e['kind']}_{alpha_tag(e['alpha'])}_lr{e['lr']:g}"
-        groups.setdefault(key, ({"fvt": fvt, "alpha": e["alpha"], "lr": e["lr"]}, []))[1].append(e["P"])
+        fvt, default = "translate_fvt" in j.name, "translate_s2t2_default" in j.name
+        tag = "fvt_" if fvt else "default_" if default else ""
+        key = f"{tag}{e['kind']}_{alpha_tag(e['alpha'])}_lr{e['lr']:g}"
+        groups.setdefault(key, ({"fvt": fvt, "default": default, "alpha": e["alpha"], "lr": e["lr"]}, [])
+                          )[1].append(e["P"])
     out = {}
     for key, (info, ps) in groups.items():
         out[key] = {k: _stats([p[k] for p in ps if p.get(k) is not None])
@@ -161,7 +165,8 @@ def _curves(cfg: ReproduceConfig, jobs: list[Job], st: Setting) -> dict:
             continue
         if (j.stage == "translate" and float(_override(j, "translator.alpha") or 0) == 0 and "transfer" not in j.name
                 and "translate_fvt" not in j.name):
-            method = {v: k for k, v in KINDS.items()}[_override(j, "translator.kind")]
+            method = ("s2t2_default" if "translate_s2t2_default" in j.name
+                      else {v: k for k, v in KINDS.items()}[_override(j, "translator.kind")])
         elif j.stage == "finetune" and j.role:
             method = j.role[1]
         else:
@@ -282,6 +287,8 @@ def table1_markdown(results: dict) -> str:
     return "\n".join([head, sep, *rows, "",
                       f"Held-out protein sequences; {spread} {n} seed(s). Perplexity per token of each column's "
                       "tokenizer; BpB = total NLL / (ln 2 x UTF-8 bytes). Paper: OLMo-1B on UniRef50 (Table 1). "
+                      "S2T2 (shipped defaults): translator.recipe=default (lr in units of 1/v, the measured default; "
+                      "dense warm-up), P only; the S2T2 column uses the paper's literal recipe. "
                       "FVT (not in the paper): the training-free surface-string start (translator.init=fvt, "
                       "init_weight 1), P only, not trained. " + PAPER_ORIG_TOK_NOTE
                       + (" Unigram ref. (perplexity / BpB): a model that knows only the train split's token "
@@ -332,7 +339,7 @@ def plots(results: dict, out_dir: Path) -> dict[str, Path]:
     paths = {}
     colors = {"plain_p": "tab:gray", "sinkhorn_p": "tab:blue", "s2t2": "tab:green", "plain_p_cft": "tab:gray",
               "sinkhorn_p_cft": "tab:blue", "s2t2_cft": "tab:green", "ft_orig_tok": "tab:purple",
-              "ft_new_tok": "tab:orange", "fvt": "tab:brown"}
+              "ft_new_tok": "tab:orange", "fvt": "tab:brown", "s2t2_default": "tab:olive"}
 
     # loss curves ----------------------------------------------------------------------------------------------
     c = results["curves"]
@@ -397,7 +404,8 @@ def plots(results: dict, out_dir: Path) -> dict[str, Path]:
     # sparsity vs alpha ----------------------------------------------------------------------------------------
     sp = results["sparsity"]
     lr_t = _transfer_lr_used(results)
-    pts = sorted((v for v in sp.values() if v["kind"] == "sparse" and math.isclose(v["lr"], lr_t) and not v["fvt"]),
+    pts = sorted((v for v in sp.values() if v["kind"] == "sparse" and math.isclose(v["lr"], lr_t)
+                  and not v["fvt"] and not v["default"]),
                  key=lambda v: v["alpha"])
     if pts:
         fig, axes = plt.subplots(1, 3, figsize=(16, 4))
@@ -413,7 +421,7 @@ def plots(results: dict, out_dir: Path) -> dict[str, Path]:
             # the unconstrained P is not a distribution (signed entries): no entropy reference for it
             refs = (("softmax", "tab:blue"),) + ((("unconstrained", "tab:gray"),) if key == "density" else ())
             for kind, col in refs:
-                ref = [v for v in sp.values() if v["kind"] == kind and v["alpha"] == 0 and not v["fvt"]]
+                ref = [v for v in sp.values() if v["kind"] == kind and v["alpha"] == 0 and not v["fvt"] and not v["default"]]
                 if ref and ref[0].get(key, {}).get("n"):
                     ax.axhline(ref[0][key]["mean"], color=col, ls=":", label=f"{kind} P (alpha 0)")
             if key == "entropy":
@@ -439,7 +447,7 @@ def plots(results: dict, out_dir: Path) -> dict[str, Path]:
             errs = [t[k][metric]["std"] for k in keys]
             bars = ax.bar(range(len(keys)), means, yerr=errs, capsize=4, color=[colors[k] for k in keys])
             for b, k in zip(bars, keys):
-                b.set_alpha(0.5 if k in KINDS or k == "fvt" else 1.0)
+                b.set_alpha(0.5 if k in KINDS or k in ("fvt", "s2t2_default") else 1.0)
             ax.bar_label(bars, fmt=f, fontsize=8)
             ax.set_xticks(range(len(keys)), [COLUMN_NAMES[k] for k in keys], rotation=30, ha="right")
             ax.set(ylabel=metric if metric != "bpb" else "bits per byte")
@@ -535,7 +543,8 @@ def report_markdown(results: dict, plot_paths: dict[str, Path], out: Path) -> st
                   "mean largest weight of W = P/nu | column entropy of W (uniform) |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for k, v in sorted(sp.items(), key=lambda kv: (kv[1]["kind"], kv[1]["alpha"])):
-            name = "FVT start (no training)" if v.get("fvt") else v["kind"]
+            name = ("FVT start (no training)" if v["fvt"] else "sparse (shipped defaults, lr: the measured default)"
+                    if v["default"] else v["kind"])
             lines.append(f"| {name} | {v['alpha']:g} | {v['lr']:g} | {_pm(v['density'], '.3f')} | "
                          f"{_pm(v['col_nnz_mean'], '.1f')} of {v['v']} | {_pm(v['entropy'], '.2f')} "
                          f"({v['entropy_uniform']:.2f}) | {_pm(v.get('max_weight_mean'), '.3f')} | "
