@@ -43,7 +43,7 @@ def test_tiny_table1_every_column(tiny):
     out, stdout = tiny
     r = json.loads((out / "results.json").read_text())
     assert r["missing_runs"] == []
-    for key in TABLE1:
+    for key in (*TABLE1, "s2t2_default", "fvt"):  # + S2T2 with the shipped defaults and the training-free FVT start
         col = r["table1"][key]
         assert col["bpb"]["n"] == 1 and math.isfinite(col["bpb"]["mean"]) and col["bpb"]["mean"] > 0, key
         assert math.isfinite(col["perplexity"]["mean"]), key
@@ -54,7 +54,9 @@ def test_tiny_table1_every_column(tiny):
     for name, run in r["runs"].items():
         if run["stage"] in ("translate", "finetune"):
             res = json.loads((out / "runs" / name / "result.json").read_text())
-            assert res["step"] == (cfg["p_steps"] if run["stage"] == "translate" else cfg["ft_steps"]), name
+            want = 1 if name.endswith("translate_fvt") else cfg["p_steps"] if run["stage"] == "translate" \
+                else cfg["ft_steps"]  # the FVT start is not trained (one step at a negligible lr)
+            assert res["step"] == want, name
     # each translator's P lr was chosen among the sweep by training loss, and its Table 1 runs used it
     sel = r["lr_selection"]
     assert set(sel["chosen"]) == set(KINDS.values()) and set(sel["chosen"].values()) <= set(cfg["p_lr_sweep"])
@@ -69,6 +71,19 @@ def test_tiny_table1_every_column(tiny):
     assert r["runs"]["seed0/ft_s2t2_cft"]["metrics"]["bytes_per_token"] > 1.3
     table = (out / "table1.md").read_text()
     assert table.count("|") > 40 and "**Perp.**" in table and "**BpB**" in table and "S2T2 + CFT" in table
+    assert "FVT start (untrained)" in table and "S2T2 (shipped defaults)" in table
+    assert "log2(151.05) = 7.239" in table and "per token" in table  # the paper's FT orig. tok. BpB explained
+    # the FVT row really is the surface-string start: init fvt with weight 1, the paper-faithful S2T2 column is
+    # still the literal recipe, and the defaults row is not
+    plan = {j["name"]: j for j in json.loads((out / "plan.json").read_text())}
+    fvt = plan["seed0/translate_fvt"]["overrides"]
+    assert "translator.init=fvt" in fvt and "translator.init_weight=1" in fvt
+    assert "translator.recipe=paper" in plan["seed0/translate_sparse"]["overrides"]
+    assert "translator.recipe=default" in plan["seed0/translate_s2t2_default"]["overrides"]
+    # the untrained FVT start spreads each target token over its few residue bytes of the byte-level source: far
+    # from the uniform start (largest weight 1/v, entropy log v) that the paper-recipe S2T2 column starts from
+    P = r["runs"]["seed0/translate_fvt"]["P"]
+    assert P["max_weight_mean"] > 10 / P["v"] and P["col_entropy_mean"] < math.log(P["v"]) / 2
     assert "table1" in stdout or "report" in stdout
 
 
@@ -91,10 +106,15 @@ def test_tiny_transfer_sparsity_and_checks(tiny):
     sp = r["sparsity"]
     kinds = {v["kind"] for v in sp.values()}
     assert kinds == {"sparse", "softmax", "unconstrained"}
-    dens = {v["alpha"]: v["density"]["mean"] for v in sp.values() if v["kind"] == "sparse"}
+    dens = {v["alpha"]: v["density"]["mean"] for v in sp.values()
+            if v["kind"] == "sparse" and not v["fvt"] and not v["default"]}
     assert set(dens) == {0.0, 0.1} and all(0 < d <= 1 for d in dens.values())
     # loss curves were read back from the TensorBoard event files of every P run and every finetuning run
-    assert set(r["curves"]["translate"]) == set(KINDS)
+    # mass-based sparsity of W = P / nu for every P (1: one source token per target token; 0 nats: one-hot)
+    for v in sp.values():
+        assert 0 < v["max_weight_mean"]["mean"] <= 1 + 1e-9 and 0 <= v["col_entropy_mean"]["mean"] <= math.log(v["v"]) + 1e-6
+    assert sum(v["fvt"] for v in sp.values()) == 1 and sum(v["default"] for v in sp.values()) == 1
+    assert set(r["curves"]["translate"]) == set(KINDS) | {"s2t2_default"}
     assert set(r["curves"]["finetune"]) == {k for k in TABLE1 if k not in KINDS}
     assert all(len(c[0]) >= 3 for c in r["curves"]["finetune"].values())
     claims = [c["claim"] for c in r["checks"]]
@@ -117,6 +137,7 @@ def test_tiny_plots_and_report(tiny):
     for name in ("loss_curves", "transfer", "sparsity_vs_alpha", "table1"):
         assert f"](plots/{name}.png)" in report
     assert "## Does the paper's ordering hold?" in report and ("**held**" in report or "**NOT held**" in report)
+    assert "mean largest weight of W = P/nu" in report and "FVT start (no training)" in report
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ LN2 = math.log(2)
 COLUMN_NAMES = {
     "plain_p": "Plain P", "plain_p_cft": "Plain P + CFT", "sinkhorn_p": "Sinkhorn P",
     "sinkhorn_p_cft": "Sinkhorn P + CFT", "s2t2": "S2T2", "s2t2_cft": "S2T2 + CFT",
-    "ft_orig_tok": "FT orig. tok.", "ft_new_tok": "FT new tok.", "fvt": "FVT (no training)",
+    "ft_orig_tok": "FT orig. tok.", "ft_new_tok": "FT new tok.", "fvt": "FVT start (untrained)",
     "s2t2_default": "S2T2 (shipped defaults)",
 }
 #: the columns of the table and its plot: the paper's Table 1 (S2T2 with the paper's literal recipe), S2T2 with the
@@ -289,8 +289,11 @@ def table1_markdown(results: dict) -> str:
                       "tokenizer; BpB = total NLL / (ln 2 x UTF-8 bytes). Paper: OLMo-1B on UniRef50 (Table 1). "
                       "S2T2 (shipped defaults): translator.recipe=default (lr in units of 1/v, the measured default; "
                       "dense warm-up), P only; the S2T2 column uses the paper's literal recipe. "
-                      "FVT (not in the paper): the training-free surface-string start (translator.init=fvt, "
-                      "init_weight 1), P only, not trained. " + PAPER_ORIG_TOK_NOTE
+                      "FVT start (not in the paper): S2T2's training-free surface-string start (translator.init=fvt, "
+                      "init_weight 1: each target token's pieces as source tokens), as the translate stage builds it, "
+                      "i.e. projected onto P's marginals (mu, nu), which spreads it over many source tokens (see its "
+                      "mass-based sparsity under P); P only, not trained. bench/bench_real_model.py's FVT row "
+                      "evaluates the unprojected plan. " + PAPER_ORIG_TOK_NOTE
                       + (" Unigram ref. (perplexity / BpB): a model that knows only the train split's token "
                          "frequencies, for the column's tokenizer." if uni else "")])
 
