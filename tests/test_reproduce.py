@@ -80,10 +80,10 @@ def test_tiny_table1_every_column(tiny):
     assert "translator.init=fvt" in fvt and "translator.init_weight=1" in fvt
     assert "translator.recipe=paper" in plan["seed0/translate_sparse"]["overrides"]
     assert "translator.recipe=default" in plan["seed0/translate_s2t2_default"]["overrides"]
-    # the untrained FVT start spreads each target token over its few residue bytes of the byte-level source: far
-    # from the uniform start (largest weight 1/v, entropy log v) that the paper-recipe S2T2 column starts from
+    # the untrained FVT start (each target token's residue bytes, projected onto S2T2's marginals) is far from the
+    # uniform start (largest weight 1/v, column entropy log v) that the paper-recipe S2T2 column starts from
     P = r["runs"]["seed0/translate_fvt"]["P"]
-    assert P["max_weight_mean"] > 10 / P["v"] and P["col_entropy_mean"] < math.log(P["v"]) / 2
+    assert P["max_weight_mean"] > 10 / P["v"] and P["col_entropy_mean"] < math.log(P["v"]) - 0.1
     assert "table1" in stdout or "report" in stdout
 
 
