@@ -95,9 +95,11 @@ def preset(scale: str) -> ReproduceConfig:
         return ReproduceConfig(
             scale="small", seeds=[0, 1, 2], vocab_size=256, context_len=128, batch_size=8, p_steps=200,
             ft_steps=200, p_lr_sweep=[1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0], alphas=[0.0, 0.1, 1.0], log_every=10,
-            small=SourceRecipe(n_layers=2, d_model=64, n_heads=4, context_len=64, batch_size=16, steps=300),
+            # the source LMs are built for the runs' 128 positions (the stages refuse a longer context than the
+            # model's); 8 x 128 tokens per step, as 16 x 64 before
+            small=SourceRecipe(n_layers=2, d_model=64, n_heads=4, context_len=128, batch_size=8, steps=300),
             # more width and more steps: the transfer needs a target model that is better on English
-            large=SourceRecipe(n_layers=2, d_model=128, n_heads=4, context_len=64, batch_size=16, steps=600))
+            large=SourceRecipe(n_layers=2, d_model=128, n_heads=4, context_len=128, batch_size=8, steps=600))
     if scale == "paper":  # the paper's settings (printed as SLURM submissions, never run here)
         return ReproduceConfig(scale="paper", seeds=[0], vocab_size=512, context_len=512, batch_size=16,
                                p_steps=2000, ft_steps=2000, p_lr=1e-3, ft_lr=2e-5, transfer_p_lr=2e-5,
