@@ -2,6 +2,9 @@
 position saved by W ranks resumes on W' ranks with exactly the samples the uninterrupted run would use next."""
 
 import json
+import os
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -103,3 +106,31 @@ def test_batches_hold_the_shard_blocks(data):
     b = next(iter(ld))
     assert b["input_ids"].shape == (2, T) and b["input_ids"].dtype == torch.int64
     assert np.all(b["input_ids"].numpy() >= 0)
+
+
+def _children() -> list[int]:
+    me, kids = os.getpid(), []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = open(f"/proc/{d}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == me:
+                kids.append(int(d))
+    return kids
+
+
+def test_workers_survive_ctrl_c(data):
+    """Ctrl-C reaches every process of the terminal's group; the loader's workers must keep serving batches so the
+    training loop can write its checkpoint at the next step boundary (the SIGINT path of the stages)."""
+    loader = _loaders(data, 1, num_workers=1, multiprocessing_context="fork")[0]
+    it = iter(loader)
+    next(it)
+    kids = _children()
+    assert kids, "no worker process"
+    for pid in kids:
+        os.kill(pid, signal.SIGINT)
+    time.sleep(0.5)
+    for _ in range(5):
+        assert next(it)["input_ids"].numel()

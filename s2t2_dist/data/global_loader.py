@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from .errors import DataError, ManifestError, ShardError
-from .loader import ShardReader, _identity, _shuffled, _to_torch
+from .loader import ShardReader, _identity, _ignore_sigint, _shuffled, _to_torch
 from .shards import load_manifest
 
 
@@ -182,7 +182,7 @@ class GlobalTrainLoader:
             source = iter(torch.utils.data.DataLoader(
                 _WorkerDataset(self._stream, nw, epoch, step0), batch_size=None, collate_fn=_identity,
                 num_workers=nw, prefetch_factor=self.prefetch_factor, multiprocessing_context=self.mp_context,
-                persistent_workers=False))
+                persistent_workers=False, worker_init_fn=_ignore_sigint))
         pending: dict[int, dict] = {}
         try:
             for b in source:
