@@ -214,7 +214,7 @@ def predict_translate(a: dict, layers: int, v: int, world: int, dtype_bytes: int
     return {"load": load, "step": step, "export P": export}
 
 
-def predict_finetune(a: dict, layers: int, world: int) -> dict:
+def predict_finetune(a: dict, layers: int, world: int, engine: str) -> dict:
     """Three phases (the peak is the largest): rank 0 writes the initial model (the source model loaded in fp32
     from its mapped shards, E', L' built from P); each rank loads that model (mapped file + a whole fp32 copy before
     sharding); the step."""
@@ -234,6 +234,12 @@ def predict_finetune(a: dict, layers: int, world: int) -> dict:
         "activations (checkpointed)": (layers * a["d"] + a["block_act_per_token"]) * (B // world) * T * 4,
         "logits + CE": 3 * (B // world) * T * U * 4,
     }
+    if engine == "zero3":
+        # ZeRO-3 keeps its own fp32 flat copy of each rank's partition for the optimizer, and configs/ds_zero3.json's
+        # stage3_max_live_parameters (1e9) lets every gathered parameter stay live below 1e9 parameters: the whole
+        # fp32 model on every rank (FSDP2 reshards each block after its forward)
+        step["ZeRO-3 fp32 partition copy (4 B/param / W)"] = 4 * n / world
+        step["gathered parameters kept live (max_live 1e9)"] = 4 * min(n, 10 ** 9)
     return {"init (rank 0)": init, "load": load, "step": step}
 
 
@@ -513,8 +519,8 @@ def attach_predictions(R: dict) -> None:
     a = dict(R["model"], block_act_per_token=R["model"]["block_act_bytes_per_token"])
     preds = {"translate1": lambda: predict_translate(a, a["layers"], 243, 1, 4, B),
              "translate2": lambda: predict_translate(a, a["layers"], 50280, 2, 2, 1),
-             "zero3": lambda: predict_finetune(a, R["ft_model"]["layers"], 2),
-             "fsdp": lambda: predict_finetune(a, R["ft_model"]["layers"], 2)}
+             "zero3": lambda: predict_finetune(a, R["ft_model"]["layers"], 2, "zero3"),
+             "fsdp": lambda: predict_finetune(a, R["ft_model"]["layers"], 2, "fsdp")}
     for leg, fn in preds.items():
         if leg in R:
             R[leg]["predicted"] = fn()
