@@ -8,6 +8,7 @@ known to bite); everything routed through the module works.
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,7 @@ def _nccl_like_rank():
     from s2t2_dist.engines.torch_engine import TorchEngine
     from s2t2_dist.eval.bpb import EvalTotals
     from s2t2_dist.eval.scoring import score_documents_batched
+    from s2t2_dist.train.config import OptimConfig
     from s2t2_dist.train.metrics import p_sparsity_stats
 
     out = {"backend": dist.get_backend_config()}
@@ -108,13 +110,12 @@ def _nccl_like_rank():
     # real code paths: a replicated and a sharded engine step, exact eval totals, lockstep scoring, P statistics
     torch.manual_seed(r)  # different replicas: the broadcast makes them equal
     lin = torch.nn.Linear(3, 1, bias=False)
-    eng = TorchEngine(lin, lr=0.1, weight_decay=0.0, betas=(0.9, 0.95), eps=1e-8, total_steps=2, warmup_frac=0.0,
-                      final_frac=1.0, grad_clip=1.0, params="replicated")
+    ocfg = OptimConfig(lr=0.1, eps=1e-8, warmup_frac=0.0, final_lr_frac=1.0, grad_clip=1.0)
+    eng = TorchEngine.build(lin, ocfg, 2, params="replicated")
     lin(torch.full((2, 3), float(r + 1))).sum().backward()
     out["replicated"] = (eng.step(), lin.weight.detach().clone())
     shard = torch.nn.Linear(2, 1, bias=False)
-    eng2 = TorchEngine(shard, lr=0.1, weight_decay=0.0, betas=(0.9, 0.95), eps=1e-8, total_steps=2,
-                       warmup_frac=0.0, final_frac=1.0, grad_clip=None, params="sharded")
+    eng2 = TorchEngine.build(shard, dataclasses.replace(ocfg, grad_clip=0.0), 2, params="sharded")
     shard.weight.grad = torch.full_like(shard.weight, float(r + 1))
     out["sharded_norm"] = eng2.step()[0]
     out["totals"] = EvalTotals(1.5, 3, 10 + r, 1).all_reduce().to_dict()

@@ -155,3 +155,26 @@ class DataConfig:
             raise bad("num_workers", f"must be >= 0, got {self.num_workers}")
         if not self.output_dir:
             raise bad("output_dir", "must be a directory path")
+
+
+@dataclass
+class DataPaths:
+    """The `data:` section of translate and finetune: what `s2t2 prepare` wrote, and how it is read."""
+
+    #: directory of train shards (holding manifest.json), written by `s2t2 prepare`
+    train: str = ""
+    #: directory of eval shards (documents with byte counts); empty: no evaluation
+    eval: str = ""
+    #: the target tokenizer directory (the new BPE)
+    tokenizer: str = ""
+    #: DataLoader worker processes reading the train shards (0: in the training process)
+    num_workers: int = 0
+    #: train samples shuffled together in a seeded window (larger: better mixing, more memory)
+    shuffle_window: int = 4096
+
+    def validate(self) -> None:
+        for k in ("train", "tokenizer"):
+            if not getattr(self, k):
+                raise ConfigError(f"{k}: required (a directory written by `s2t2 prepare`)")
+        if self.num_workers < 0:
+            raise ConfigError(f"num_workers: must be >= 0, got {self.num_workers}")

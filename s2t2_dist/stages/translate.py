@@ -18,8 +18,9 @@ from typing import Literal
 import torch
 
 from s2t2_dist.config import ConfigError
-from s2t2_dist.stages.common import (Runtime, config_part, fingerprint, parse_args, record_config, setup,
-                                     teardown)
+from s2t2_dist.data.config import DataPaths
+from s2t2_dist.stages.common import (Runtime, config_part, fingerprint, parse_args, record_config, run_main,
+                                     run_stage)
 from s2t2_dist.train.config import OptimConfig, TrainConfig
 
 log = logging.getLogger("s2t2.translate")
@@ -46,27 +47,6 @@ class ModelConfig:
     def validate(self) -> None:
         if not self.path:
             raise ConfigError("path: the source model (a Hugging Face directory or hub id) is required")
-
-
-@dataclass
-class DataPaths:
-    #: directory of train shards (holding manifest.json), written by `s2t2 prepare`
-    train: str = ""
-    #: directory of eval shards (documents with byte counts); empty: no evaluation
-    eval: str = ""
-    #: the target tokenizer directory (the new BPE)
-    tokenizer: str = ""
-    #: DataLoader worker processes reading the train shards (0: in the training process)
-    num_workers: int = 0
-    #: train samples shuffled together in a seeded window (larger: better mixing, more memory)
-    shuffle_window: int = 4096
-
-    def validate(self) -> None:
-        for k in ("train", "tokenizer"):
-            if not getattr(self, k):
-                raise ConfigError(f"{k}: required (a directory written by `s2t2 prepare`)")
-        if self.num_workers < 0:
-            raise ConfigError(f"num_workers: must be >= 0, got {self.num_workers}")
 
 
 @dataclass
@@ -317,10 +297,7 @@ def build(cfg: TranslateConfig, rt: Runtime):
     lm = TranslatedLM(model, freeze_model=True, gradient_checkpointing=cfg.model.activation_checkpointing)
     from s2t2_dist.engines.torch_engine import TorchEngine
 
-    o = cfg.optim
-    engine = TorchEngine(translator, lr=step.lr, weight_decay=o.weight_decay, betas=o.betas, eps=o.eps,
-                         total_steps=cfg.train.steps, warmup_frac=o.warmup_frac, final_frac=o.final_lr_frac,
-                         grad_clip=o.grad_clip, params="sharded")
+    engine = TorchEngine.build(translator, cfg.optim, cfg.train.steps, params="sharded", lr=step.lr)
     # The data position is global (a sample count), so that a checkpoint resumes on any number of ranks
     cfg.train.grad_accum(env.world_size)  # the layout is possible (ConfigError naming the keys otherwise)
     loader = GlobalTrainLoader(cfg.data.train, global_batch_size=cfg.train.batch_size,
@@ -351,9 +328,9 @@ def source_surface_bytes(src_tok, src_ids: list[int]) -> list:
     trained one."""
     import re
 
-    from s2t2_dist.models.hf import _backend, token_bytes
+    from s2t2_dist.models.hf import token_bytes, tokenizers_backend
 
-    tok, _ = _backend(src_tok)
+    tok, _ = tokenizers_backend(src_tok)
     tb = token_bytes(tok)
     fallback = re.compile(r"<0x[0-9A-Fa-f]{2}>")
     regular = {tb[i] for i in tb if tb[i] and not fallback.fullmatch(tok.id_to_token(i) or "")}
@@ -430,19 +407,23 @@ def preflight(cfg: TranslateConfig) -> None:
 
 
 def run(cfg: TranslateConfig) -> dict:
+    return run_stage(cfg, _train, preflight=preflight, precision=cfg.train.precision, seed=cfg.train.seed,
+                     record=False, result=lambda rt: rt.run_dir / "result.json",
+                     report=lambda rt, s: log.info("translate: %s", json.dumps(s)))
+
+
+def _train(cfg: TranslateConfig, rt: Runtime) -> dict:
     from s2t2_dist.data.bpe import load_tokenizer, tokenizer_hash
     from s2t2_dist.train.checkpoint import Checkpointer
     from s2t2_dist.train.loop import train
 
-    preflight(cfg)
-    rt = setup(cfg.run_dir, cfg.train.precision, cfg, cfg.train.seed, record=False)
     # the checkpoint is checked against this config before the model is loaded (hashes as build computes them)
     hashes = {"source": tokenizer_hash(cfg.model.path), "target": load_tokenizer(cfg.data.tokenizer).hash}
     # elastic: C's columns and their Adam moments are re-split, and the data position is global, so a checkpoint
     # resumes on any number of ranks (the global batch and the seed must stay)
     fp = fingerprint(**config_part(cfg, "model", "translator"), data=cfg.data.train,
                      tokenizers=hashes, train=[cfg.train.batch_size, cfg.train.seed])
-    fp["optim"] = config_part(cfg, "optim")["optim"]  # by value: a refusal names the changed setting
+    fp["optim"] = cfg.optim.fingerprint()  # by value: a refusal names the changed setting
     ck = Checkpointer(rt.run_dir, keep=cfg.train.keep_checkpoints, fingerprint=fp, elastic=True)
     ck.check_resumable()
     record_config(rt, cfg)
@@ -459,19 +440,10 @@ def run(cfg: TranslateConfig) -> dict:
             metrics = task.evaluate()
             rt.logger.scalars(result.step, {f"eval/{k}": v for k, v in metrics.items()})
             summary["eval"] = metrics
-    if rt.env.is_main:
-        from s2t2_dist.utils.io import atomic_write_text
-
-        atomic_write_text(rt.run_dir / "result.json", json.dumps(summary, indent=1))
-        log.info("translate: %s", json.dumps(summary))
-    rt.logger.close()
-    teardown()
     return summary
 
 
 def main(argv: list[str]) -> int:
-    from s2t2_dist.stages.common import run_main
-
     return run_main("s2t2 translate", lambda: run(parse_config(argv)))
 
 
