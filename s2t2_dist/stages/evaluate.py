@@ -165,7 +165,7 @@ def _output(cfg: EvaluateConfig) -> Path:
 
 
 def _evaluate(cfg: EvaluateConfig, rt) -> dict:
-    from s2t2_dist.data.loader import EvalDocs
+    from s2t2_dist.data.reader import EvalDocs
     from s2t2_dist.eval.scoring import evaluate_documents, hf_logits_fn
     from s2t2_dist.stages.init_model import check_shards, prepare_initial_model
 

@@ -161,7 +161,7 @@ def _set_special_ids(model, plan: InitPlan) -> None:
 
 def build(cfg: FinetuneConfig, rt: Runtime):
     from s2t2_dist.data.global_loader import GlobalTrainLoader
-    from s2t2_dist.data.loader import EvalDocs
+    from s2t2_dist.data.reader import EvalDocs
     from s2t2_dist.stages.init_model import check_shards, prepare_initial_model
 
     env = rt.env

@@ -234,7 +234,7 @@ def _vocab_strings(tok, ids) -> list[str]:
 def build(cfg: TranslateConfig, rt: Runtime):
     from s2t2_dist.data.bpe import load_tokenizer, tokenizer_hash
     from s2t2_dist.data.global_loader import GlobalTrainLoader
-    from s2t2_dist.data.loader import EvalDocs
+    from s2t2_dist.data.reader import EvalDocs
     from s2t2_dist.models.hf import UnsupportedModel, get_embedding_and_head, load_causal_lm, source_token_ids
     from s2t2_dist.models.translated import TranslatedLM
     from s2t2_dist.translator import TokenTranslator, freeze_warning, resolve_step

@@ -20,7 +20,7 @@ from conftest import REPO, base_env, ledger, prepare_tiny, translate_args, write
 
 from s2t2_dist.config import ConfigError, load_config
 from s2t2_dist.data.errors import ManifestError, ShardError
-from s2t2_dist.data.loader import TrainLoader
+from s2t2_dist.data.global_loader import GlobalTrainLoader
 from s2t2_dist.pfile import PFileError, load_p, save_p
 from s2t2_dist.stages.translate import TranslateConfig, run
 
@@ -61,7 +61,8 @@ def test_corrupted_shard_same_size(data, num_workers):
     raw = bytearray(shard.read_bytes())
     raw[512 * 5:512 * 7] = os.urandom(1024)  # the second sample's tar header and data, same size
     shard.write_bytes(bytes(raw))
-    loader = TrainLoader(data / "shards/new/train", batch_size=2, num_workers=num_workers, shuffle_window=16)
+    loader = GlobalTrainLoader(data / "shards/new/train", global_batch_size=2, micro_batch_size=2,
+                               num_workers=num_workers, shuffle_window=16)
     with pytest.raises(ShardError, match=rf"shard {shard}"):
         for _ in loader:
             pass
@@ -89,21 +90,21 @@ def test_manifest_does_not_match_the_shards(data):
     train = data / "shards/new/train"
     _edit_manifest(data, lambda m: m["shards"][3].update(n_samples=m["shards"][3]["n_samples"] + 1))
     with pytest.raises(ManifestError, match=r"shard train-000004.tar starts at sample 64, expected 65"):
-        TrainLoader(train, batch_size=2)
+        GlobalTrainLoader(train, global_batch_size=2, micro_batch_size=2)
     ledger("bad input: a manifest whose sample counts do not match the shards")
 
 
 def test_manifest_lists_a_missing_shard(data):
     _shards(data)[4].unlink()
     with pytest.raises(ShardError, match=r"shard .*train-000004.tar is missing \(listed in .*manifest.json\)"):
-        TrainLoader(data / "shards/new/train", batch_size=2)
+        GlobalTrainLoader(data / "shards/new/train", global_batch_size=2, micro_batch_size=2)
     ledger("bad input: a manifest listing a missing shard")
 
 
 def test_manifest_not_json(data):
     (data / "shards/new/train/manifest.json").write_text('{"format": "s2t2-shards", ')
     with pytest.raises(ManifestError, match=r"manifest.json: not valid JSON"):
-        TrainLoader(data / "shards/new/train", batch_size=2)
+        GlobalTrainLoader(data / "shards/new/train", global_batch_size=2, micro_batch_size=2)
     ledger("bad input: a corrupt manifest.json")
 
 
