@@ -44,8 +44,9 @@ def asset_path(*parts: str) -> Path:
     return p
 
 
-def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | str | None:
-    """`"float32"`/`"bf16"`/... or a torch.dtype -> torch.dtype; `"auto"` and None are passed through."""
+def torch_dtype(dtype: str | torch.dtype | None) -> torch.dtype | str | None:
+    """A dtype's name (`"float32"`/`"bf16"`/...) or a torch.dtype -> torch.dtype; `"auto"` and None are passed
+    through. (The compute dtype of a run, from train.precision and the device, is stages.common.compute_dtype.)"""
     if dtype is None or isinstance(dtype, torch.dtype) or dtype == "auto":
         return dtype
     key = str(dtype).lower().replace("torch.", "")
@@ -86,7 +87,7 @@ def load_causal_lm(
     from transformers import AutoModelForCausalLM
 
     if dtype is not None:
-        kwargs[_dtype_kwarg()] = resolve_dtype(dtype)
+        kwargs[_dtype_kwarg()] = torch_dtype(dtype)
     model = AutoModelForCausalLM.from_pretrained(str(path_or_id), trust_remote_code=trust_remote_code, **kwargs)
     if device is not None and "device_map" not in kwargs:
         model = model.to(device)
@@ -122,7 +123,9 @@ def build_causal_lm(source, *, dtype: torch.dtype | None = None, device: str | t
     return load_causal_lm(source, dtype=dtype or torch.float32, device=device, trust_remote_code=trust_remote_code)
 
 
-def load_tokenizer(path_or_id: str | os.PathLike, trust_remote_code: bool = False, **kwargs: Any):
+def load_hf_tokenizer(path_or_id: str | os.PathLike, trust_remote_code: bool = False, **kwargs: Any):
+    """transformers' AutoTokenizer of a model directory or hub id (a model's own tokenizer; the project's target
+    tokenizers, with their special-token roles, are data.bpe.load_tokenizer's TokenizerInfo)."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path_or_id), trust_remote_code=trust_remote_code, **kwargs)
@@ -181,7 +184,7 @@ def tokenizers_backend(tokenizer_or_path):
         if p.is_dir():
             if (p / "tokenizer.json").exists():
                 return Tokenizer.from_file(str(p / "tokenizer.json")), str(p)
-            return tokenizers_backend(load_tokenizer(p))
+            return tokenizers_backend(load_hf_tokenizer(p))
         if p.is_file():
             return Tokenizer.from_file(str(p)), str(p)
         raise FileNotFoundError(f"no tokenizer at {p}")
@@ -325,12 +328,12 @@ def source_token_ids(
 
 @dataclass
 class ModelPathConfig:
-    """The `model:` section of finetune and evaluate: a Hugging Face model directory or hub id (finetune: the source
-    model, whose embedding and head init replaces; evaluate: the model evaluated, or the source model a P file is
-    applied to). Finetuning keeps float32 master weights (train.precision selects bf16 compute): no dtype key."""
+    """The `model:` section of every stage (translate extends it): a Hugging Face model directory or hub id
+    (translate, finetune: the source model; evaluate: the model evaluated, or the source model a P file is applied
+    to). Finetuning keeps float32 master weights (train.precision selects bf16 compute): no dtype key."""
 
-    #: a Hugging Face model directory or hub id (finetune: the source model; evaluate: the model evaluated, or the
-    #: source model a P file is applied to)
+    #: a Hugging Face model directory or hub id (translate, finetune: the source model; evaluate: the model
+    #: evaluated, or the source model a P file is applied to)
     path: str = ""
     #: let transformers run the model repository's own Python code (models not built into transformers)
     trust_remote_code: bool = False

@@ -35,6 +35,7 @@ from typing import Literal
 from s2t2_dist.config import ConfigError
 from s2t2_dist.engines.build import EngineConfig, build_model_and_engine, engine_kind
 from s2t2_dist.models.hf import ModelPathConfig
+from s2t2_dist.stages import checks
 from s2t2_dist.stages.common import parse_args, run_main, run_stage
 from s2t2_dist.stages.init_model import InitConfig, InitPlan
 
@@ -135,8 +136,6 @@ def build_eval_model(cfg: EvaluateConfig, plan: InitPlan, rt):
 def preflight(cfg: EvaluateConfig) -> None:
     """Before any weight is read: the model directory, its tokenizer against its embedding rows, its positions
     against eval.context_len, the eval shards (not empty; against data.tokenizer when it is given)."""
-    from s2t2_dist.stages import checks
-
     checks.run_dir(cfg.run_dir)
     mdir = checks.model_dir(cfg.model.path)
     checks.model_tokenizer_fits(mdir)

@@ -29,6 +29,7 @@ from s2t2_dist.config import ConfigError
 from s2t2_dist.data.config import DataPaths
 from s2t2_dist.engines.build import EngineConfig, build_model_and_engine, engine_kind
 from s2t2_dist.models.hf import ModelPathConfig
+from s2t2_dist.stages import checks
 from s2t2_dist.stages.common import (Runtime, config_part, fingerprint, parse_args, record_config, run_main,
                                      run_stage)
 from s2t2_dist.stages.init_model import InitConfig, InitPlan
@@ -175,9 +176,7 @@ def build(cfg: FinetuneConfig, rt: Runtime):
                                num_workers=cfg.data.num_workers, seed=cfg.train.seed,
                                shuffle_window=cfg.data.shuffle_window)
     check_shards(loader.manifest, plan, "data.train")
-    if loader.manifest.get("context_len") not in (None, cfg.train.context_len):
-        raise ConfigError(f"train.context_len={cfg.train.context_len} but the shards in {cfg.data.train} hold "
-                          f"blocks of {loader.manifest.get('context_len')} tokens")
+    checks.context_matches_shards(loader.manifest, cfg.train.context_len, "data.train")  # the shards read
     eval_docs = None
     if cfg.data.eval:
         eval_docs = EvalDocs(cfg.data.eval, rank=env.rank, world_size=env.world_size)
@@ -239,8 +238,6 @@ def probe_logits(task: FinetuneTask, n_tokens: int = 32, seed: int = 1234) -> di
 def preflight(cfg: FinetuneConfig) -> None:
     """What can be checked from files before any weight is read (see translate.preflight); the shards against the
     tokenizer the model will speak are checked by `build` (check_shards), before the model is loaded."""
-    from s2t2_dist.stages import checks
-
     checks.run_dir(cfg.run_dir)
     checks.training_layout(cfg.train, cfg.data.eval)
     mdir = checks.model_dir(cfg.model.path)

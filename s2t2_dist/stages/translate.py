@@ -19,6 +19,8 @@ import torch
 
 from s2t2_dist.config import ConfigError
 from s2t2_dist.data.config import DataPaths
+from s2t2_dist.models.hf import ModelPathConfig
+from s2t2_dist.stages import checks
 from s2t2_dist.stages.common import (Runtime, config_part, fingerprint, parse_args, record_config, run_main,
                                      run_stage)
 from s2t2_dist.train.config import OptimConfig, TrainConfig
@@ -27,26 +29,21 @@ log = logging.getLogger("s2t2.translate")
 
 
 @dataclass
-class ModelConfig:
-    #: Hugging Face model directory or hub id (production: allenai/OLMo-1B-hf)
-    path: str = ""
+class ModelConfig(ModelPathConfig):
+    """The `model:` section (path, trust_remote_code: ModelPathConfig, shared with finetune and evaluate) and what
+    stage 1 adds: the frozen source LM's dtype, source tokens, activation checkpointing and partitioning."""
+
     #: auto: bfloat16 on GPU, float32 on CPU
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     #: source tokens P translates from: all (every real token), single_byte (tokens of exactly one byte: the
     #: paper's "bytes", 243 on OLMo), single_char (tokens of one character: 1,004 on OLMo, 876 multi-byte, so NOT
     #: bytes), or a file of ids
     source_vocab: str = "all"
-    #: let transformers run the model repository's own Python code (models not built into transformers)
-    trust_remote_code: bool = False
     #: recompute each block's activations in backward (less memory, about a third more compute)
     activation_checkpointing: bool = False
     #: none: the frozen LM replicated on every rank; fsdp: its transformer blocks partitioned across ranks
     #: (FSDP2, gathered block by block in forward and backward) for models that do not fit one device
     partition: Literal["none", "fsdp"] = "none"
-
-    def validate(self) -> None:
-        if not self.path:
-            raise ConfigError("path: the source model (a Hugging Face directory or hub id) is required")
 
 
 @dataclass
@@ -235,16 +232,15 @@ def build(cfg: TranslateConfig, rt: Runtime):
     from s2t2_dist.data.bpe import load_tokenizer, tokenizer_hash
     from s2t2_dist.data.global_loader import GlobalTrainLoader
     from s2t2_dist.data.reader import EvalDocs
-    from s2t2_dist.models.hf import UnsupportedModel, get_embedding_and_head, load_causal_lm, source_token_ids
+    from s2t2_dist.models.hf import (UnsupportedModel, get_embedding_and_head, load_causal_lm, load_hf_tokenizer,
+                                     source_token_ids)
     from s2t2_dist.models.translated import TranslatedLM
     from s2t2_dist.translator import TokenTranslator, freeze_warning, resolve_step
 
     env = rt.env
     model = load_causal_lm(cfg.model.path, dtype=rt.dtype, device=rt.device, frozen=True,
                            trust_remote_code=cfg.model.trust_remote_code)
-    from transformers import AutoTokenizer
-
-    src_tok = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+    src_tok = load_hf_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     try:
         E, L, tied = get_embedding_and_head(model)
         TranslatedLM(model, freeze_model=False)  # checks the body and the logits (no state: dropped)
@@ -307,9 +303,7 @@ def build(cfg: TranslateConfig, rt: Runtime):
     if loader.dropped_per_epoch and env.is_main:
         log.info("data: %d blocks of each epoch (fewer than one global batch of %d) are left out of that epoch; "
                  "the order changes every epoch", loader.dropped_per_epoch, cfg.train.batch_size)
-    if loader.manifest.get("context_len") not in (None, cfg.train.context_len):
-        raise ConfigError(f"train.context_len={cfg.train.context_len} but the shards in {cfg.data.train} hold "
-                          f"blocks of {loader.manifest.get('context_len')} tokens")
+    checks.context_matches_shards(loader.manifest, cfg.train.context_len, "data.train")  # the shards read
     eval_docs = EvalDocs(cfg.data.eval, rank=env.rank, world_size=env.world_size) if cfg.data.eval else None
     task = TranslateTask(lm, translator, E, L, src_ids, cfg, rt,
                          [tgt.tokenizer.id_to_token(i) or str(i) for i in range(u)],
@@ -379,8 +373,6 @@ def preflight(cfg: TranslateConfig) -> None:
     """Everything checkable from files before any weight is read: the model directory, its tokenizer against its
     embedding rows and its positions against train.context_len, the shards against data.tokenizer and the
     context length, the eval split (not empty)."""
-    from s2t2_dist.stages import checks
-
     checks.run_dir(cfg.run_dir)
     checks.training_layout(cfg.train, cfg.data.eval)
     mdir = checks.model_dir(cfg.model.path)
