@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Literal
 
 from s2t2_dist.config import ConfigError
+from s2t2_dist.data.records import FileFormatName
 from s2t2_dist.engines.build import EngineConfig, build_model_and_engine, engine_kind
 from s2t2_dist.models.hf import ModelPathConfig
 from s2t2_dist.stages import checks
@@ -50,8 +51,8 @@ class EvalDataConfig:
     tokenizer: str = ""
     #: raw files to score instead of shards (FASTA[.gz], jsonl[.gz], parquet, text), tokenized with that tokenizer
     files: list[str] = field(default_factory=list)
-    #: format of data.files: auto (from the file name), fasta, jsonl, parquet or text
-    format: Literal["auto", "fasta", "jsonl", "parquet", "text"] = "auto"
+    #: format of data.files: auto (from the file name) or a file format of data/records.py FORMATS
+    format: FileFormatName = "auto"
     #: column (jsonl, parquet) holding the text of a document
     text_column: str = "text"
     #: column holding a document's id (null: FILE:LINE; FASTA ids always come from the headers)
