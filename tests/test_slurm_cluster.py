@@ -106,10 +106,12 @@ class BatchJobs:
             self.jobs[name] = (getattr(self, "_" + name)(d), d)
         return self.jobs[name]
 
+    # --time=10 in the script jobs: the headers' time-limit warning comes 180 s (translate_1b.sh) and 480 s
+    # (finetune_7b.sh) before the limit, so a shorter limit would signal (and requeue) the job as it starts
     def _probe_2x2(self, d: Path) -> str:
         return self.cluster.sbatch(
             REPO / "slurm" / "translate_1b.sh", "--out", str(d / "run"), "--steps", "4",
-            sbatch_args=["--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=2", "--cpus-per-task=1", "--time=5"],
+            sbatch_args=["--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=2", "--cpus-per-task=1", "--time=10"],
             env=_script_env(), cwd=d)
 
     def _deepspeed(self, d: Path) -> str:
@@ -117,7 +119,7 @@ class BatchJobs:
                           PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
         return self.cluster.sbatch(
             REPO / "slurm" / "finetune_7b.sh", "--out", str(d / "run"), "--steps", "2",
-            sbatch_args=["--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=2", "--cpus-per-task=1", "--time=5"],
+            sbatch_args=["--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=2", "--cpus-per-task=1", "--time=10"],
             env=env, cwd=d)
 
     def _translate(self, d: Path) -> str:
@@ -219,7 +221,7 @@ def test_sbatch_time_limit_warning_checkpoints_requeues_and_resumes(cluster, tmp
     job = cluster.sbatch(REPO / "slurm" / "translate_1b.sh", "--out", str(run), "--steps", "20",
                          "--step-time", "0.3", "--ckpt-every", "2",
                          sbatch_args=["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=1", "--cpus-per-task=1",
-                                      "--time=5"],
+                                      "--time=10"],
                          env=_script_env(), cwd=tmp_path)
     _wait_for(lambda: (run / "checkpoints" / "step_00000002").is_dir(), 90, "no checkpoint")
     # what SLURM does 120 s before the time limit (--signal=B:USR1@120): signal the batch shell only
