@@ -180,6 +180,9 @@ class BatchJobs:
         jobs["finetune_1b"] = sub("finetune_7b.sh", f"model.path={m1}", *small, ds, after=jobs["translate"], sb=one,
                                   S2T2_CONFIG="configs/finetune_olmo1b.yaml")
         jobs["evaluate"] = sub("evaluate.sh", "eval.context_len=64", after=jobs["finetune_1b"])
+        # transfer without finetuning: the 1B P on the 7B-config model, ZeRO-3, 2 nodes
+        jobs["transfer"] = sub("evaluate.sh", "--config", "configs/evaluate_transfer_7b.yaml", f"model.path={m7}",
+                               "eval.context_len=64", ds, after=jobs["translate"], sb=two)
         # 3 ranks cannot split the batch of 16: refused in the batch shell before any rank starts
         jobs["bad_layout"] = sub("translate_1b.sh", f"model.path={m1}",
                                  sb=["--nodes=1", "--ntasks-per-node=3", "--gpus-per-node=3"])
@@ -374,12 +377,14 @@ def _log(d: Path, name: str, job: str) -> str:
 @pytest.mark.slow
 def test_every_shipped_script_runs_its_shipped_config_through_the_stages(cluster, batch_jobs):
     """prepare_data.sh (prepare_uniref50.yaml, prepare_text.yaml) -> translate_1b.sh (translate_olmo1b.yaml, 1 node x
-    2) -> finetune_7b.sh (finetune_olmo7b.yaml on 2 nodes x 1, ZeRO-3; finetune_olmo1b.yaml on 1 node x 2) ->
-    evaluate.sh (evaluate_olmo1b.yaml on the 1B export), each config's own relative paths, as typed."""
+    2) -> finetune_7b.sh (finetune_olmo7b.yaml on 2 nodes x 1, ZeRO-3; finetune_olmo1b.yaml on 1 node x 2) and
+    evaluate.sh (evaluate_transfer_7b.yaml, 2 nodes x 1, ZeRO-3) -> evaluate.sh (evaluate_olmo1b.yaml on the 1B
+    export): every shipped config, each with its own relative paths, as typed."""
     jobs, d = batch_jobs.get("shipped")
     names = {"prepare": "s2t2-prepare", "prepare_text": "s2t2-prepare", "translate": "s2t2-translate-1b",
-             "finetune_7b": "s2t2-finetune-7b", "finetune_1b": "s2t2-finetune-7b", "evaluate": "s2t2-evaluate"}
-    for key in ("prepare", "prepare_text", "translate", "finetune_7b", "finetune_1b", "evaluate"):
+             "finetune_7b": "s2t2-finetune-7b", "finetune_1b": "s2t2-finetune-7b", "evaluate": "s2t2-evaluate",
+             "transfer": "s2t2-evaluate"}
+    for key in ("prepare", "prepare_text", "translate", "finetune_7b", "finetune_1b", "evaluate", "transfer"):
         state = cluster.wait(jobs[key], timeout_s=420)
         assert state == "COMPLETED", (key, _log(d, names[key], jobs[key])[-6000:])
     assert (d / "data" / "uniref50" / "tokenizer" / "tokenizer.json").is_file()
@@ -401,6 +406,8 @@ def test_every_shipped_script_runs_its_shipped_config_through_the_stages(cluster
         cluster.wait_sacct(jobs["finetune_7b"], "COMPLETED")
     ev = json.loads((d / "runs" / "evaluate_olmo1b" / "eval.json").read_text())
     assert ev["metrics"]["docs"] > 0 and ev["metrics"]["bpb"] > 0
+    tf = json.loads((d / "runs" / "evaluate_transfer_7b" / "eval_s2t2_transfer.json").read_text())
+    assert tf["world_size"] == 2 and tf["engine"] == "deepspeed" and tf["metrics"]["docs"] == ev["metrics"]["docs"]
 
 
 @pytest.mark.slow
