@@ -47,7 +47,7 @@ def test_shipped_training_configs_fit_1_to_16_ranks_and_refuse_32_in_one_line(na
         layout.check_layout(cfg, 32, "slurm.nodes=4 x slurm.tasks_per_node=8 = 32 ranks")
     msg = str(e.value)
     assert "\n" not in msg and "train.batch_size=16" in msg and "slurm.nodes=4" in msg
-    assert "slurm.tasks_per_node=8" in msg and "impossible layout" in msg
+    assert "slurm.tasks_per_node=8" in msg and "train.micro_batch_size" in msg and "impossible layout" in msg
 
 
 def test_micro_batch_auto_rule_and_fixed_micro_batch_refusal():

@@ -418,7 +418,7 @@ def test_sbatch_script_refuses_an_impossible_layout_before_any_rank_starts(clust
     log = _log(d, "s2t2-translate-1b", job)
     errors = [ln for ln in log.splitlines() if "error" in ln.lower()]
     assert errors == ["s2t2 layout: error: ConfigError: train.batch_size=16 is not a multiple of the ranks "
-                      "(--nodes=1 x --ntasks-per-node=3 = 3 ranks): impossible layout; change train.batch_size or "
-                      "the number of ranks"], log
+                      "(--nodes=1 x --ntasks-per-node=3 = 3 ranks), whatever train.micro_batch_size: impossible "
+                      "layout; change train.batch_size or the number of ranks"], log
     assert "srun" not in log  # no job step: no rank started
     assert cluster.job(job)["ExitCode"] == "2:0"

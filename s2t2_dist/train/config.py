@@ -82,8 +82,9 @@ class TrainConfig:
         impossible. ``ranks``: how the rank count came about, for the message (e.g. "slurm.nodes=2 x ...")."""
         ranks = ranks or f"{world_size} ranks"
         if self.batch_size % world_size:
-            raise ConfigError(f"train.batch_size={self.batch_size} is not a multiple of the ranks ({ranks}): "
-                              "impossible layout; change train.batch_size or the number of ranks")
+            raise ConfigError(f"train.batch_size={self.batch_size} is not a multiple of the ranks ({ranks}), "
+                              "whatever train.micro_batch_size: impossible layout; change train.batch_size or the "
+                              "number of ranks")
         per_rank = self.batch_size // world_size
         if self.micro_batch_size == "auto":
             fits = max(self.max_micro_tokens // self.context_len, 1)
