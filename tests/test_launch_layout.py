@@ -60,7 +60,7 @@ def test_micro_batch_auto_rule_and_fixed_micro_batch_refusal():
     assert (t.micro_batch_size, t.grad_accum(4)) == (3, 2)
     fixed = TrainConfig(batch_size=16, micro_batch_size=2)  # what the configs said before: fails on 16 ranks
     assert fixed.grad_accum(8) == 1
-    with pytest.raises(ConfigError, match=r"micro_batch_size x ranks = 2 x 16 .*train.micro_batch_size=auto"):
+    with pytest.raises(ConfigError, match=r"micro_batch_size x ranks = 2 x 16: .*train.micro_batch_size=auto"):
         fixed.grad_accum(16)
 
 

@@ -80,9 +80,9 @@ class TrainConfig:
     def micro_for(self, world_size: int, ranks: str = "") -> int:
         """The micro-batch on ``world_size`` ranks (auto resolved); ConfigError naming the keys if the layout is
         impossible. ``ranks``: how the rank count came about, for the message (e.g. "slurm.nodes=2 x ...")."""
-        ranks = ranks or f"{world_size} ranks"
         if self.batch_size % world_size:
-            raise ConfigError(f"train.batch_size={self.batch_size} is not a multiple of the ranks ({ranks}), "
+            raise ConfigError(f"train.batch_size={self.batch_size} is not a multiple of the ranks "
+                              f"({ranks or f'{world_size} ranks'}), "
                               "whatever train.micro_batch_size: impossible layout; change train.batch_size or the "
                               "number of ranks")
         per_rank = self.batch_size // world_size
@@ -92,7 +92,7 @@ class TrainConfig:
         if per_rank % self.micro_batch_size:
             raise ConfigError(
                 f"train.batch_size={self.batch_size} is not a multiple of micro_batch_size x ranks = "
-                f"{self.micro_batch_size} x {world_size} ({ranks}): impossible layout; "
+                f"{self.micro_batch_size} x {world_size}{f' ({ranks})' if ranks else ''}: impossible layout; "
                 "set train.micro_batch_size=auto or a divisor of batch_size / ranks")
         return self.micro_batch_size
 
