@@ -322,7 +322,7 @@ def build(cfg: TranslateConfig, rt: Runtime):
                          total_steps=cfg.train.steps, warmup_frac=o.warmup_frac, final_frac=o.final_lr_frac,
                          grad_clip=o.grad_clip, params="sharded")
     # The data position is global (a sample count), so that a checkpoint resumes on any number of ranks
-    cfg.train.grad_accum(env.world_size)  # the layout is possible (ConfigError naming the keys otherwise)
+    cfg.train.resolve_layout(env.world_size)  # auto -> a number; ConfigError naming the keys if impossible
     loader = GlobalTrainLoader(cfg.data.train, global_batch_size=cfg.train.batch_size,
                                micro_batch_size=cfg.train.micro_batch_size, rank=env.rank, world_size=env.world_size,
                                num_workers=cfg.data.num_workers, seed=cfg.train.seed,
