@@ -202,6 +202,20 @@ def test_projector_exact_without_host_reads(n, S, layout):
     np.testing.assert_array_equal(mask.T, r > 0)
 
 
+def test_blocks_of_slices_same_result():
+    """Processing the slices in cache-sized blocks (here tiny ones) gives the same thresholds and supports."""
+    g = torch.Generator().manual_seed(10)
+    for z3 in (torch.randn(1, 300, 37, generator=g, dtype=torch.float64), torch.randn(37, 300, 1, generator=g,
+                                                                                       dtype=torch.float64)):
+        s = torch.rand(37, generator=g, dtype=torch.float64) * 5
+        whole = SimplexProjector(s, k=4)
+        blocks = SimplexProjector(s, k=4)
+        blocks.chunk = 300 * 5  # blocks of 5 slices, the last one of 2
+        (t1, s1), (t2, s2) = whole.threshold(z3), blocks.threshold(z3)
+        assert torch.allclose(t1, t2, atol=1e-13, rtol=0) and torch.equal(s1.mask, s2.mask)
+        assert torch.equal(s1.counts, s2.counts) and int(blocks.unproven) == 0
+
+
 def test_fallback_and_unproven_count():
     """Too few Newton passes: the fixed-size sort fallback finishes up to `fallback` slices exactly; the rest are
     counted in `unproven` (a device tensor) -- or finished on the host with exact=True."""

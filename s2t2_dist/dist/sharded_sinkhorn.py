@@ -7,9 +7,9 @@ replicated. Column projections are local. A row projection needs every rank's pa
   :class:`GroupComm`: all-reduced per-row sums and max-reduced per-row candidate bounds (each rank's top-k) give
   every rank the same starting lower bound, then each of the fixed number of Newton passes all-reduces per-row
   (sum, count) partials (2 v numbers). The backward pass of a row projection needs one all-reduce of per-row sums
-  over the support (v values). No host reads (the single-process sort fallback is off: it would need whole rows).
+  over the support (v values). No host reads (the fallback's extra passes all-reduce their partials too).
 * ``method="alltoall"``: transpose by ``all_to_all_single`` (rank r receives whole rows ``[row_start_r,
-  row_end_r)``), project locally (with the sort fallback), all-gather the row thresholds and counts; each rank then
+  row_end_r)``), project locally, all-gather the row thresholds and counts; each rank then
   takes its support mask by one pass over its block. Same backward. Sends about ``(R-1)/R * v * u_r * 4`` bytes
   per row projection. No host reads either (every size comes from the shapes).
 

@@ -21,10 +21,11 @@ set of top elements is a LOWER bound of ``tau``.
    lower bound, tau increases monotonically and reaches the exact root once S stops changing (finitely many steps;
    at most 3 at the S2T2 shapes from these starting points). A slice is PROVEN exact when its support count did not
    change in the last step: then tau is the exact threshold of its support, ``(sum_S z - s) / |S|``.
-3. Fixed-size fallback: the ``fallback`` slices not proven exact with the largest count change are gathered,
-   sorted, and get the sort-based exact threshold. Slices beyond that budget (never seen) keep their lower bound
-   and are counted in :attr:`SimplexProjector.unproven` (a device tensor; read it on logging steps). The
-   functional :func:`sparsemax` (``exact=True``) instead iterates until every slice is proven (host reads).
+3. Fixed-size fallback: up to ``fallback`` slices not proven exact are copied out (a contiguous (f, n) block) and
+   get ``FALLBACK_ITERS`` more Newton passes there (cheap: f slices, not all). Slices still unproven (never seen
+   in tests or benchmarks) keep their lower bound and are counted in :attr:`SimplexProjector.unproven` (a device
+   tensor; read it on logging steps). The functional :func:`sparsemax` (``exact=True``) instead iterates until
+   every slice is proven (host reads).
 
 The support of every slice is a bool mask (:class:`Support`), which is all the backward pass needs: on the
 support ``S`` the Jacobian-vector product is ``g - mean_S(g)``, zero elsewhere.
@@ -50,8 +51,9 @@ __all__ = [
 ]
 
 NEG_INF = float("-inf")
-DEFAULT_ITERS = 4  # Newton passes per projection (the last one proves convergence)
-DEFAULT_FALLBACK = 8  # slices per projection that may get the sort-based threshold when Newton did not converge
+DEFAULT_ITERS = 6  # Newton passes per projection (the last one proves convergence)
+DEFAULT_FALLBACK = 16  # slices per projection that get FALLBACK_ITERS more passes when Newton did not converge
+FALLBACK_ITERS = 16
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -146,14 +148,16 @@ class SimplexProjector:
     ``scale``: one value per slice (flat, length O*I). ``n_total``: slice length over all ranks (``None``: the local
     length). ``k``: top candidates per slice and rank (a starting bound, speed only). ``comm``: :class:`LocalComm` or
     a distributed equivalent (slices split across ranks along their length; every reduction is all-reduced, so all
-    ranks compute the same thresholds). ``iters``: Newton passes (>= 2). ``fallback``: slices per call that may be
-    finished by a sort (single process only). ``exact``: iterate (reading a flag on the host) until every slice is
+    ranks compute the same thresholds). ``iters``: Newton passes (>= 2). ``fallback``: slices per call that may get
+    more passes (see the module docstring). ``exact``: iterate (reading a flag on the host) until every slice is
     proven exact, instead of counting the unproven ones.
 
     ``threshold(z3) -> (tau, support)`` does not modify ``z3``; ``slice_sums`` (backward) reduces per-slice sums over
     the support across ranks. ``unproven``: running count (device tensor) of slices whose threshold was left a lower
     bound (0 unless the fixed iterations and the fallback were not enough).
     """
+
+    chunk = 1 << 18  # elements per block of slices (1 MiB of float32: a core's L2 cache)
 
     def __init__(self, scale: Tensor, n_total: Optional[int] = None, k: int = 16, comm=None,
                  iters: int = DEFAULT_ITERS, fallback: int = DEFAULT_FALLBACK, exact: bool = False):
@@ -179,9 +183,18 @@ class SimplexProjector:
         if scale.numel() != O * I:
             raise ValueError(f"scale has {scale.numel()} values for {O * I} slices")
         z2, rd = _slices_2d(z3)
-        tau, counts, changed = self._newton(z2, rd, self._lower_bound(z2, rd, scale, n_total), scale)
-        if self.fallback > 0 and self.comm.world_size == 1:
-            tau, counts, changed = self._sorted_fallback(z2, rd, scale, tau, counts, changed)
+        # blocks of slices small enough to stay in cache: the Newton passes then re-read cache, not memory (one
+        # block when sharded, where every block would cost its own collectives)
+        S = z2.shape[1 - rd]
+        # (at least 16 strided slices: whole 64-byte cache lines)
+        step = S if self.comm.world_size > 1 else max(1 if rd == 1 else 16, self.chunk // max(n, 1))
+        parts = []
+        for a in range(0, S, step):
+            zb, sb = z2.narrow(1 - rd, a, min(step, S - a)), scale[a: a + step]
+            parts.append(self._newton(zb, rd, self._lower_bound(zb, rd, sb, n_total), sb))
+        tau, counts, changed = (torch.cat(x) for x in zip(*parts))
+        if self.fallback > 0:
+            tau, counts, changed = self._fallback(z2, rd, scale, tau, counts, changed)
         if self.exact:
             while bool(changed.any()):  # host read: the functional API only, never inside the Sinkhorn
                 tau, counts, changed = self._newton(z2, rd, tau, scale)
@@ -196,7 +209,7 @@ class SimplexProjector:
         The threshold ``(sum_A z - s) / |A|`` of ANY subset A is a lower bound, so with sharded slices each rank's
         local candidates give one and the bounds are max-reduced: v numbers, not the k v of gathering candidates."""
         comm = self.comm
-        n_local, S = z2.shape[rd], z2.shape[1 - rd]
+        n_local = z2.shape[rd]
         sums = comm.all_reduce(z2.sum(rd), "sum").double()
         bound = (sums - scale) / n_total
         kl = min(self.k, n_local)
@@ -213,13 +226,14 @@ class SimplexProjector:
             cand = comm.all_reduce(cand.to(z2.dtype), "max").double()
         return torch.maximum(bound, cand)
 
-    def _newton(self, z2: Tensor, rd: int, tau: Tensor, scale: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    def _newton(self, z2: Tensor, rd: int, tau: Tensor, scale: Tensor,
+                iters: Optional[int] = None) -> Tuple[Tensor, Tensor, Tensor]:
         """``iters`` Newton steps from the lower bound ``tau`` (step 2): (tau, support counts, not proven) per
         slice. Each step is one pass (count and sum of ``z - tau`` above tau), all-reduced over ranks. The update
         ``tau + (sum_S (z - tau) - s) / |S|`` equals ``(sum_S z - s) / |S|`` but keeps its precision when the values
         are large and close (the projection is shift-invariant)."""
         prev = None
-        for _ in range(self.iters):
+        for _ in range(iters or self.iters):
             t = tau.to(z2.dtype)
             r = (z2 - t.unsqueeze(rd)).clamp_(min=0)  # > 0 exactly where z > t (IEEE subtraction)
             # plain sums in the compute dtype (a float64 accumulator or count_nonzero is ~10x slower on CPU); the
@@ -231,19 +245,21 @@ class SimplexProjector:
             changed, prev = (None if prev is None else cnt != prev), cnt
         return tau, prev, changed
 
-    def _sorted_fallback(self, z2: Tensor, rd: int, scale: Tensor, tau: Tensor, counts: Tensor,
-                         changed: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        """The sort-based exact threshold for up to ``fallback`` slices not proven exact (step 3; fixed size)."""
+    def _fallback(self, z2: Tensor, rd: int, scale: Tensor, tau: Tensor, counts: Tensor,
+                  changed: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """Up to ``fallback`` slices not proven exact get ``FALLBACK_ITERS`` more Newton passes, on a contiguous
+        copy of just those slices (step 3: a fixed size, whatever the data; the slices are the same on every rank,
+        being chosen from reduced counts)."""
         S = z2.shape[1 - rd]
         f = min(self.fallback, S)
-        pick = changed.to(torch.float32).topk(f).indices  # the unproven slices first (any others are unchanged)
-        zs = z2.index_select(1 - rd, pick).sort(rd, descending=True).values
-        zs = zs.t() if rd == 1 else zs  # (n, f)
-        t, c = threshold_from_sorted_candidates(zs, scale.index_select(0, pick), 0)
+        pick = changed.to(torch.float32).topk(f).indices  # the unproven slices first (any others keep their values)
+        zs = z2.index_select(1 - rd, pick)
+        zs = zs.t().contiguous() if rd == 0 else zs  # (f, n)
+        t, c, ch = self._newton(zs, 1, tau.index_select(0, pick), scale.index_select(0, pick), FALLBACK_ITERS)
         use = changed.index_select(0, pick)
         tau = tau.index_copy(0, pick, torch.where(use, t, tau.index_select(0, pick)))
-        counts = counts.index_copy(0, pick, torch.where(use, c.to(counts.dtype), counts.index_select(0, pick)))
-        return tau, counts, changed.index_fill(0, pick, False)
+        counts = counts.index_copy(0, pick, torch.where(use, c, counts.index_select(0, pick)))
+        return tau, counts, changed.index_copy(0, pick, use & ch)
 
     # ------------------------------------------------------------------ backward helper
     def slice_sums(self, support: Support, h: Tensor) -> Tensor:
