@@ -159,11 +159,11 @@ def _bwd_step(gin: Tensor, gcorr: Optional[Tensor], sup: Support, proj: SimplexP
     """
     O, n, I = shp3
     g3 = gin.view(shp3)
-    h = g3.clone() if gcorr is None else g3 - gcorr.view(shp3)
-    m = proj.comm.all_reduce(h.mul_(sup.mask).sum(1).reshape(-1), "sum") / sup.counts.clamp(min=1)
+    h = torch.where(sup.mask, g3 if gcorr is None else g3 - gcorr.view(shp3), 0)  # (where: a float * bool
+    m = proj.comm.all_reduce(h.sum(1).reshape(-1), "sum") / sup.counts.clamp(min=1)  # product is ~20x slower)
     torch.sub(g3, m.view(O, 1, I), out=h)
     if gcorr is None:
-        return h.mul_(sup.mask).view(gin.shape)
+        return torch.where(sup.mask, h, h.new_zeros(()), out=h).view(gin.shape)
     torch.where(sup.mask, h, gcorr.view(shp3), out=gcorr.view(shp3))
     return gcorr
 
