@@ -21,7 +21,9 @@ def _safe_inv(x: Tensor) -> Tensor:
 
 
 class Kind:
-    """The interface. ``tr`` is the :class:`~s2t2_dist.translator.module.TokenTranslator` (its ``mu``, ``nu_local``,
+    """The interface. The solvers run unchecked (a check reads values back: a host sync in the step): the translator
+    checks mu and nu when built and C where it is set from outside (init_from_dense); a C that turns non-finite
+    in training makes the loss non-finite, which the loop's bad-step check catches. ``tr`` is the :class:`~s2t2_dist.translator.module.TokenTranslator` (its ``mu``, ``nu_local``,
     ``n_iter``, ``group``, ``sharded``, ``comm()``)."""
 
     #: the registry name
@@ -69,7 +71,7 @@ class SparseKind(Kind):
                 self._solver = ShardedSparseSinkhorn(tr.mu, tr.nu_local, tr.u, tr.group, tr.sharded_method,
                                                      tr.row_k, tr.col_k)
             else:
-                self._solver = SparseSinkhorn(tr.mu, tr.nu, tr.row_k, tr.col_k)
+                self._solver = SparseSinkhorn(tr.mu, tr.nu, tr.row_k, tr.col_k, validate=False)
             self._key = key
         return self._solver
 
@@ -93,7 +95,7 @@ class SoftmaxKind(Kind):
         tr = self.tr
         if tr.sharded:
             return sharded_softmax_sinkhorn(C, tr.mu, tr.nu_local, n_iter=tr.n_iter, comm=tr.comm())
-        return softmax_sinkhorn(C, tr.mu, tr.nu, tr.n_iter)
+        return softmax_sinkhorn(C, tr.mu, tr.nu, tr.n_iter, validate=False)
 
     def init_from_plan(self, P: Tensor) -> Tensor:
         return P.clamp(min=1e-30).log()

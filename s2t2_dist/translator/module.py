@@ -181,7 +181,10 @@ class TokenTranslator(nn.Module):
         if tuple(P.shape) != (self.v, self.u):
             raise ValueError(f"P must be {self.v} x {self.u}, got {tuple(P.shape)}")
         Pl = P[:, self.col_start: self.col_end].to(device=self.C.device, dtype=torch.float64)
-        self.C.copy_(self.plan_kind.init_from_plan(Pl).to(self.C.dtype))
+        C = self.plan_kind.init_from_plan(Pl).to(self.C.dtype)
+        if not bool(torch.isfinite(C).all()):  # the solvers run unchecked (kinds.py): C is checked where it is set
+            raise ValueError("init_from_dense: P gives a non-finite C (P must be finite, and >= 0 for a plan)")
+        self.C.copy_(C)
         self.invalidate()
 
     # ------------------------------------------------------------------ plumbing
