@@ -49,6 +49,10 @@ class ResumableLoader(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
+#: environment variable: torch.cuda.set_sync_debug_mode for the steps that read nothing back (see train())
+SYNC_DEBUG_ENV = "S2T2_SYNC_DEBUG"
+
+
 class TooManyBadSteps(RuntimeError):
     pass
 
@@ -151,6 +155,9 @@ def train(
     after_backward = getattr(task, "after_backward", None)
     step_async = getattr(engine, "step_async", None)
     tracing = bool(os.environ.get(faults.TRACE_ENV))  # the fault tests' trace records every step's loss
+    # S2T2_SYNC_DEBUG=error|warn (bench/gpu_smoke.py): on CUDA, a step that neither logs, checkpoints nor stops
+    # runs under torch.cuda.set_sync_debug_mode, so any host sync in it raises (or warns) where it happens
+    sync_debug = os.environ.get(SYNC_DEBUG_ENV) if torch.cuda.is_available() else None
     # Steps not yet read back: (step, this rank's summed micro-batch losses, applied, grad norm), device values.
     # Nothing is read to the host on a step that does not log, checkpoint or stop (a GPU keeps running ahead).
     pending: list[tuple[int, Any, Any, Any]] = []
@@ -190,6 +197,11 @@ def train(
     try:
         while step < cfg.steps:
             logging_step = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps
+            budget_hit = cfg.stop_after and steps_this_run + 1 >= cfg.stop_after
+            ckpt_step = (cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0) or step + 1 == cfg.steps or budget_hit
+            quiet = not (logging_step or ckpt_step or tracing)  # nothing is read back in this step
+            if sync_debug and quiet:
+                torch.cuda.set_sync_debug_mode(sync_debug)
             if before_step is not None:
                 before_step(step, logging_step)
             # The micro-batch losses are summed on the device: reading one (float()) would stall the host until
@@ -221,10 +233,10 @@ def train(
                 on_step(step, loss_sum / accum)  # this rank's loss, a device tensor: reading it is a host sync
             if bar is not None:
                 bar.update(1)
-            budget_hit = cfg.stop_after and steps_this_run >= cfg.stop_after
-            ckpt_step = (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == cfg.steps or budget_hit
+            if sync_debug and quiet:
+                torch.cuda.set_sync_debug_mode(0)
             stop_flag = 1.0 if stop.requested is not None else 0.0
-            if logging_step or ckpt_step or tracing:
+            if not quiet:
                 stop_now = flush(stop_flag)
             else:
                 # only the stop flag, a host value over the host (gloo) group: no device sync
