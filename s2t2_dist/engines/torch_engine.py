@@ -79,8 +79,11 @@ class TorchEngine(Engine):
         if grads and self.grad_clip and self.grad_clip > 0:
             coef = (self.grad_clip / (norm + 1e-6)).clamp(max=1.0)
             torch._foreach_mul_(grads, coef.to(grads[0].dtype))
-        self.optimizer.found_inf = (~finite).to(device=device, dtype=torch.float32)
-        self.optimizer.step()
+        if all(g.get("fused") for g in self.optimizer.param_groups):
+            self.optimizer.found_inf = (~finite).to(device=device, dtype=torch.float32)
+            self.optimizer.step()
+        elif bool(finite):  # an optimiser without found_inf: the decision is read on the host
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         # A skipped step still advances the schedule, so it costs its lr slot, as in the uninterrupted run.
         with warnings.catch_warnings():
