@@ -61,12 +61,7 @@ def _counted_run(data, model, run_dir, kind):
 
 
 @pytest.mark.parametrize("world", [1, 2])
-@pytest.mark.parametrize("kind", [
-    "softmax", "unconstrained",
-    pytest.param("sparse", marks=pytest.mark.xfail(
-        strict=False, reason="the sparse Sinkhorn's thresholds still read values back (issue #21 item 1, branch "
-                             "i21-math); the count is printed")),
-])
+@pytest.mark.parametrize("kind", ["sparse", "softmax", "unconstrained"])
 def test_no_host_sync_outside_logging_steps(inputs, tmp_path, kind, world):
     data, model = inputs
     if world == 1:

@@ -69,7 +69,7 @@ class SparseKind(Kind):
         if self._solver is None or self._key != key:
             if tr.sharded:
                 self._solver = ShardedSparseSinkhorn(tr.mu, tr.nu_local, tr.u, tr.group, tr.sharded_method,
-                                                     tr.row_k, tr.col_k)
+                                                     tr.row_k, tr.col_k, validate=False)
             else:
                 self._solver = SparseSinkhorn(tr.mu, tr.nu, tr.row_k, tr.col_k, validate=False)
             self._key = key
