@@ -3,7 +3,6 @@ the loop, TorchEngine) under a dispatch-mode counter (s2t2_dist/utils/syncs.py).
 the host; a step that neither logs, checkpoints nor stops must count none."""
 
 import pytest
-import torch
 
 from s2t2_dist.config import load_config
 from s2t2_dist.stages.translate import TranslateConfig

@@ -3,7 +3,6 @@ shard, e.g. the translator's C columns) or replicated (gradients averaged over r
 
 from __future__ import annotations
 
-import math
 import warnings
 from pathlib import Path
 from typing import Literal
