@@ -161,7 +161,7 @@ def train(
     # Steps not yet read back: (step, this rank's summed micro-batch losses, applied, grad norm), device values.
     # Nothing is read to the host on a step that does not log, checkpoint or stop (a GPU keeps running ahead).
     pending: list[tuple[int, Any, Any, Any]] = []
-    last = {"norm": float("nan"), "extra": {}}
+    last = {"norm": float("nan"), "tok_total": 0.0}
 
     def flush(stop_flag: float) -> bool:
         """Read the pending steps back (one device->host copy) and reduce them over the ranks with the tokens
