@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import warnings
 from pathlib import Path
 from typing import Literal
@@ -42,7 +41,8 @@ class TorchEngine(Engine):
         """The engine with optim_cfg's optimiser and schedule over total_steps (`lr`: instead of optim_cfg.lr)."""
         if lr is not None:
             optim_cfg = dataclasses.replace(optim_cfg, lr=lr)
-        opt = optim_cfg.build([p for p in module.parameters() if p.requires_grad])
+        # fused: the kernel skips a non-finite step on the device (step_async), no host read
+        opt = optim_cfg.build([p for p in module.parameters() if p.requires_grad], fused=True)
         return cls(module, opt, optim_cfg.schedule(opt, total_steps), grad_clip=optim_cfg.grad_clip, params=params)
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -52,6 +52,14 @@ class TorchEngine(Engine):
         return [p.grad for _, p in self.trainable if p.grad is not None]
 
     def step(self) -> tuple[float, bool]:
+        norm, applied = self.step_async()
+        return float(norm), bool(applied)
+
+    def step_async(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`step` without a host sync: (grad norm, applied) as device tensors. A non-finite gradient (NaN or
+        inf anywhere, on any rank: the reduced squared norm is then non-finite on every rank) skips the update
+        inside the fused AdamW kernel (``found_inf``: parameters, moments and step count unchanged), the clipping is
+        a multiply by ``min(1, clip / norm)``: no branch reads a value back (DeepSpeed and FSDP read the norm)."""
         grads = self._grads()
         if self.params_kind == "replicated" and self.world > 1:
             for g in grads:
@@ -66,25 +74,22 @@ class TorchEngine(Engine):
             local_sq = torch.stack(torch._foreach_norm([g.detach() for g in grads])).double().pow(2).sum()
         if self.params_kind == "sharded" and self.world > 1:
             coll.all_reduce_(local_sq)
-        # A NaN anywhere makes the squared norm NaN on every rank after the reduction (of the gradients when
-        # replicated, of the norm when sharded), so all ranks agree. The one host sync of the step: the decision
-        # to apply it (DeepSpeed and FSDP make the same one).
-        sq = float(local_sq)
-        finite = math.isfinite(sq)
-        norm = math.sqrt(sq) if finite else sq
-        if not finite:
-            self.optimizer.zero_grad(set_to_none=True)
-            # The schedule still advances so a skipped step costs its lr slot, as in the uninterrupted run.
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                self.scheduler.step()
-            return norm, False
-        if self.grad_clip and self.grad_clip > 0 and norm > self.grad_clip:
-            torch._foreach_mul_(grads, self.grad_clip / (norm + 1e-6))
-        self.optimizer.step()
+        norm = local_sq.sqrt()
+        finite = torch.isfinite(norm)
+        if grads and self.grad_clip and self.grad_clip > 0:
+            coef = (self.grad_clip / (norm + 1e-6)).clamp(max=1.0)
+            torch._foreach_mul_(grads, coef.to(grads[0].dtype))
+        if all(g.get("fused") for g in self.optimizer.param_groups):
+            self.optimizer.found_inf = (~finite).to(device=device, dtype=torch.float32)
+            self.optimizer.step()
+        elif bool(finite):  # an optimiser without found_inf: the decision is read on the host
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        return norm, True
+        # A skipped step still advances the schedule, so it costs its lr slot, as in the uninterrupted run.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            self.scheduler.step()
+        return norm, finite
 
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]

@@ -3,7 +3,7 @@ floor. `OptimConfig.build(params)` (train/config.py) builds the optimiser named 
 a new optimiser is one class here, registered under its name:
 
     @register("lion")
-    def lion(groups, cfg): return Lion(groups, lr=cfg.lr, ...)
+    def lion(groups, cfg, fused=False): return Lion(groups, lr=cfg.lr, ...)
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from typing import Callable, Iterable
 
 import torch
 
-#: optim.name -> fn(parameter groups, OptimConfig) -> torch.optim.Optimizer
+#: optim.name -> fn(parameter groups, OptimConfig, fused) -> torch.optim.Optimizer; `fused`: the engine asks for a
+#: fused kernel that skips a step flagged by `optimizer.found_inf` on the device (an optimiser without one ignores
+#: it: TorchEngine then reads the finite check on the host)
 OPTIMIZERS: dict[str, Callable] = {}
 
 
@@ -26,7 +28,9 @@ def register(name: str):
 
 
 @register("adamw")
-def adamw(groups: list[dict], cfg) -> torch.optim.Optimizer:
+def adamw(groups: list[dict], cfg, fused: bool = False) -> torch.optim.Optimizer:
+    if fused:  # one launch; it can skip a step flagged by ``optimizer.found_inf`` on the device
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=True)
     # foreach=None: torch's default, the multi-tensor kernels for CUDA parameters (a handful of launches instead of
     # ~10 per tensor) and the per-tensor loop on CPU (the same arithmetic as before there)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, foreach=None)
