@@ -35,6 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from s2t2_dist.engines.torch_engine import TorchEngine
+from s2t2_dist.train.config import OptimConfig
 from s2t2_dist.translator import TokenTranslator, resolve_step
 
 
@@ -127,8 +128,7 @@ def run_one(pb: Problem, kind: str, *, recipe: str = "default", lr: float = 0.0,
                         anneal_frac=anneal_frac, dense_frac=dense_frac, dense_lr=dense_lr, steps=steps)
     schedule = step.apply_init(tr, seed)
     tr.watch_grad()
-    engine = TorchEngine(tr, lr=step.lr, weight_decay=0.0, betas=[0.9, 0.95], eps=eps, total_steps=steps,
-                         warmup_frac=0.2, final_frac=0.1, grad_clip=1.0, params="sharded")
+    engine = TorchEngine.build(tr, OptimConfig(lr=step.lr, eps=eps), steps, params="sharded")
     schedule(0, engine)
     g = torch.Generator().manual_seed(seed)
     t0 = time.perf_counter()

@@ -98,9 +98,11 @@ def signal_lead_s(ckpt_bytes: int | None, nodes: int) -> int:
 def parse_stage_config(stage: str, argv: list[str]):
     import importlib
 
-    from s2t2_dist.cluster.submit import STAGES
+    from s2t2_dist.cli import COMMANDS  # not submit.STAGES: submit imports this module (no import cycle)
 
-    parse = getattr(importlib.import_module(STAGES[stage]), "parse_config", None)
+    if stage not in COMMANDS:  # the probe: no stage config
+        return None
+    parse = getattr(importlib.import_module(COMMANDS[stage][0]), "parse_config", None)
     return parse(list(argv)) if parse is not None else None
 
 

@@ -267,7 +267,7 @@ def resolve_slurm_config(stage_argv: list[str], slurm_config: str | None, flags:
                          ) -> tuple[SlurmConfig, list[str]]:
     """SlurmConfig from (lowest first) defaults, the stage YAML's `slurm:` section, --slurm-config, slurm.* overrides,
     flags; returns it and the stage's argv without the slurm.* overrides."""
-    from s2t2_dist.config import _build, apply_overrides, read_yaml, validate_tree
+    from s2t2_dist.config import apply_overrides, config_from_dict, read_yaml
 
     data: dict = {}
     path = _stage_config_path(stage_argv)
@@ -294,9 +294,7 @@ def resolve_slurm_config(stage_argv: list[str], slurm_config: str | None, flags:
     for key, value in flags.items():
         if value is not None:
             data[key] = value
-    cfg = _build(SlurmConfig, data, "slurm")  # errors name the key as slurm.KEY
-    validate_tree(cfg, "slurm")
-    return cfg, rest
+    return config_from_dict(SlurmConfig, data, prefix="slurm"), rest  # errors name the key as slurm.KEY
 
 
 def main(argv: list[str] | None = None) -> int:

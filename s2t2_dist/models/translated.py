@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .hf import UnsupportedModel, freeze
+from .hf import UnsupportedModel, enable_activation_checkpointing, freeze
 
 #: sdpa under a name without a mask builder: transformers then builds no mask (and skips its check of the
 #: position ids for packed sequences, a host sync per forward); sdpa without a mask is causal, as it is today
@@ -111,11 +111,7 @@ class TranslatedLM(nn.Module):
         if freeze_model:
             freeze(model)
         if gradient_checkpointing:
-            kwargs = {"use_reentrant": False}
-            if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 name
-                model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-            else:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+            enable_activation_checkpointing(model)
         cfg = getattr(model, "config", None)
         self.logit_softcap = getattr(cfg, "final_logit_softcapping", None) if cfg is not None else None
         if cfg is not None and getattr(cfg, "logit_scale", None) not in (None, 1, 1.0):

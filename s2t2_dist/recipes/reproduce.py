@@ -320,7 +320,7 @@ def _load_stage_config(j: Job):
     cls = _stage_config_class(j.stage)
     path = REPO_ROOT / j.config
     if j.stage in ("finetune", "evaluate"):  # their entry points translate launcher arguments first
-        from s2t2_dist.stages.finetune import engine_overrides
+        from s2t2_dist.engines.launcher import engine_overrides
 
         overrides = engine_overrides(list(j.overrides))
     else:

@@ -18,55 +18,32 @@ from typing import Literal
 import torch
 
 from s2t2_dist.config import ConfigError
-from s2t2_dist.stages.common import (Runtime, config_part, fingerprint, parse_args, record_config, setup,
-                                     teardown)
+from s2t2_dist.data.config import DataPaths
+from s2t2_dist.models.hf import ModelPathConfig
+from s2t2_dist.stages import checks
+from s2t2_dist.stages.common import (Runtime, config_part, fingerprint, parse_args, record_config, run_main,
+                                     run_stage)
 from s2t2_dist.train.config import OptimConfig, TrainConfig
 
 log = logging.getLogger("s2t2.translate")
 
 
 @dataclass
-class ModelConfig:
-    #: Hugging Face model directory or hub id (production: allenai/OLMo-1B-hf)
-    path: str = ""
+class ModelConfig(ModelPathConfig):
+    """The `model:` section (path, trust_remote_code: ModelPathConfig, shared with finetune and evaluate) and what
+    stage 1 adds: the frozen source LM's dtype, source tokens, activation checkpointing and partitioning."""
+
     #: auto: bfloat16 on GPU, float32 on CPU
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     #: source tokens P translates from: all (every real token), single_byte (tokens of exactly one byte: the
     #: paper's "bytes", 243 on OLMo), single_char (tokens of one character: 1,004 on OLMo, 876 multi-byte, so NOT
     #: bytes), or a file of ids
     source_vocab: str = "all"
-    #: let transformers run the model repository's own Python code (models not built into transformers)
-    trust_remote_code: bool = False
     #: recompute each block's activations in backward (less memory, about a third more compute)
     activation_checkpointing: bool = False
     #: none: the frozen LM replicated on every rank; fsdp: its transformer blocks partitioned across ranks
     #: (FSDP2, gathered block by block in forward and backward) for models that do not fit one device
     partition: Literal["none", "fsdp"] = "none"
-
-    def validate(self) -> None:
-        if not self.path:
-            raise ConfigError("path: the source model (a Hugging Face directory or hub id) is required")
-
-
-@dataclass
-class DataPaths:
-    #: directory of train shards (holding manifest.json), written by `s2t2 prepare`
-    train: str = ""
-    #: directory of eval shards (documents with byte counts); empty: no evaluation
-    eval: str = ""
-    #: the target tokenizer directory (the new BPE)
-    tokenizer: str = ""
-    #: DataLoader worker processes reading the train shards (0: in the training process)
-    num_workers: int = 0
-    #: train samples shuffled together in a seeded window (larger: better mixing, more memory)
-    shuffle_window: int = 4096
-
-    def validate(self) -> None:
-        for k in ("train", "tokenizer"):
-            if not getattr(self, k):
-                raise ConfigError(f"{k}: required (a directory written by `s2t2 prepare`)")
-        if self.num_workers < 0:
-            raise ConfigError(f"num_workers: must be >= 0, got {self.num_workers}")
 
 
 @dataclass
@@ -272,17 +249,16 @@ def _vocab_strings(tok, ids) -> list[str]:
 def build(cfg: TranslateConfig, rt: Runtime):
     from s2t2_dist.data.bpe import load_tokenizer, tokenizer_hash
     from s2t2_dist.data.global_loader import GlobalTrainLoader
-    from s2t2_dist.data.loader import EvalDocs
-    from s2t2_dist.models.hf import UnsupportedModel, get_embedding_and_head, load_causal_lm, source_token_ids
+    from s2t2_dist.data.reader import EvalDocs
+    from s2t2_dist.models.hf import (UnsupportedModel, get_embedding_and_head, load_causal_lm, load_hf_tokenizer,
+                                     source_token_ids)
     from s2t2_dist.models.translated import TranslatedLM
     from s2t2_dist.translator import TokenTranslator, freeze_warning, resolve_step
 
     env = rt.env
     model = load_causal_lm(cfg.model.path, dtype=rt.dtype, device=rt.device, frozen=True,
                            trust_remote_code=cfg.model.trust_remote_code)
-    from transformers import AutoTokenizer
-
-    src_tok = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+    src_tok = load_hf_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     try:
         E, L, tied = get_embedding_and_head(model)
         TranslatedLM(model, freeze_model=False)  # checks the body and the logits (no state: dropped)
@@ -335,10 +311,7 @@ def build(cfg: TranslateConfig, rt: Runtime):
     lm = TranslatedLM(model, freeze_model=True, gradient_checkpointing=cfg.model.activation_checkpointing)
     from s2t2_dist.engines.torch_engine import TorchEngine
 
-    o = cfg.optim
-    engine = TorchEngine(translator, lr=step.lr, weight_decay=o.weight_decay, betas=o.betas, eps=o.eps,
-                         total_steps=cfg.train.steps, warmup_frac=o.warmup_frac, final_frac=o.final_lr_frac,
-                         grad_clip=o.grad_clip, params="sharded")
+    engine = TorchEngine.build(translator, cfg.optim, cfg.train.steps, params="sharded", lr=step.lr)
     # The data position is global (a sample count), so that a checkpoint resumes on any number of ranks
     cfg.train.resolve_layout(env.world_size)  # auto -> a number; ConfigError naming the keys if impossible
     loader = GlobalTrainLoader(cfg.data.train, global_batch_size=cfg.train.batch_size,
@@ -349,9 +322,7 @@ def build(cfg: TranslateConfig, rt: Runtime):
     if loader.dropped_per_epoch and env.is_main:
         log.info("data: %d blocks of each epoch (fewer than one global batch of %d) are left out of that epoch; "
                  "the order changes every epoch", loader.dropped_per_epoch, cfg.train.batch_size)
-    if loader.manifest.get("context_len") not in (None, cfg.train.context_len):
-        raise ConfigError(f"train.context_len={cfg.train.context_len} but the shards in {cfg.data.train} hold "
-                          f"blocks of {loader.manifest.get('context_len')} tokens")
+    checks.context_matches_shards(loader.manifest, cfg.train.context_len, "data.train")  # the shards read
     eval_docs = EvalDocs(cfg.data.eval, rank=env.rank, world_size=env.world_size) if cfg.data.eval else None
     task = TranslateTask(lm, translator, E, L, src_ids, cfg, rt,
                          [tgt.tokenizer.id_to_token(i) or str(i) for i in range(u)],
@@ -370,9 +341,9 @@ def source_surface_bytes(src_tok, src_ids: list[int]) -> list:
     trained one."""
     import re
 
-    from s2t2_dist.models.hf import _backend, token_bytes
+    from s2t2_dist.models.hf import token_bytes, tokenizers_backend
 
-    tok, _ = _backend(src_tok)
+    tok, _ = tokenizers_backend(src_tok)
     tb = token_bytes(tok)
     fallback = re.compile(r"<0x[0-9A-Fa-f]{2}>")
     regular = {tb[i] for i in tb if tb[i] and not fallback.fullmatch(tok.id_to_token(i) or "")}
@@ -421,8 +392,6 @@ def preflight(cfg: TranslateConfig) -> None:
     """Everything checkable from files before any weight is read: the model directory, its tokenizer against its
     embedding rows and its positions against train.context_len, the shards against data.tokenizer and the
     context length, the eval split (not empty)."""
-    from s2t2_dist.stages import checks
-
     checks.run_dir(cfg.run_dir)
     checks.training_layout(cfg.train, cfg.data.eval)
     mdir = checks.model_dir(cfg.model.path)
@@ -449,19 +418,23 @@ def preflight(cfg: TranslateConfig) -> None:
 
 
 def run(cfg: TranslateConfig) -> dict:
+    return run_stage(cfg, _train, preflight=preflight, precision=cfg.train.precision, seed=cfg.train.seed,
+                     record=False, result=lambda rt: rt.run_dir / "result.json",
+                     report=lambda rt, s: log.info("translate: %s", json.dumps(s)))
+
+
+def _train(cfg: TranslateConfig, rt: Runtime) -> dict:
     from s2t2_dist.data.bpe import load_tokenizer, tokenizer_hash
     from s2t2_dist.train.checkpoint import Checkpointer
     from s2t2_dist.train.loop import train
 
-    preflight(cfg)
-    rt = setup(cfg.run_dir, cfg.train.precision, cfg, cfg.train.seed, record=False)
     # the checkpoint is checked against this config before the model is loaded (hashes as build computes them)
     hashes = {"source": tokenizer_hash(cfg.model.path), "target": load_tokenizer(cfg.data.tokenizer).hash}
     # elastic: C's columns and their Adam moments are re-split, and the data position is global, so a checkpoint
     # resumes on any number of ranks (the global batch and the seed must stay)
     fp = fingerprint(**config_part(cfg, "model", "translator"), data=cfg.data.train,
                      tokenizers=hashes, train=[cfg.train.batch_size, cfg.train.seed])
-    fp["optim"] = config_part(cfg, "optim")["optim"]  # by value: a refusal names the changed setting
+    fp["optim"] = cfg.optim.fingerprint()  # by value: a refusal names the changed setting
     ck = Checkpointer(rt.run_dir, keep=cfg.train.keep_checkpoints, fingerprint=fp, elastic=True)
     ck.check_resumable()
     record_config(rt, cfg)
@@ -478,19 +451,10 @@ def run(cfg: TranslateConfig) -> dict:
             metrics = task.evaluate()
             rt.logger.scalars(result.step, {f"eval/{k}": v for k, v in metrics.items()})
             summary["eval"] = metrics
-    if rt.env.is_main:
-        from s2t2_dist.utils.io import atomic_write_text
-
-        atomic_write_text(rt.run_dir / "result.json", json.dumps(summary, indent=1))
-        log.info("translate: %s", json.dumps(summary))
-    rt.logger.close()
-    teardown()
     return summary
 
 
 def main(argv: list[str]) -> int:
-    from s2t2_dist.stages.common import run_main
-
     return run_main("s2t2 translate", lambda: run(parse_config(argv)))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -10,7 +11,9 @@ from s2t2_dist.config import ConfigError
 
 @dataclass
 class OptimConfig:
-    #: peak learning rate of AdamW
+    #: the optimiser, a name registered in train/optim.py (OPTIMIZERS)
+    name: str = "adamw"
+    #: peak learning rate
     lr: float = 1e-3
     #: AdamW decoupled weight decay
     weight_decay: float = 0.0
@@ -36,6 +39,31 @@ class OptimConfig:
             raise ConfigError(f"final_lr_frac: must be in [0, 1], got {self.final_lr_frac}")
         if self.weight_decay < 0 or self.eps <= 0:
             raise ConfigError("weight_decay must be >= 0 and eps > 0")
+        from s2t2_dist.train.optim import OPTIMIZERS
+
+        if self.name not in OPTIMIZERS:
+            raise ConfigError(f"name: {self.name!r} is not one of {', '.join(sorted(OPTIMIZERS))}")
+
+    def build(self, params, *, fused: bool = False):
+        """The optimiser over `params` (parameters, grouped: no weight decay for vectors; or ready-made groups);
+        `fused`: the engine's wish for a fused kernel (train/optim.py)."""
+        from s2t2_dist.train.optim import OPTIMIZERS, param_groups
+
+        return OPTIMIZERS[self.name](param_groups(params, self.weight_decay), self, fused)
+
+    def schedule(self, optimizer, total_steps: int):
+        """The lr schedule: linear warm-up over warmup_frac, cosine decay to final_lr_frac, over total_steps."""
+        from s2t2_dist.train.optim import build_scheduler
+
+        return build_scheduler(optimizer, total_steps, self.warmup_frac, self.final_lr_frac)
+
+    def fingerprint(self) -> dict:
+        """The settings a resumed run must share, by value (a refusal names the changed one); `name` only when it
+        is not adamw, so checkpoints written before optim.name existed still resume."""
+        d = dataclasses.asdict(self)
+        if d["name"] == "adamw":
+            del d["name"]
+        return d
 
 
 @dataclass
