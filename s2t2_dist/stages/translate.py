@@ -78,7 +78,7 @@ class TranslatorConfig:
     #: convex: W_E = W_L = P / nu (E', L' are convex combinations of source rows); paper: the paper's literal
     #: W_E = P / mu, W_L = P / nu
     normalization: Literal["convex", "paper"] = "convex"
-    #: weight of the entropy regulariser alpha * H(P) (larger: sparser P)
+    #: weight of the entropy regulariser alpha * H(P), H in nats (larger: sparser P; 0: the paper's literal recipe)
     alpha: float = 0.0
     #: the plan C starts from. uniform: C = 1/v (the paper; P = mu nu^T). fvt: from the surface strings, each
     #: target token's bytes written as source tokens by greedy longest match (`ot.prior`), blended with the
@@ -309,7 +309,7 @@ def build(cfg: TranslateConfig, rt: Runtime):
     informed = bool(tc.init_p) or tc.init == "fvt"  # an informed start: no dense warm-up from the uniform plan
     step = resolve_step(tc.kind, v, recipe=tc.recipe, lr=cfg.optim.lr, init="informed" if informed else "",
                         dense_frac=0.0 if informed else tc.dense_frac, dense_lr=tc.dense_lr, steps=cfg.train.steps)
-    schedule = step.apply_init(translator, seed=cfg.train.seed) if not informed else None
+    schedule = step.apply_init(translator) if not informed else None
     warning = freeze_warning(cfg.translator.kind, v, step.lr)
     if warning and env.is_main:
         log.warning("translate: %s", warning)
@@ -339,6 +339,7 @@ def build(cfg: TranslateConfig, rt: Runtime):
                          _vocab_strings(src_tok, src_ids.tolist()), eval_docs)
     task.lm_param_fraction = local / total
     task.lr, task.start_warning = step.lr, warning
+    task.p_start = p_sparsity(translator)  # collective when sharded: every rank
     task.schedule, task.engine = schedule, engine
     if env.is_main:
         log.info("translate: %s", step)
@@ -386,11 +387,30 @@ def surface_prior(model_path: str, src_tok, src_ids: list[int], tgt, mu, nu, wei
     return blend_with_uniform(fvt_plan(dec, mu.cpu(), nu.cpu()), mu.cpu(), nu.cpu(), weight), dec
 
 
+SPARSITY_KEYS = ("density", "col_nnz_mean", "max_weight_mean", "col_entropy_mean")
+
+
+def p_sparsity(tr) -> dict:
+    """P's sparsity for result.json (collective when sharded): non-zeros (density, per target column) and by mass
+    (mean largest weight and entropy of W = P / nu's columns)."""
+    st = {**tr.density_stats(), **tr.mass_stats()}
+    return {k: st[k] for k in SPARSITY_KEYS}
+
+
+def sparsity_warning(start: dict, end: dict) -> str:
+    """'' unless the learned P has no fewer non-zeros per column than its start and no lower column entropy."""
+    if end["col_nnz_mean"] < start["col_nnz_mean"] or end["col_entropy_mean"] < start["col_entropy_mean"] - 1e-6:
+        return ""
+    return (f"the learned P is no sparser than its start ({end['col_nnz_mean']:.1f} non-zeros per target token, "
+            f"start {start['col_nnz_mean']:.1f}; column entropy {end['col_entropy_mean']:.2f} nats, start "
+            f"{start['col_entropy_mean']:.2f}): raise translator.alpha (BENCHMARKS.md #24)")
+
+
 def export_p(path: Path, task: TranslateTask, hashes: dict) -> Path | None:
     from s2t2_dist.pfile import SparseP, save_p
 
     tr = task.translator
-    idx, vals = tr.gather_sparse()  # global COO on every rank (P is sparse: cheap)
+    idx, vals = tr.gather_sparse()  # global COO on every rank
     if not task.rt.env.is_main:
         return None
     p = SparseP(idx.cpu(), vals.cpu(), tr.mu.cpu(), tr.nu.cpu(), task.src_ids.cpu(), hashes["source"],
@@ -452,6 +472,10 @@ def run(cfg: TranslateConfig) -> dict:
                "bad_steps": result.bad_steps, "final_loss": result.final_loss,
                "lm_param_fraction_per_rank": task.lm_param_fraction,
                "gradient_on_C": task.gradient_summary(result.step)}
+    summary["P"] = {"start": task.p_start, "end": p_sparsity(task.translator)}
+    summary["P"]["warning"] = sparsity_warning(summary["P"]["start"], summary["P"]["end"])
+    if summary["P"]["warning"] and rt.env.is_main:
+        log.warning("translate: %s", summary["P"]["warning"])
     if result.finished:
         summary["p_file"] = str(export_p(rt.run_dir / "P.safetensors", task, hashes))
         if task.eval_docs is not None:
