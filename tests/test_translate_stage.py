@@ -67,7 +67,7 @@ def test_translate_single_process_learns_and_exports(inputs, tmp_path):
     res = json.loads((tmp_path / "run" / "result.json").read_text())
     # result.json: P's sparsity at the start and the end, the end's from the exported file; no warning
     st = p.stats()
-    assert res["P"]["start"]["density"] == 1.0 and res["P"]["end"]["density"] == pytest.approx(st["density"])
+    assert res["P"]["start"]["density"] > 0.9 and res["P"]["end"]["density"] == pytest.approx(st["density"])
     assert res["P"]["end"]["col_nnz_mean"] == pytest.approx(st["col_nnz_mean"])
     assert res["P"]["end"]["col_nnz_mean"] < res["P"]["start"]["col_nnz_mean"]
     assert res["P"]["end"]["col_entropy_mean"] == pytest.approx(st["col_entropy_mean"], rel=1e-4)
@@ -135,7 +135,8 @@ def test_translate_warns_and_flags_a_frozen_C(inputs, tmp_path, caplog):
     data, model = inputs
     cfg = load_config(TranslateConfig, REPO / "configs" / "translate_olmo1b.yaml",
                       _overrides(data, model, tmp_path / "run", "train.steps=30", "train.micro_batch_size=4",
-                                 "data.eval=", "translator.recipe=paper", "optim.lr=1.0", "translator.freeze_steps=3",
+                                 "data.eval=", "translator.recipe=paper", "translator.init=uniform", "translator.alpha=0",
+                                 "optim.lr=1.0", "translator.freeze_steps=3",
                                  "train.log_every=1"))
     with caplog.at_level(logging.WARNING, logger="s2t2.translate"):
         summary = run(cfg)
