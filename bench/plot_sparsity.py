@@ -59,7 +59,7 @@ def main(argv=None) -> int:
             ax = axes[r][c]
             for p in ps:
                 trained = "_" not in p["name"] and p["name"] != "fvt"
-                mark = "*" if p["name"] == a.default else ("o" if trained else ("s" if p["name"] == "fvt" else "x"))
+                mark = "*" if p["name"] in (a.default, "pa" + a.default[1:]) else ("o" if trained else ("s" if p["name"] == "fvt" else "x"))
                 ax.scatter(p[key], p["bpb"], marker=mark, s=160 if mark == "*" else 40,
                            color="tab:red" if mark == "*" else ("tab:blue" if trained else "tab:gray"))
                 ax.annotate(p["name"], (p[key], p["bpb"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
                  "x: sparsified after training)", fontsize=9)
     fig.tight_layout()
     Path(a.png).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(a.png, dpi=90)
+    fig.savefig(a.png, dpi=70)
     print("| regime | P | BpB | non-zeros | per column | max weight | col. entropy |\n|---|---|---:|---:|---:|---:|---:|")
     for p in sorted(pts, key=lambda p: (regimes.index(p["regime"]), p["bpb"])):
         print(f"| {p['regime']} | {p['name']} | {p['bpb']:.3f} | {100 * p['density']:.1f}% | {p['col_nnz_mean']:.1f} "
