@@ -46,6 +46,10 @@ class ModelConfig(ModelPathConfig):
     partition: Literal["none", "fsdp"] = "none"
 
 
+#: the entropy weight of the shipped recipe (sparse kind, recipe default; BENCHMARKS.md #24)
+DEFAULT_ALPHA = 0.3
+
+
 @dataclass
 class TranslatorConfig:
     #: sparse: sparse Sinkhorn P (the paper's S2T2); softmax: dense Sinkhorn baseline; unconstrained: W = C, no OT
@@ -55,8 +59,11 @@ class TranslatorConfig:
     #: convex: W_E = W_L = P / nu (E', L' are convex combinations of source rows); paper: the paper's literal
     #: W_E = P / mu, W_L = P / nu
     normalization: Literal["convex", "paper"] = "convex"
-    #: weight of the entropy regulariser alpha * H(P) (larger: sparser P)
-    alpha: float = 0.0
+    #: weight of the entropy regulariser alpha * H(P), H in nats (larger: sparser P). -1: the recipe's, 0.3 for
+    #: the sparse kind with recipe default, 0 otherwise (the paper's recipe and the baselines). 0.3: on stories260K (v = u = 512, 300 steps, one seed) it took the mean column entropy of W = P/nu
+    #: from 2.72 to 1.34 nats (< log 8) and the non-zeros from 68% to 43% for 1.611 BpB instead of 1.585 (FVT
+    #: alone 2.047); alpha 1: 1.744 BpB, 25%, 0.92 nats; alpha 3: 2.010 BpB, 9%, 0.58 nats (BENCHMARKS.md #24)
+    alpha: float = -1.0
     #: the plan C starts from. uniform: C = 1/v (the paper; P = mu nu^T). fvt: from the surface strings, each
     #: target token's bytes written as source tokens by greedy longest match (`ot.prior`), blended with the
     #: uniform plan, P0 = init_weight * P_fvt + (1 - init_weight) * mu nu^T; C = P0 (sparse), log P0 (softmax),
@@ -86,8 +93,13 @@ class TranslatorConfig:
     def validate(self) -> None:
         if self.n_iter < 1:
             raise ConfigError(f"n_iter: must be >= 1, got {self.n_iter}")
-        if self.alpha < 0:
-            raise ConfigError(f"alpha: must be >= 0, got {self.alpha}")
+        if self.alpha < 0 and self.alpha != -1:
+            raise ConfigError(f"alpha: must be >= 0 or -1 (the recipe's), got {self.alpha}")
+
+    def resolved_alpha(self) -> float:
+        if self.alpha >= 0:
+            return self.alpha
+        return DEFAULT_ALPHA if self.kind == "sparse" and self.recipe == "default" else 0.0
         if not 0.0 <= self.init_weight <= 1.0:
             raise ConfigError(f"init_weight: must be in [0, 1], got {self.init_weight}")
         if not (self.dense_frac == -1.0 or 0 <= self.dense_frac < 1):
@@ -133,7 +145,7 @@ class TranslateTask:
         self.lm, self.translator = lm, translator
         self.E, self.L, self.src_ids = E, L, src_ids
         self.cfg, self.rt = cfg, rt
-        self.alpha = cfg.translator.alpha
+        self.alpha = cfg.translator.resolved_alpha()
         self.target_vocab, self.source_vocab = target_vocab, source_vocab
         self.eval_docs = eval_docs
         self.frozen_at = None
@@ -303,7 +315,7 @@ def build(cfg: TranslateConfig, rt: Runtime):
     informed = bool(tc.init_p) or tc.init == "fvt"  # an informed start: no dense warm-up from the uniform plan
     step = resolve_step(tc.kind, v, recipe=tc.recipe, lr=cfg.optim.lr, init="informed" if informed else "",
                         dense_frac=0.0 if informed else tc.dense_frac, dense_lr=tc.dense_lr, steps=cfg.train.steps)
-    schedule = step.apply_init(translator, seed=cfg.train.seed) if not informed else None
+    schedule = step.apply_init(translator) if not informed else None
     warning = freeze_warning(cfg.translator.kind, v, step.lr)
     if warning and env.is_main:
         log.warning("translate: %s", warning)
@@ -329,6 +341,7 @@ def build(cfg: TranslateConfig, rt: Runtime):
                          _vocab_strings(src_tok, src_ids.tolist()), eval_docs)
     task.lm_param_fraction = local / total
     task.lr, task.start_warning = step.lr, warning
+    task.p_start = p_sparsity(translator)  # collective when sharded: every rank
     task.schedule, task.engine = schedule, engine
     if env.is_main:
         log.info("translate: %s", step)
@@ -376,11 +389,30 @@ def surface_prior(model_path: str, src_tok, src_ids: list[int], tgt, mu, nu, wei
     return blend_with_uniform(fvt_plan(dec, mu.cpu(), nu.cpu()), mu.cpu(), nu.cpu(), weight), dec
 
 
+SPARSITY_KEYS = ("density", "col_nnz_mean", "max_weight_mean", "col_entropy_mean")
+
+
+def p_sparsity(tr) -> dict:
+    """P's sparsity for result.json (collective when sharded): non-zeros (density, per target column) and by mass
+    (mean largest weight and entropy of W = P / nu's columns)."""
+    st = {**tr.density_stats(), **tr.mass_stats()}
+    return {k: st[k] for k in SPARSITY_KEYS}
+
+
+def sparsity_warning(start: dict, end: dict) -> str:
+    """'' unless the learned P has no fewer non-zeros per column than its start and no lower column entropy."""
+    if end["col_nnz_mean"] < start["col_nnz_mean"] or end["col_entropy_mean"] < start["col_entropy_mean"] - 1e-6:
+        return ""
+    return (f"the learned P is no sparser than its start ({end['col_nnz_mean']:.1f} non-zeros per target token, "
+            f"start {start['col_nnz_mean']:.1f}; column entropy {end['col_entropy_mean']:.2f} nats, start "
+            f"{start['col_entropy_mean']:.2f}): raise translator.alpha (BENCHMARKS.md #24)")
+
+
 def export_p(path: Path, task: TranslateTask, hashes: dict) -> Path | None:
     from s2t2_dist.pfile import SparseP, save_p
 
     tr = task.translator
-    idx, vals = tr.gather_sparse()  # global COO on every rank (P is sparse: cheap)
+    idx, vals = tr.gather_sparse()  # global COO on every rank
     if not task.rt.env.is_main:
         return None
     p = SparseP(idx.cpu(), vals.cpu(), tr.mu.cpu(), tr.nu.cpu(), task.src_ids.cpu(), hashes["source"],
@@ -444,6 +476,10 @@ def _train(cfg: TranslateConfig, rt: Runtime) -> dict:
                "bad_steps": result.bad_steps, "final_loss": result.final_loss,
                "lm_param_fraction_per_rank": task.lm_param_fraction,
                "gradient_on_C": task.gradient_summary(result.step)}
+    summary["P"] = {"start": task.p_start, "end": p_sparsity(task.translator)}
+    summary["P"]["warning"] = sparsity_warning(summary["P"]["start"], summary["P"]["end"])
+    if summary["P"]["warning"] and rt.env.is_main:
+        log.warning("translate: %s", summary["P"]["warning"])
     if result.finished:
         summary["p_file"] = str(export_p(rt.run_dir / "P.safetensors", task, hashes))
         if task.eval_docs is not None:
