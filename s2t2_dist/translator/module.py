@@ -147,8 +147,6 @@ class TokenTranslator(nn.Module):
         self.register_buffer("nu", nu.to(device=device, dtype=dtype).clone())
         self.C = nn.Parameter(torch.full((self.v, self.col_end - self.col_start), 1.0 / self.v, dtype=dtype,
                                          device=device))
-        #: P is computed from C / temperature (1: the plain plan; > 1 while annealing from dense to sparse)
-        self.temperature = 1.0
         self._kinds: Dict[str, Kind] = {}  # one object per kind used (the sparse one keeps its warm start)
         self.kind = kind
         self._comm = None
@@ -239,9 +237,7 @@ class TokenTranslator(nn.Module):
             return self._compute_P_fp32()
 
     def _compute_P_fp32(self) -> Tensor:
-        # temperature > 1 (annealing): the plan of C / T, denser than C's (see StepRecipe)
-        C = self.C if self.temperature == 1.0 else self.C / self.temperature
-        return self.plan_kind.plan(C)
+        return self.plan_kind.plan(self.C)
 
     # ------------------------------------------------------------------ the plan
     def P(self) -> Tensor:
@@ -252,7 +248,7 @@ class TokenTranslator(nn.Module):
         detached cached value is returned while C is unchanged (e.g. for the several statistics of a report).
         Both caches are dropped when backward reaches P (a hook on that step's P; nothing is registered on C), so
         no copy of P is held between training steps."""
-        ver = (self.C._version, self.temperature)
+        ver = self.C._version
         if torch.is_grad_enabled() and self.C.requires_grad:
             if self._cache_grad is not None and self._cache_grad[0] == ver:
                 return self._cache_grad[1]
