@@ -140,7 +140,7 @@ def worker(args) -> None:
         ds_cfg = resolve_ds_config(ROOT / "configs" / "ds_zero3.json", train_cfg=tcfg, optim_cfg=ocfg, world_size=world,
                                    hidden_size=hf.hidden_size)
         model = build_model_zero3(hf, ds_cfg, seed=0)
-        engine = DeepSpeedEngine(model, optim_cfg=ocfg, train_cfg=tcfg, ds_config=ds_cfg, resolved=True)
+        engine = DeepSpeedEngine.build(model, optim_cfg=ocfg, train_cfg=tcfg, ds_config=ds_cfg, resolved=True)
         local, total = partitioned_numel(engine.model)
     else:
         from transformers import OlmoForCausalLM
@@ -149,7 +149,7 @@ def worker(args) -> None:
 
         torch.manual_seed(0)
         model = OlmoForCausalLM(hf)
-        engine = FSDP2Engine(model, optim_cfg=ocfg, train_cfg=tcfg)
+        engine = FSDP2Engine.build(model, ocfg, tcfg)
         local, total = local_numel(engine.model)
     rss_built = _rss_mib()
     stamps = []

@@ -1,5 +1,6 @@
-"""Benchmark: training-loader batches/s (the per-rank-layout TrainLoader and the stages' GlobalTrainLoader, rank 0 of
-1 or more ranks) against the time a training step takes to consume one batch.
+"""Benchmark: training-loader batches/s (the stages' GlobalTrainLoader, rank 0 of 1 or more ranks) against the time
+a training step takes to consume one batch. (The per-rank-layout TrainLoader measured in earlier sections of
+BENCHMARKS.md was retired in #23.)
 
 Assumed step (the paper's setting): OLMo-1B, batch 16 x 512 tokens on one H100.
     tokens/step          16 * 512                      = 8,192
@@ -25,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from s2t2_dist.data.loader import TrainLoader  # noqa: E402
+from s2t2_dist.data.global_loader import GlobalTrainLoader  # noqa: E402
 
 STEP_S = 6 * 1.18e9 * 16 * 512 / (0.40 * 989e12)
 
@@ -47,20 +48,10 @@ def build_small(work: Path, protein_dir: Path) -> Path:
     return work / "train"
 
 
-def make_loader(kind: str, shards: Path, workers: int, batch_size: int, world: int):
-    """Rank 0 of `world` ranks: the per-rank-layout TrainLoader, or the stages' GlobalTrainLoader (which reads every
-    shard on every rank and decodes only its 1/world of the samples)."""
-    if kind == "rank":
-        return TrainLoader(shards, batch_size=batch_size, num_workers=workers, seed=0, shuffle_window=4096,
-                           world_size=world)
-    from s2t2_dist.data.global_loader import GlobalTrainLoader
-
-    return GlobalTrainLoader(shards, global_batch_size=batch_size * world, micro_batch_size=batch_size,
-                             world_size=world, num_workers=workers, seed=0, shuffle_window=4096)
-
-
-def measure(shards: Path, workers: int, batch_size: int, n_batches: int, kind: str = "rank", world: int = 1) -> dict:
-    L = make_loader(kind, shards, workers, batch_size, world)
+def measure(shards: Path, workers: int, batch_size: int, n_batches: int, world: int = 1) -> dict:
+    """Rank 0 of `world` ranks (it reads every shard and decodes only its 1/world of the samples)."""
+    L = GlobalTrainLoader(shards, global_batch_size=batch_size * world, micro_batch_size=batch_size,
+                          world_size=world, num_workers=workers, seed=0, shuffle_window=4096)
     t0 = time.perf_counter()
     it = iter(L)
     next(it)
@@ -75,7 +66,7 @@ def measure(shards: Path, workers: int, batch_size: int, n_batches: int, kind: s
         assert b["input_ids"].shape[1] == 512
         got += 1
     dt = time.perf_counter() - t1
-    return {"loader": kind, "world": world, "workers": workers, "first_batch_s": first, "batches_per_s": got / dt,
+    return {"loader": "global", "world": world, "workers": workers, "first_batch_s": first, "batches_per_s": got / dt,
             "tokens_per_s": got * batch_size * 512 / dt, "vs_step": got / dt * STEP_S}
 
 
@@ -88,23 +79,21 @@ def main() -> None:
     ap.add_argument("--workdir", default="/tmp/s2t2_bench_loader")
     ap.add_argument("--protein-dir", default=os.environ.get("S2T2_SHARED_DATA", "/work/shared/data") + "/protein")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--loaders", nargs="+", default=["rank", "global"], choices=["rank", "global"])
     ap.add_argument("--world", type=int, nargs="+", default=[1], help="measure rank 0 of these numbers of ranks")
     a = ap.parse_args()
     shards = Path(a.shards) if a.shards else build_small(Path(a.workdir), Path(a.protein_dir))
     m = json.loads((shards / "manifest.json").read_text())
     print(f"shards: {shards} ({len(m['shards'])} shards, {m['totals']['n_samples']:,} blocks of 512)")
     print(f"assumed step: {STEP_S:.3f} s -> {1 / STEP_S:.1f} batches/s consumed; 20x = {20 / STEP_S:.0f} batches/s\n")
-    print("| loader | ranks | DataLoader workers | first batch s | batches/s | tokens/s | x faster than a step |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| ranks | DataLoader workers | first batch s | batches/s | tokens/s | x faster than a step |")
+    print("|---:|---:|---:|---:|---:|---:|")
     rows = []
-    for kind in a.loaders:
-        for world in a.world:
-            for w in a.workers:
-                r = measure(shards, w, a.batch_size, a.batches, kind, world)
-                rows.append(r)
-                print(f"| {kind} | {world} | {w} | {r['first_batch_s']:.2f} | {r['batches_per_s']:.0f} | "
-                      f"{r['tokens_per_s'] / 1e6:.2f} M | {r['vs_step']:.0f}x |", flush=True)
+    for world in a.world:
+        for w in a.workers:
+            r = measure(shards, w, a.batch_size, a.batches, world)
+            rows.append(r)
+            print(f"| {world} | {w} | {r['first_batch_s']:.2f} | {r['batches_per_s']:.0f} | "
+                  f"{r['tokens_per_s'] / 1e6:.2f} M | {r['vs_step']:.0f}x |", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps({"step_s": STEP_S, "rows": rows}, indent=1))
 

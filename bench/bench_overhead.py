@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import statistics
 import sys
 import tempfile
@@ -121,6 +122,7 @@ def main(argv=None) -> int:
     from s2t2_dist.stages.finetune import FinetuneTask
     from s2t2_dist.stages.translate import TranslateTask
     from s2t2_dist.translator import TokenTranslator
+    from s2t2_dist.train.config import OptimConfig
 
     torch.manual_seed(0)
     cfg = tiny_config("olmo-1b", n_layers=a.layers, d_model=a.width, n_heads=a.heads)
@@ -143,8 +145,8 @@ def main(argv=None) -> int:
             src_ids = torch.arange(a.v)
             tr = TokenTranslator(a.v, a.u, kind="sparse", n_iter=3)
             lm = TranslatedLM(model, freeze_model=True)
-            eng = TorchEngine(tr, lr=2e-5, weight_decay=0.0, betas=(0.9, 0.95), eps=1e-8, total_steps=steps + 1,
-                              warmup_frac=0.0, final_frac=1.0, grad_clip=1.0, params="sharded")
+            flat = OptimConfig(lr=2e-5, eps=1e-8, warmup_frac=0.0, final_lr_frac=1.0)  # a constant lr
+            eng = TorchEngine.build(tr, flat, steps + 1, params="sharded")
             tcfg = SimpleNamespace(translator=SimpleNamespace(alpha=0.0, heatmap=[0, 0]))
             task = TranslateTask(lm, tr, E, L, src_ids, tcfg, rt, [str(i) for i in range(a.u)],
                                  [str(i) for i in range(a.v)])
@@ -185,8 +187,7 @@ def main(argv=None) -> int:
 
             # ---- stage 2, the framework: the translated (materialised, u-vocabulary) model, all of it trained
             m2 = materialize(copy.deepcopy(base), E[:a.u].detach().clone(), L[:a.u].detach().clone(), inplace=True)
-            eng2 = TorchEngine(m2, lr=1e-4, weight_decay=0.0, betas=(0.9, 0.95), eps=1e-8, total_steps=steps + 1,
-                               warmup_frac=0.0, final_frac=1.0, grad_clip=1.0, params="replicated")
+            eng2 = TorchEngine.build(m2, dataclasses.replace(flat, lr=1e-4), steps + 1, params="replicated")
             ftask = FinetuneTask(eng2, rt, None, SimpleNamespace(engine=SimpleNamespace(kind="plain")))
             res["s2_loop"].append(med(loop_step_times(ftask, eng2, batches, steps, work / "s2"), a.warmup))
             m3 = materialize(copy.deepcopy(base), E[:a.u].detach().clone(), L[:a.u].detach().clone(), inplace=True)

@@ -35,6 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from s2t2_dist.engines.torch_engine import TorchEngine
+from s2t2_dist.train.config import OptimConfig
 from s2t2_dist.translator import TokenTranslator, resolve_step
 
 
@@ -110,8 +111,7 @@ def oracle_loss(pb: Problem) -> float:
 
 
 def run_one(pb: Problem, kind: str, *, recipe: str = "default", lr: float = 0.0, steps: int = 300, batch: int = 32,
-            init: str = "", noise: float = 0.1, anneal_t0: float = -1.0, anneal_frac: float = -1.0, dense_frac: float = -1.0,
-            dense_lr: float = 0.0, eps: float = 1e-5, mu: str = "uniform", seed: int = 0, log_every: int = 0
+            init: str = "", dense_frac: float = -1.0, dense_lr: float = 0.0, eps: float = 1e-5, mu: str = "uniform", seed: int = 0, log_every: int = 0
             ) -> dict:
     """Train one translator on the planted problem; returns the metrics (see the module docstring).
 
@@ -123,12 +123,11 @@ def run_one(pb: Problem, kind: str, *, recipe: str = "default", lr: float = 0.0,
     if mu == "freq":
         m = torch.bincount(pb.sigma, minlength=pb.v).double() / pb.u * 0.99 + 0.01 / pb.v
     tr = TokenTranslator(pb.v, pb.u, kind=kind, mu=m)
-    step = resolve_step(kind, pb.v, recipe=recipe, lr=lr, init=init, noise=noise, anneal_t0=anneal_t0,
-                        anneal_frac=anneal_frac, dense_frac=dense_frac, dense_lr=dense_lr, steps=steps)
-    schedule = step.apply_init(tr, seed)
+    step = resolve_step(kind, pb.v, recipe=recipe, lr=lr, init=init, dense_frac=dense_frac, dense_lr=dense_lr,
+                        steps=steps)
+    schedule = step.apply_init(tr)
     tr.watch_grad()
-    engine = TorchEngine(tr, lr=step.lr, weight_decay=0.0, betas=[0.9, 0.95], eps=eps, total_steps=steps,
-                         warmup_frac=0.2, final_frac=0.1, grad_clip=1.0, params="sharded")
+    engine = TorchEngine.build(tr, OptimConfig(lr=step.lr, eps=eps), steps, params="sharded")
     schedule(0, engine)
     g = torch.Generator().manual_seed(seed)
     t0 = time.perf_counter()
@@ -138,8 +137,8 @@ def run_one(pb: Problem, kind: str, *, recipe: str = "default", lr: float = 0.0,
         E_new, L_new = tr.embed_and_head(pb.E, pb.L)
         loss = pb.loss(E_new, L_new, pb.train[idx])
         engine.backward(loss)
+        tr.end_step()  # samples the gradient of C: before the step zeroes it
         engine.step()
-        tr.end_step()
         if log_every and (s + 1) % log_every == 0:
             print(f"  step {s + 1} loss {float(loss):.4f} {tr.grad_stats()} {tr.mass_stats()}", file=sys.stderr)
     dt = time.perf_counter() - t0
@@ -151,7 +150,6 @@ def run_one(pb: Problem, kind: str, *, recipe: str = "default", lr: float = 0.0,
         ms = tr.mass_stats()
     gs = tr.grad_stats()
     return {"kind": kind, "recipe": recipe, "lr": step.lr, "lr_x_v": step.lr * pb.v, "init": step.init,
-            "anneal": f"{step.anneal_t0:g}/{step.anneal_frac:g}",
             "dense_frac": step.dense_frac, "dense_lr": step.dense_lr, "eps": eps, "mu": mu, "steps": steps, "held_loss": held, "recovery": rec,
             "max_weight_mean": ms["max_weight_mean"], "col_entropy_mean": ms["col_entropy_mean"],
             "grad_live_frac": gs["grad_live_frac"], "grad_frozen_steps": gs["grad_frozen_steps"],
@@ -166,14 +164,11 @@ def main(argv=None) -> int:
     ap.add_argument("--kinds", nargs="+", default=["sparse", "softmax", "unconstrained"])
     ap.add_argument("--recipe", choices=["default", "paper"], default="default")
     ap.add_argument("--lr", type=float, nargs="+", default=[0.0], help="0: the recipe's default for the kind")
-    ap.add_argument("--init", default="", help="'' (recipe default), uniform, noise")
-    ap.add_argument("--noise", type=float, default=0.1, help="init noise, in units of C's scale (init noise)")
+    ap.add_argument("--init", default="", help="'' (recipe default: uniform)")
     ap.add_argument("--dense-frac", type=float, default=-1.0, help="dense warm-up fraction (-1: recipe default)")
     ap.add_argument("--dense-lr", type=float, default=0.0, help="dense warm-up lr (0: recipe default)")
     ap.add_argument("--eps", type=float, default=1e-5, help="AdamW eps (the stage's optim.eps; paper 1e-5)")
     ap.add_argument("--mu", choices=["uniform", "freq"], default="uniform", help="row marginal (see run_one)")
-    ap.add_argument("--anneal-t0", type=float, default=-1.0, help="start temperature (-1: recipe default)")
-    ap.add_argument("--anneal-frac", type=float, default=-1.0, help="fraction of the run annealed (-1: default)")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
@@ -186,16 +181,15 @@ def main(argv=None) -> int:
     pb = make_problem(a.v, u, a.regime, seed=a.seed)
     base = {"v": a.v, "u": u, "regime": a.regime, "uniform_loss": uniform_loss(pb), "oracle_loss": oracle_loss(pb)}
     print(f"# v={a.v} u={u} regime={a.regime} mu={a.mu} eps={a.eps:g}: oracle {base['oracle_loss']:.4f}, uniform P {base['uniform_loss']:.4f}")
-    print("| kind | recipe | init | dense warm-up | anneal T0/frac | lr | lr x v | recovery | loss gap | max weight | col entropy | live grad "
+    print("| kind | recipe | init | dense warm-up | lr | lr x v | recovery | loss gap | max weight | col entropy | live grad "
           "| zero-grad steps | s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for kind in a.kinds:
         for lr in a.lr:
             r = run_one(pb, kind, recipe=a.recipe, lr=lr, steps=a.steps, batch=a.batch, init=a.init,
-                        noise=a.noise, anneal_t0=a.anneal_t0, anneal_frac=a.anneal_frac,
                         dense_frac=a.dense_frac, dense_lr=a.dense_lr, eps=a.eps, mu=a.mu, seed=a.seed, log_every=a.log_every)
             r.update(base, gap=r["held_loss"] - base["oracle_loss"])
-            print(f"| {kind} | {a.recipe} | {r['init']} | {r['dense_frac']:g} | {r['anneal']} | {r['lr']:.3g} | {r['lr_x_v']:.3g} | "
+            print(f"| {kind} | {a.recipe} | {r['init']} | {r['dense_frac']:g} | {r['lr']:.3g} | {r['lr_x_v']:.3g} | "
                   f"{r['recovery']:.3f} | {r['gap']:.4f} | {r['max_weight_mean']:.3f} | {r['col_entropy_mean']:.3f} | "
                   f"{r['grad_live_frac']:.4f} | {r['grad_frozen_steps']:.0f} | {r['seconds']} |", flush=True)
             if a.json:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -140,7 +139,7 @@ class Bench:
         a = self.args
         ctx = 128 if regime == "protein" else a.context_len  # the demo's blocks
         return {"steps": steps, "batch_size": 8, "micro_batch_size": 8, "context_len": ctx,
-                "log_every": max(1, steps // 10), "ckpt_every": 0, "eval_every": 0, "eval_max_docs": 0, "seed": 0}
+                "log_every": max(1, steps // 10), "ckpt_every": 0, "eval_every": 0, "eval_max_docs": 0, "seed": a.seed}
 
     def data(self, source: bool = False, regime: str = "") -> dict:
         d = self.out / ("protein_data" if regime == "protein" else "data")
@@ -148,8 +147,8 @@ class Bench:
         return {"train": str(d / f"shards/{split}/train"), "eval": str(d / f"shards/{split}/eval"),
                 "tokenizer": str(self.model if source else d / "tokenizer"), "num_workers": 0}
 
-    def translate(self, name: str, regime: str, kind: str, init: str, weight: float, recipe: str, lr: float
-                  ) -> dict:
+    def translate(self, name: str, regime: str, kind: str, init: str, weight: float, recipe: str, lr: float,
+                  extra: dict | None = None) -> dict:
         from s2t2_dist.recipes.demo import write_config
         from s2t2_dist.stages.translate import TranslateConfig
 
@@ -157,13 +156,14 @@ class Bench:
         cfg = write_config(self.cfgs / regime / f"{name}.yaml", {
             "run_dir": str(run_dir), "model": {"path": str(self.model), "source_vocab": self.vocab[regime]},
             "data": self.data(regime=regime), "translator": {"kind": kind, "n_iter": 3, "init": init, "init_weight": weight,
-                                                         "recipe": recipe},
+                                                         "recipe": recipe, **(extra or {})},
             "optim": {"lr": lr, "weight_decay": 0.0}, "train": self.train_block(self.args.steps, regime)},
             TranslateConfig)
         t0 = time.time()
         r = self.runner.run("translate", ["--config", str(cfg)], run_dir, f"{regime}-{name}")
         self.random_bpb = r.result["eval"].get("random_guess_bpb")
         return {"p_file": r.result["p_file"], "bpb": r.result["eval"]["bpb"], "seconds": round(time.time() - t0, 1),
+                "sparsity": sparsity(r.result["p_file"]),
                 "final_loss": r.result.get("final_loss"), "lr": (r.result.get("gradient_on_C") or {}).get("lr", lr)}
 
     def evaluate(self, name: str, regime: str, init: dict, source: bool = False) -> float:
@@ -288,15 +288,17 @@ class Bench:
                 pf = self.fvt_p_file(regime)
                 n, s = self.shared_to_self(pf, regime)
                 put("fvt", p_only=self.evaluate("fvt", regime, {"kind": "translated", "p_file": pf}),
-                    shared=n, self_=s)
+                    shared=n, self_=s, **sparsity(pf))
                 if a.ft_steps:
                     put("fvt", finetuned=self.finetune("fvt", regime, {"kind": "translated", "p_file": pf}))
-            for name, (kind, init, w, recipe, lr) in self.variants().items():
-                if not want(name) and not (only and any(name.startswith(o + "@") for o in only)):
+            for name, (kind, init, w, recipe, lr, *extra) in self.variants().items():
+                base = name.split("~")[0]
+                if not want(base) and not (only and any(base.startswith(o + "@") for o in only)):
                     continue
-                t = self.translate(name, regime, kind, init, w, recipe, lr)
+                t = self.translate(name, regime, kind, init, w, recipe, lr, *extra)
                 n, s = self.shared_to_self(t["p_file"], regime)
-                put(name, p_only=t["bpb"], lr=t["lr"], init_weight=w, shared=n, self_=s, seconds=t["seconds"])
+                put(name, p_only=t["bpb"], lr=t["lr"], init_weight=w, shared=n, self_=s, seconds=t["seconds"],
+                    **t["sparsity"], **(extra[0] if extra else {}))
                 if a.ft_steps and "@" not in name:
                     put(name, finetuned=self.finetune(name, regime, {"kind": "translated", "p_file": t["p_file"]}))
             if regime == "protein" and want("unigram"):
@@ -319,7 +321,36 @@ class Bench:
             for lr in [float(x) for x in lrs.split(",") if x] or [lr0]:
                 for w in [float(x) for x in ws.split(",") if x] or [w0]:
                     v[f"{name}@{lr:g}@{w:g}"] = (kind, init, w, recipe, lr)
+        for spec in self.args.row:  # NAME=BASE:key=value,key=value (translator keys; numbers parsed)
+            name, rest = spec.split("=", 1)
+            base, _, kv = rest.partition(":")
+            kind, init, w, recipe, lr, *extra = TRANSLATORS[base]
+            keys = dict(extra[0]) if extra else {}
+            for item in filter(None, kv.split(",")):
+                k, val = item.split("=", 1)
+                keys[k] = _number(val)
+            v[name] = (kind, init, float(keys.pop("init_weight", w)), recipe, float(keys.pop("lr", lr)), keys)
+        if self.args.seed:  # other seeds: their own runs
+            v = {f"{k}~s{self.args.seed}": x for k, x in v.items()}
         return v
+
+
+def _number(s: str):
+    try:
+        return int(s)
+    except ValueError:
+        try:
+            return float(s)
+        except ValueError:
+            return s
+
+
+def sparsity(p_file: str) -> dict:
+    """Non-zeros per target column, density and mass-based sparsity (W = P / nu) of a P file."""
+    from s2t2_dist.pfile import load_p
+
+    st = load_p(p_file).stats()
+    return {k: st[k] for k in ("density", "col_nnz_mean", "max_weight_mean", "col_entropy_mean")}
 
 
 def table(res: dict) -> str:
@@ -334,13 +365,16 @@ def table(res: dict) -> str:
         dec = r.get("fvt_decomposition") or {}
         lines += [f"### {regime}" + (f" (FVT covers {100 * dec['coverage']:.1f}% of target bytes; "
                                       f"{dec['identical']} target tokens are one source token)" if dec else ""), "",
-                  "| method | P lr | init weight | P only | + finetune | shared -> self |", "|---|---:|---:|---:|---:|---:|"]
+                  "| method | P lr | init weight | P only | + finetune | shared -> self | non-zeros | per column | "
+                  "max weight | col. entropy |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for name, row in r["rows"].items():
-            label = LABELS.get(name.split("@")[0], name) + (f" ({name.split('@', 1)[1]})" if "@" in name else "")
+            label = LABELS.get(name.split("@")[0].split("~")[0], name) + (f" ({name.split('@', 1)[1]})" if "@" in name else "")
             f = lambda x, fmt=".3f": "" if x is None else format(x, fmt)  # noqa: E731
             sh = f"{row['self_']}/{row['shared']}" if "shared" in row else ""
             lines.append(f"| {label} | {f(row.get('lr'), 'g')} | {f(row.get('init_weight'), 'g')} | "
-                         f"{f(row.get('p_only'))} | {f(row.get('finetuned'))} | {sh} |")
+                         f"{f(row.get('p_only'))} | {f(row.get('finetuned'))} | {sh} | {f(row.get('density'), '.1%')} | "
+                         f"{f(row.get('col_nnz_mean'), '.1f')} | {f(row.get('max_weight_mean'))} | "
+                         f"{f(row.get('col_entropy_mean'), '.2f')} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -358,6 +392,10 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", action="append", default=[],
                     help="extra rows NAME:LR1,LR2:W1,W2 (LRs in the row recipe's units: default = 1/v for sparse; "
                          "e.g. s2t2_fvt:0.01,0.05:0.1,0.5), P only")
+    ap.add_argument("--row", action="append", default=[],
+                    help="extra rows NAME=BASE:KEY=VALUE,... (translator keys of row BASE changed; init_weight and "
+                         "lr too), e.g. s2t2_a1=s2t2_fvt:alpha=1")
+    ap.add_argument("--seed", type=int, default=0, help="train.seed of the translate rows (rows named NAME~sSEED)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (default 1: a 260K-parameter model gains nothing from more on a busy CPU)")
     ap.add_argument("--tag", default="", help="name results_TAG.json / table_TAG.md (parallel invocations)")

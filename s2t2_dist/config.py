@@ -216,12 +216,13 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
-def config_from_dict(cls: type[T], data: dict, *, validate: bool = True) -> T:
+def config_from_dict(cls: type[T], data: dict, *, validate: bool = True, prefix: str = "") -> T:
     """Build and validate a config tree from a plain mapping (keys and types checked against the dataclasses).
-    validate=False: keys and types only (`s2t2 config` shows a config that is not complete yet)."""
-    cfg = _build(cls, data)
+    validate=False: keys and types only (`s2t2 config` shows a config that is not complete yet). prefix: the
+    section's name in error messages (e.g. "slurm": slurm.KEY)."""
+    cfg = _build(cls, data, prefix)
     if validate:
-        validate_tree(cfg)
+        validate_tree(cfg, prefix)
     return cfg
 
 

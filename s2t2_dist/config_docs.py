@@ -155,7 +155,7 @@ def main(argv: list[str]) -> int:
     cls = stage_config(args.stage)
     overrides = list(args.overrides)
     if args.stage in ("finetune", "evaluate"):  # as their entry points read the command line
-        from s2t2_dist.stages.finetune import engine_overrides
+        from s2t2_dist.engines.launcher import engine_overrides
 
         overrides = engine_overrides(overrides)
     try:

@@ -1,8 +1,11 @@
 """The learned translation P as a sparse safetensors file: what stage 1 hands to finetuning and to transfer.
 
-Tensors: `indices` (2 x nnz int64: source row, target column), `values` (nnz float32), `mu` (v), `nu` (u),
-`source_ids` (v int64: the source model's token id of each row). Metadata (strings): shape, both tokenizers'
-hashes, the translator kind and normalisation. Loading runs no code (safetensors).
+Tensors: `mu` (v), `nu` (u), `source_ids` (v int64: the source model's token id of each row) and P in one of two
+layouts (metadata `layout`), whichever file is smaller (`save_p`): "csc", `col_ptr` (u + 1 int64), `row_idx` (nnz
+int32: the source row of each non-zero, column by column) and `values` (nnz float32): 8 bytes per non-zero; or
+"dense", `dense` (v x u float32): 4 bytes per entry, smaller above 50% non-zeros. Files of the first format ("coo":
+`indices` 2 x nnz int64 and `values`, 20 bytes per non-zero) still load. Metadata (strings): shape, both
+tokenizers' hashes, the translator kind and normalisation. Loading runs no code (safetensors).
 """
 
 from __future__ import annotations
@@ -112,8 +115,27 @@ class SparseP:
                 )
 
 
+def _layout_tensors(p: SparseP) -> tuple[str, dict]:
+    """P as the smaller of CSC (8 bytes per non-zero + the column pointers) and dense (4 bytes per entry)."""
+    v, u = p.shape
+    vals = p.values.to(torch.float32)
+    keep = vals != 0
+    rows, cols, vals = p.indices[0][keep], p.indices[1][keep], vals[keep]
+    if 4 * v * u <= 8 * vals.numel() + 8 * (u + 1):
+        dense = torch.zeros(v, u, dtype=torch.float32)
+        dense[rows, cols] = vals
+        return "dense", {"dense": dense}
+    order = torch.argsort(cols * v + rows)  # column-major
+    ptr = torch.zeros(u + 1, dtype=torch.int64)
+    ptr[1:] = torch.cumsum(torch.bincount(cols, minlength=u), 0)
+    return "csc", {"col_ptr": ptr, "row_idx": rows[order].to(torch.int32).contiguous(),
+                   "values": vals[order].contiguous()}
+
+
 def save_p(path: str | Path, p: SparseP) -> Path:
+    """Write P (exact zeros dropped) in whichever layout is smaller (module docstring); atomic."""
     path = Path(path)
+    layout, p_tensors = _layout_tensors(p)
     meta = {
         "format": FORMAT,
         "shape": json.dumps(list(p.shape)),
@@ -121,10 +143,10 @@ def save_p(path: str | Path, p: SparseP) -> Path:
         "target_tokenizer_hash": p.target_tokenizer_hash,
         "kind": p.kind,
         "normalization": p.normalization,
+        "layout": layout,
     }
     tensors = {
-        "indices": p.indices.to(torch.int64).contiguous(),
-        "values": p.values.to(torch.float32).contiguous(),
+        **p_tensors,
         "mu": p.mu.to(torch.float32).contiguous(),
         "nu": p.nu.to(torch.float32).contiguous(),
         "source_ids": p.source_ids.to(torch.int64).contiguous(),
@@ -132,6 +154,23 @@ def save_p(path: str | Path, p: SparseP) -> Path:
     with atomic_path(path, suffix=".safetensors") as tmp:
         save_file(tensors, str(tmp), metadata=meta)
     return path
+
+
+def _coo_of(path: Path, layout: str, t: dict, v: int, u: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(indices 2 x nnz int64, values) of a CSC or dense P file."""
+    if layout == "dense":
+        D = t["dense"]
+        if tuple(D.shape) != (v, u):
+            raise PFileError(f"{path}: dense P is {tuple(D.shape)}, shape says {v} x {u}")
+        idx = (D != 0).nonzero().t().contiguous()
+        return idx, D[idx[0], idx[1]]
+    ptr, rows = t["col_ptr"].to(torch.int64), t["row_idx"].to(torch.int64)
+    if (ptr.numel() != u + 1 or int(ptr[0]) != 0 or int(ptr[-1]) != rows.numel()
+            or rows.numel() != t["values"].numel() or bool((ptr[1:] < ptr[:-1]).any())):
+        raise PFileError(f"{path}: col_ptr must be u + 1 = {u + 1} non-decreasing offsets from 0 to nnz")
+    cols = torch.repeat_interleave(torch.arange(u), ptr[1:] - ptr[:-1])
+    order = torch.argsort(rows * u + cols)  # row-major, as the COO files and the training export are
+    return torch.stack([rows[order], cols[order]]), t["values"][order]
 
 
 def load_p(path: str | Path) -> SparseP:
@@ -146,10 +185,16 @@ def load_p(path: str | Path) -> SparseP:
         raise PFileError(f"{path}: not a readable safetensors file ({e})") from None
     if meta.get("format") != FORMAT:
         raise PFileError(f"{path}: not an S2T2 P file (format {meta.get('format')!r}, expected {FORMAT!r})")
-    missing = {"indices", "values", "mu", "nu", "source_ids"} - set(t)
+    layout = meta.get("layout", "coo")
+    need = {"coo": {"indices", "values"}, "csc": {"col_ptr", "row_idx", "values"}, "dense": {"dense"}}.get(layout)
+    if need is None:
+        raise PFileError(f"{path}: unknown P layout {layout!r} (expected coo, csc or dense)")
+    missing = (need | {"mu", "nu", "source_ids"}) - set(t)
     if missing:
         raise PFileError(f"{path}: missing tensors {sorted(missing)}")
     v, u = json.loads(meta["shape"])
+    if layout != "coo":
+        t["indices"], t["values"] = _coo_of(path, layout, t, v, u)
     if t["mu"].numel() != v or t["nu"].numel() != u or t["source_ids"].numel() != v:
         raise PFileError(f"{path}: marginals/source ids do not match shape {v} x {u}")
     idx = t["indices"]

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from engines_tiny import tiny_olmo, tiny_olmo_config  # noqa: E402
-from s2t2_dist.engines.build import parse_launcher_args  # noqa: E402
+from s2t2_dist.engines.launcher import parse_launcher_args  # noqa: E402
 from s2t2_dist.train.checkpoint import Checkpointer  # noqa: E402
 from s2t2_dist.train.config import OptimConfig, TrainConfig  # noqa: E402
 from s2t2_dist.train.loop import train  # noqa: E402
@@ -129,14 +129,13 @@ def main(argv=None):
         from s2t2_dist.engines.fsdp_engine import FSDP2Engine, local_numel
 
         model = _plain_model(args, hf_cfg)
-        engine = FSDP2Engine(model, optim_cfg=ocfg, train_cfg=tcfg, activation_checkpointing=args.act_ckpt)
+        engine = FSDP2Engine.build(model, ocfg, tcfg, activation_checkpointing=args.act_ckpt)
         local, total = local_numel(engine.model)
     else:
-        from s2t2_dist.engines.build import build_engine
+        from s2t2_dist.engines.build import EngineConfig, build_model_and_engine
 
-        model = _plain_model(args, hf_cfg)
-        engine = build_engine("plain", model, ocfg, tcfg, activation_checkpointing=args.act_ckpt)
-        engine.model = model
+        model, engine = build_model_and_engine(EngineConfig(activation_checkpointing=args.act_ckpt),
+                                               _plain_model(args, hf_cfg), ocfg, tcfg)
         local = total = sum(p.numel() for p in model.parameters())
 
     loader = BlockLoader(hf_cfg.vocab_size, 32, args.seq, args.micro, rank, world)

@@ -8,6 +8,7 @@ known to bite); everything routed through the module works.
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -81,7 +82,8 @@ def _nccl_like_rank():
     from s2t2_dist.engines.torch_engine import TorchEngine
     from s2t2_dist.eval.bpb import EvalTotals
     from s2t2_dist.eval.scoring import score_documents_batched
-    from s2t2_dist.train.metrics import p_sparsity_stats
+    from s2t2_dist.train.config import OptimConfig
+    from s2t2_dist.translator import TokenTranslator
 
     out = {"backend": dist.get_backend_config()}
     r, w = coll.rank_world()
@@ -108,13 +110,12 @@ def _nccl_like_rank():
     # real code paths: a replicated and a sharded engine step, exact eval totals, lockstep scoring, P statistics
     torch.manual_seed(r)  # different replicas: the broadcast makes them equal
     lin = torch.nn.Linear(3, 1, bias=False)
-    eng = TorchEngine(lin, lr=0.1, weight_decay=0.0, betas=(0.9, 0.95), eps=1e-8, total_steps=2, warmup_frac=0.0,
-                      final_frac=1.0, grad_clip=1.0, params="replicated")
+    ocfg = OptimConfig(lr=0.1, eps=1e-8, warmup_frac=0.0, final_lr_frac=1.0, grad_clip=1.0)
+    eng = TorchEngine.build(lin, ocfg, 2, params="replicated")
     lin(torch.full((2, 3), float(r + 1))).sum().backward()
     out["replicated"] = (eng.step(), lin.weight.detach().clone())
     shard = torch.nn.Linear(2, 1, bias=False)
-    eng2 = TorchEngine(shard, lr=0.1, weight_decay=0.0, betas=(0.9, 0.95), eps=1e-8, total_steps=2,
-                       warmup_frac=0.0, final_frac=1.0, grad_clip=None, params="sharded")
+    eng2 = TorchEngine.build(shard, dataclasses.replace(ocfg, grad_clip=0.0), 2, params="sharded")
     shard.weight.grad = torch.full_like(shard.weight, float(r + 1))
     out["sharded_norm"] = eng2.step()[0]
     out["totals"] = EvalTotals(1.5, 3, 10 + r, 1).all_reduce().to_dict()
@@ -127,9 +128,10 @@ def _nccl_like_rank():
 
     local = score_documents_batched(logits_fn, docs, 8, batch_size=1)
     out["scored"] = (local.docs, len(calls))
-    p = torch.zeros(4, 2)
+    tr = TokenTranslator(4, 2, group=coll.group_for(torch.device("cpu")))  # one target column per rank
+    p = torch.zeros(4, 1)
     p[r, 0] = 1.0
-    out["p_stats"] = p_sparsity_stats(p, group=coll.group_for(p.device))
+    out["p_stats"] = tr.density_stats(p)
     return out
 
 
@@ -147,7 +149,7 @@ def test_routed_collectives_work_where_direct_cpu_collectives_fail():
         assert o["sharded_norm"] == pytest.approx((2 * 1 + 2 * 4) ** 0.5)  # 2 entries of 1 and 2 of 2
         assert o["totals"] == {"nll_nats": 3.0, "tokens": 6, "bytes": 21, "docs": 2}
         assert o["scored"] == (r + 1, 2)  # rank 0 makes a dummy call to keep in step with rank 1
-        assert o["p_stats"]["P/nnz"] == 2.0 and o["p_stats"]["P/unused_sources"] == 0.5
+        assert o["p_stats"]["nnz"] == 2.0 and o["p_stats"]["rows_empty"] == 2.0
     (n0, ok0), w0 = res[0]["replicated"]
     (n1, ok1), w1 = res[1]["replicated"]
     assert ok0 and ok1 and n0 == n1 and torch.equal(w0, w1)

@@ -87,7 +87,8 @@ def test_config_prints_the_resolved_config(capsys):
     assert printed["train"]["steps"] == 7 and printed["optim"]["lr"] == 3e-5 and printed["engine"]["kind"] == "fsdp"
     # everything else is the file's value or the default, exactly as the stage resolves it (the YAML's DeepSpeed
     # config dropped by engine.kind=fsdp, as `s2t2 finetune` does)
-    from s2t2_dist.stages.finetune import FinetuneConfig, engine_overrides
+    from s2t2_dist.engines.launcher import engine_overrides
+    from s2t2_dist.stages.finetune import FinetuneConfig
 
     assert printed == to_dict(load_config(FinetuneConfig, cfg_file, engine_overrides(overrides), validate=False))
     assert printed["engine"]["ds_config"] is None

@@ -1,7 +1,8 @@
-"""Step 4: exact epoch coverage over ranks x workers, seeded shuffling, mid-epoch resume, errors naming shards."""
+"""Step 4, the one training loader (GlobalTrainLoader) on shards whose count divides neither ranks nor workers:
+epoch coverage over ranks x workers, the blocks it claims, seeded shuffling, mid-epoch resume, errors naming shards;
+and EvalDocs."""
 
 import json
-import random
 import tarfile
 from collections import Counter
 
@@ -11,7 +12,8 @@ import torch
 from data_files import MMSEQS, split_and_train
 
 from s2t2_dist.data.errors import DataError, ManifestError, ShardError
-from s2t2_dist.data.loader import EvalDocs, TrainLoader, batches_done_by_worker, epoch_plan
+from s2t2_dist.data.global_loader import GlobalTrainLoader
+from s2t2_dist.data.reader import EvalDocs
 from s2t2_dist.data.shards import npy_load, write_shards
 
 T = 64
@@ -46,54 +48,34 @@ def epoch_indices(loader):
     return [b["index"].tolist() for b in loader]
 
 
-@pytest.mark.parametrize("drop_last", [False, True])
-def test_epoch_plan_covers_every_position_once(drop_last):
-    rng = random.Random(0)
-    for _ in range(300):
-        sizes = [rng.randint(1, 30) for _ in range(rng.randint(1, 9))]
-        W, nw, B = rng.randint(1, 4), rng.randint(1, 4), rng.randint(1, 6)
-        n = sum(sizes)
-        covered, dropped = [], 0
-        for r in range(W):
-            p = epoch_plan(sizes, epoch=3, seed=1, rank=r, world_size=W, n_workers=nw, batch_size=B,
-                           drop_last=drop_last)
-            assert sum(w.n_batches for w in p.workers) == p.n_batches
-            assert p.rank_hi - p.rank_lo in (n // W, n // W + 1)
-            for w in p.workers:
-                covered.extend(range(w.seg_lo, w.seg_hi))
-                # a worker's segment holds exactly its batches (only the rank's last batch may be short)
-                assert w.seg_hi - w.seg_lo <= w.n_batches * B
-            dropped += p.dropped
-            assert p.dropped < B if drop_last else p.dropped == 0
-        assert len(covered) == len(set(covered)) == n - dropped
-    assert batches_done_by_worker(7, 0, 3) == 3 and batches_done_by_worker(7, 1, 3) == 2
-    assert batches_done_by_worker(0, 2, 3) == 0
+def loader(root, *, world_size=1, rank=0, micro=4, global_batch=12, **kw):
+    return GlobalTrainLoader(root / "train", global_batch_size=global_batch, micro_batch_size=micro, rank=rank,
+                             world_size=world_size, return_index=True, **kw)
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 @pytest.mark.parametrize("num_workers", [0, 2, 3])
-def test_every_block_exactly_once_per_epoch(data, world_size, num_workers):
+def test_every_block_at_most_once_per_epoch(data, world_size, num_workers):
     N = n_train(data)
     seen = Counter()
-    per_rank = []
     for r in range(world_size):
-        L = TrainLoader(data / "train", batch_size=8, rank=r, world_size=world_size, num_workers=num_workers,
-                        seed=3, shuffle_window=50, return_index=True)
+        L = loader(data, world_size=world_size, rank=r, micro=12 // world_size, num_workers=num_workers, seed=3,
+                   shuffle_window=50)
         batches = list(L)
-        assert len(batches) == len(L)
-        assert all(b["input_ids"].shape == (8, T) and b["input_ids"].dtype == torch.long for b in batches[:-1])
-        assert 1 <= batches[-1]["input_ids"].shape[0] <= 8
-        per_rank.append(sum(b["input_ids"].shape[0] for b in batches))
+        assert len(batches) == len(L) == N // 12
+        assert all(b["input_ids"].shape == (12 // world_size, T) and b["input_ids"].dtype == torch.long
+                   for b in batches)
         for b in batches:
             seen.update(b["index"].tolist())
-        assert L.state_dict()["epoch"] == 1 and L.state_dict()["batch"] == 0
-    assert sorted(seen) == list(range(N)) and set(seen.values()) == {1}
-    assert max(per_rank) - min(per_rank) <= 1
+        assert L.state_dict()["epoch"] == 1 and L.state_dict()["samples"] == 0
+    # only the last N mod 12 positions of the epoch (fewer than one global batch) are left out
+    assert len(seen) == N - N % 12 and set(seen.values()) == {1} and set(seen) <= set(range(N))
+    assert L.dropped_per_epoch == N % 12
 
 
 def test_batches_hold_the_blocks_they_claim(data):
     ref = blocks_by_index(data)
-    L = TrainLoader(data / "train", batch_size=8, num_workers=2, seed=0, return_index=True)
+    L = loader(data, num_workers=2, seed=0)
     for i, b in enumerate(L):
         for idx, row in zip(b["index"].tolist(), b["input_ids"]):
             assert np.array_equal(row.numpy(), ref[idx].astype(np.int64))
@@ -102,26 +84,24 @@ def test_batches_hold_the_blocks_they_claim(data):
 
 
 def test_shuffle_is_seeded_and_changes_each_epoch(data):
-    a = TrainLoader(data / "train", batch_size=8, seed=5, shuffle_window=200, return_index=True)
-    b = TrainLoader(data / "train", batch_size=8, seed=5, shuffle_window=200, return_index=True)
-    c = TrainLoader(data / "train", batch_size=8, seed=6, shuffle_window=200, return_index=True)
+    a, b = loader(data, seed=5, shuffle_window=200), loader(data, seed=5, shuffle_window=200)
+    c = loader(data, seed=6, shuffle_window=200)
     e0 = epoch_indices(a)
     assert e0 == epoch_indices(b)
     assert e0 != epoch_indices(c)
     flat = [i for bt in e0 for i in bt]
     assert flat != sorted(flat)
     e1 = epoch_indices(a)  # the next iter() is epoch 1
-    assert e1 != e0 and sorted(i for bt in e1 for i in bt) == sorted(flat)
+    assert e1 != e0 and len(set(i for bt in e1 for i in bt)) == len(flat)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_resume_mid_epoch_yields_exactly_the_rest(data, num_workers):
-    kw = dict(batch_size=8, rank=1, world_size=2, num_workers=num_workers, seed=9, shuffle_window=40,
-              return_index=True)
-    full = epoch_indices(TrainLoader(data / "train", **kw))
+    kw = dict(rank=1, world_size=2, micro=6, num_workers=num_workers, seed=9, shuffle_window=40)
+    full = epoch_indices(loader(data, **kw))
     K = len(full)
     for k in (0, 1, 5, K - 1, K):
-        first = TrainLoader(data / "train", **kw)
+        first = loader(data, **kw)
         got = []
         if k:
             for i, b in enumerate(first):
@@ -129,29 +109,29 @@ def test_resume_mid_epoch_yields_exactly_the_rest(data, num_workers):
                 if i + 1 == k:
                     break
         state = first.state_dict()
-        assert state["batch"] == k % K and state["epoch"] == (1 if k == K else 0)
-        second = TrainLoader(data / "train", **kw)
+        assert state["samples"] == (k % K) * 12 and state["epoch"] == (1 if k == K else 0)
+        second = loader(data, **kw)
         second.load_state_dict(state)
         rest = epoch_indices(second) if k < K else []
         assert got + rest == full, f"resume at batch {k}"
-    # a state saved at the end of an epoch resumes into the next epoch, which again covers everything once
+    # a state saved at the end of an epoch resumes into the next epoch, which again holds each block at most once
     seen = Counter()
     for r in (0, 1):
-        nxt = TrainLoader(data / "train", **{**kw, "rank": r})
+        nxt = loader(data, **{**kw, "rank": r})
         nxt.load_state_dict({**nxt.state_dict(), "epoch": 1})
         seen.update(i for b in epoch_indices(nxt) for i in b)
-    assert sorted(seen) == list(range(n_train(data))) and set(seen.values()) == {1}
+    assert len(seen) == K * 12 and set(seen.values()) == {1}
 
 
-def test_state_from_other_data_or_layout_is_refused(data):
-    L = TrainLoader(data / "train", batch_size=8, num_workers=0)
+def test_state_from_other_data_is_refused(data):
+    L = loader(data, micro=12)
     it = iter(L)
     next(it)
     st = L.state_dict()
-    other = TrainLoader(data / "train", batch_size=8, world_size=2, rank=0)
-    with pytest.raises(DataError, match="world_size: saved 1, now 2"):
+    other = loader(data, global_batch=24, micro=12)
+    with pytest.raises(DataError, match="global_batch_size: saved 12, now 24"):
         other.load_state_dict(st)
-    other.load_state_dict({**st, "batch": 0})  # at an epoch boundary any layout may resume
+    other.load_state_dict({**st, "samples": 0})  # at an epoch boundary any layout may resume
     with pytest.raises(ManifestError, match="other shards"):
         L.load_state_dict({**st, "manifest": "0" * 64})
 
@@ -167,29 +147,27 @@ def test_corrupt_shard_is_named(data, tmp_path):
     raw[512 * 2 + 3 * 1536: 512 * 2 + 3 * 1536 + 200] = bytes(range(200))  # smash a tar header mid-shard
     p.write_bytes(bytes(raw))
     for nw in (0, 2):
-        L = TrainLoader(tmp_path / "train", batch_size=8, num_workers=nw, world_size=1)
         with pytest.raises(ShardError, match=name):
-            list(L)
+            list(loader(tmp_path, num_workers=nw))
     p.write_bytes(bytes(raw[: len(raw) // 2]))
     with pytest.raises(ShardError, match=rf"{name} has \d+ bytes"):
-        TrainLoader(tmp_path / "train", batch_size=8)
+        loader(tmp_path)
     # a shard swapped for another one of the same size does not match its manifest
     other = tmp_path / "train" / m["shards"][1]["name"]
     p.write_bytes(other.read_bytes())
     with pytest.raises(ShardError, match=rf"{name}: sample #0 has key"):
-        list(TrainLoader(tmp_path / "train", batch_size=8, shuffle_window=10_000))
+        list(loader(tmp_path, shuffle_window=10_000))
 
 
 def test_wrong_split_and_too_few_blocks(data):
     with pytest.raises(ManifestError, match="needs a train"):
-        TrainLoader(data / "eval", batch_size=8)
+        GlobalTrainLoader(data / "eval", global_batch_size=8, micro_batch_size=8)
     with pytest.raises(ManifestError, match="needs an eval"):
         EvalDocs(data / "train")
-    L = TrainLoader(data / "train", batch_size=n_train(data), world_size=2, rank=1, drop_last=True)
-    with pytest.raises(DataError, match="gets no batch"):
-        next(iter(L))
+    with pytest.raises(DataError, match="fewer than one global batch"):
+        loader(data, global_batch=2 * n_train(data), micro=n_train(data), world_size=2, rank=1)
     with pytest.raises(DataError, match="rank 2"):
-        TrainLoader(data / "train", batch_size=8, rank=2, world_size=2)
+        loader(data, rank=2, world_size=2, micro=6)
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])

@@ -4,7 +4,7 @@ import json
 
 from data_files import ESM, MMSEQS, OLMO_TOKENIZER, SHAKESPEARE
 
-from s2t2_dist.data import DataConfig, EvalDocs, TrainLoader, prepare
+from s2t2_dist.data import DataConfig, EvalDocs, GlobalTrainLoader, prepare
 from s2t2_dist.data.pipeline import format_summary
 
 
@@ -33,7 +33,7 @@ def test_prepare_proteins_with_source_baseline_and_rerun(tmp_path):
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
     assert all(step["reused"] for step in s2["steps"].values()) and len(s2["steps"]) == 6
     assert "everything was already done" in format_summary(s2)
-    L = TrainLoader(out / "shards" / "new" / "train", batch_size=4)
+    L = GlobalTrainLoader(out / "shards" / "new" / "train", global_batch_size=4, micro_batch_size=4)
     assert next(iter(L))["input_ids"].shape == (4, 128)
     d = next(iter(EvalDocs(out / "shards" / "source" / "eval")))
     assert d["input_ids"][0].item() == 50279

@@ -146,3 +146,29 @@ def test_config_validate_names_the_key(tmp_path):
         DataConfig(inputs=[str(f)], domain="text", vocab_size=100).validate()
     assert DataConfig(inputs=[str(f)], domain="text").allowed_alphabet() is None
     assert DataConfig(inputs=[str(f)]).resolved_tokenizer_kind() == "char"
+
+
+def test_a_new_format_is_one_registry_entry(tmp_path, monkeypatch):
+    """detect_format and read_raw take their formats from records.FORMATS; the format keys of prepare and evaluate
+    offer exactly its names (evaluate: those read from files)."""
+    import typing
+
+    from s2t2_dist.data import records
+    from s2t2_dist.data.fasta import Record
+    from s2t2_dist.stages.evaluate import EvalDataConfig
+
+    def read_csv(path, opts):
+        for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+            rid, text = line.split(",")
+            yield Record(rid, text, str(path), i, "line")
+
+    monkeypatch.setitem(records.FORMATS, "csv", records.InputFormat(read_csv, (".csv",)))
+    f = tmp_path / "a.csv"
+    f.write_text("p1,MKV\np2,ACD\n")
+    assert detect_format(f) == "csv"
+    assert [(r.id, r.text) for r in read_raw([str(f)], format="auto")] == [("p1", "MKV"), ("p2", "ACD")]
+    hints = typing.get_type_hints
+    assert set(typing.get_args(hints(DataConfig)["format"])) == {"auto", "fasta", "jsonl", "parquet", "hf_disk",
+                                                                 "hub", "text"}
+    assert set(typing.get_args(hints(EvalDataConfig)["format"])) == {"auto", "fasta", "jsonl", "parquet", "text"}
+

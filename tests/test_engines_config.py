@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from s2t2_dist.config import ConfigError, load_config
-from s2t2_dist.engines.build import EngineConfig, build_engine, parse_launcher_args
+from s2t2_dist.engines.build import EngineConfig, build_model_and_engine, engine_kind
+from s2t2_dist.engines.launcher import parse_launcher_args
 from s2t2_dist.engines.deepspeed_engine import check_ds_config_file, resolve_ds_config
 from s2t2_dist.train.config import OptimConfig, TrainConfig
-from s2t2_dist.train.optim import build_adamw, param_groups
+from s2t2_dist.train.optim import param_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {n: ROOT / "configs" / f"{n}.json" for n in ("ds_zero2", "ds_zero3", "ds_zero3_offload")}
@@ -191,15 +192,50 @@ def test_build_plain_engine_and_errors():
     from s2t2_dist.engines.torch_engine import TorchEngine
 
     m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-    eng = build_engine("plain", m, OptimConfig(lr=1e-3, weight_decay=0.01), TrainConfig(steps=10))
-    assert isinstance(eng, TorchEngine) and eng.lr() == pytest.approx(1e-3 / 2)  # first warm-up step of 2
+    model, eng = build_model_and_engine(EngineConfig(), m, OptimConfig(lr=1e-3, weight_decay=0.01),
+                                        TrainConfig(steps=10))
+    assert model is m and isinstance(eng, TorchEngine) and eng.lr() == pytest.approx(1e-3 / 2)  # warm-up step 1 of 2
     assert [g["weight_decay"] for g in eng.optimizer.param_groups] == [0.01, 0.0]
     with pytest.raises(ConfigError, match="not one of"):
-        build_engine("zero", m, OptimConfig(), TrainConfig())
-    with pytest.raises(ConfigError, match="needs a DeepSpeed config"):
-        build_engine("deepspeed", m, OptimConfig(), TrainConfig())
-    with pytest.raises(ConfigError, match="kind is fsdp"):
-        build_engine("fsdp", m, OptimConfig(), TrainConfig(), CONFIGS["ds_zero3"])
+        engine_kind("zero")
+    with pytest.raises(ConfigError, match="needs a DeepSpeed JSON config"):
+        build_model_and_engine(EngineConfig(kind="deepspeed"), m, OptimConfig(), TrainConfig())
+    with pytest.raises(ConfigError, match="engine.kind=fsdp"):
+        build_model_and_engine(EngineConfig(kind="fsdp", ds_config=str(CONFIGS["ds_zero3"])), m, OptimConfig(),
+                               TrainConfig())
+    with pytest.raises(ConfigError, match="needs a transformers model"):  # the one activation-checkpointing setup
+        build_model_and_engine(EngineConfig(activation_checkpointing=True), m, OptimConfig(), TrainConfig())
+
+
+def test_engine_kinds_decide_autocast_and_distributed_start():
+    """The decisions a stage used to branch on are the kinds' methods: one autocast rule (plain autocasts to bf16
+    whenever the run computes in bf16, on CPU too; the sharded engines do bf16 themselves)."""
+    assert engine_kind("plain").autocast(torch.bfloat16) == torch.bfloat16
+    assert engine_kind("plain").autocast(torch.float32) is None
+    for kind in ("deepspeed", "fsdp"):
+        assert engine_kind(kind).autocast(torch.bfloat16) is None
+        assert type(engine_kind(kind)).init_distributed is not type(engine_kind("plain")).init_distributed
+
+
+def test_a_new_optimizer_is_one_registered_function():
+    from s2t2_dist.config import config_from_dict
+    from s2t2_dist.train.optim import OPTIMIZERS, register
+
+    @register("sgd_test")
+    def sgd(groups, cfg, fused):  # no fused kernel: TorchEngine then checks the step on the host
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.betas[0])
+
+    try:
+        cfg = config_from_dict(OptimConfig, {"name": "sgd_test", "lr": 0.5, "weight_decay": 0.1})
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+        _, eng = build_model_and_engine(EngineConfig(), m, cfg, TrainConfig(steps=4))
+        assert isinstance(eng.optimizer, torch.optim.SGD) and eng.optimizer.defaults["momentum"] == 0.9
+        assert [g["weight_decay"] for g in eng.optimizer.param_groups] == [0.1, 0.0]
+        assert cfg.fingerprint()["name"] == "sgd_test" and "name" not in OptimConfig().fingerprint()
+    finally:
+        del OPTIMIZERS["sgd_test"]
+    with pytest.raises(ConfigError, match="name: 'sgd_test' is not one of adamw"):
+        config_from_dict(OptimConfig, {"name": "sgd_test"})
 
 
 def test_weight_decay_groups_use_zero3_shapes():
@@ -208,7 +244,7 @@ def test_weight_decay_groups_use_zero3_shapes():
     groups = param_groups([w, b], 0.1)
     assert groups[0]["params"] == [w] and groups[0]["weight_decay"] == 0.1
     assert groups[1]["params"] == [b] and groups[1]["weight_decay"] == 0.0
-    opt = build_adamw(groups, 1e-3, 0.1, (0.9, 0.95), 1e-5)
+    opt = OptimConfig(lr=1e-3, weight_decay=0.1).build(groups)
     assert opt.defaults["eps"] == 1e-5 and opt.defaults["betas"] == (0.9, 0.95)
 
 

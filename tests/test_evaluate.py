@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from ft_lockstep_worker import rank_main
 from finetune_fixtures import CTX, NEW_VOCAB, world  # noqa: F401 - the session fixture
 from s2t2_dist.config import ConfigError, load_config
-from s2t2_dist.data.loader import EvalDocs
+from s2t2_dist.data.reader import EvalDocs
 from s2t2_dist.data.shards import load_manifest
 from s2t2_dist.eval.bpb import EvalTotals, score_documents
 from s2t2_dist.eval.scoring import hf_logits_fn, score_documents_batched

@@ -13,7 +13,8 @@ from finetune_fixtures import CTX, NEW_VOCAB, world  # noqa: F401 - the session 
 from s2t2_dist.config import ConfigError, load_config
 from s2t2_dist.data.bpe import tokenizer_hash
 from s2t2_dist.pfile import PFileError, load_p, save_p
-from s2t2_dist.stages.finetune import FinetuneConfig, engine_overrides, parse_command_line, run
+from s2t2_dist.engines.launcher import engine_overrides
+from s2t2_dist.stages.finetune import FinetuneConfig, parse_config, run
 from s2t2_dist.stages.init_model import InitConfig, InitError, check_shards, prepare_initial_model, resolve_plan
 
 
@@ -36,10 +37,10 @@ def test_shipped_configs_have_the_paper_settings(path):
 def test_command_lines_of_both_launchers():
     # deepspeed launcher: --local_rank=N appended, --ds_config (or DeepSpeed's --deepspeed_config) selects the engine
     argv = ["--local_rank=1", "--deepspeed_config", "configs/ds_zero2.json", "--config", "configs/finetune_olmo1b.yaml"]
-    cfg = parse_command_line(argv)
+    cfg = parse_config(argv)
     assert cfg.engine.kind == "deepspeed" and cfg.engine.ds_config == "configs/ds_zero2.json"
     # torchrun: the same YAML, engine.kind=fsdp drops the YAML's DeepSpeed config
-    cfg = parse_command_line(["--config", "configs/finetune_olmo7b.yaml", "engine.kind=fsdp", "train.steps=10"])
+    cfg = parse_config(["--config", "configs/finetune_olmo7b.yaml", "engine.kind=fsdp", "train.steps=10"])
     assert cfg.engine.kind == "fsdp" and cfg.engine.ds_config is None and cfg.train.steps == 10
     assert "engine.ds_config=null" not in engine_overrides(["engine.kind=deepspeed"])
     with pytest.raises(ConfigError, match="p_file"):

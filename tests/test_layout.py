@@ -36,6 +36,121 @@ def _package_imports(path: Path) -> set[str]:
     return {n for n in names if n.startswith("s2t2_dist")}
 
 
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in PKG.rglob("*.py")}
+
+
+def _imports_of(path: Path) -> list[tuple[str, str | None]]:
+    """(module, imported name or None) of every import of the package in `path`, at the top or inside functions
+    (a lazy import closes a cycle as surely as a top-level one)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or node.level):
+            base = node.module or ""
+            if node.level:
+                pkg = _module_name(path).split(".")
+                pkg = pkg[:len(pkg) - node.level + (1 if path.name == "__init__.py" else 0)]
+                base = ".".join(pkg + ([base] if base else []))
+            out += [(base, a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            out += [(a.name, None) for a in node.names]
+    return [(m, n) for m, n in out if m.split(".")[0] == "s2t2_dist"]
+
+
+def _import_graph() -> dict[str, set[str]]:
+    graph = {}
+    for mod, path in MODULES.items():
+        deps = set()
+        for m, name in _imports_of(path):
+            target = f"{m}.{name}" if name and f"{m}.{name}" in MODULES else m
+            if target in MODULES and target != mod:
+                deps.add(target)
+        graph[mod] = deps
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_static_or_lazy():
+    """No two modules of the package import each other, directly or round a loop, counting imports inside
+    functions: each cycle is listed with its modules."""
+    assert _cycles(_import_graph()) == []
+
+
+def test_cycle_finder_sees_lazy_imports():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_every_import_of_the_package_resolves():
+    """Lazy imports (inside functions) fail only when they run: each one names a module and a name that exist."""
+    import importlib
+
+    bad = []
+    for mod, path in MODULES.items():
+        for m, name in _imports_of(path):
+            if m not in MODULES:
+                bad.append(f"{mod}: no module {m}")
+            elif name and name != "*" and f"{m}.{name}" not in MODULES \
+                    and not hasattr(importlib.import_module(m), name):
+                bad.append(f"{mod}: {m} has no {name}")
+    assert bad == []
+
+
+def _part(module: str) -> str:
+    return module.split(".")[1] if "." in module else module
+
+
+def test_no_module_imports_a_private_name_of_another_part():
+    """A part (a subpackage, or a top-level module such as config.py) keeps its `_private` names and modules to
+    itself: another part imports only public names."""
+    bad = []
+    for mod, path in MODULES.items():
+        for m, name in _imports_of(path):
+            if _part(m) == _part(mod):
+                continue
+            private_module = any(p.startswith("_") and p != "__init__" for p in m.split("."))
+            if private_module or (name and name.startswith("_") and f"{m}.{name}" not in MODULES):
+                bad.append(f"{mod}: {m}{'.' + name if name else ''}")
+            elif name and name.startswith("_"):
+                bad.append(f"{mod}: {m}.{name} (a private module)")
+    assert bad == []
+
+
 def test_product_never_imports_recipes_cluster_or_testing():
     outside = ("recipes", "cluster", "testing")
     bad = []

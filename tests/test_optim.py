@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from s2t2_dist.train.optim import build_adamw, build_scheduler, cosine_lr_factor
+from s2t2_dist.train.config import OptimConfig
+from s2t2_dist.train.optim import cosine_lr_factor
 
 
 def test_schedule_shape_matches_paper():
@@ -16,10 +17,11 @@ def test_schedule_shape_matches_paper():
 def test_adamw_paper_settings_and_groups():
     w = torch.nn.Parameter(torch.ones(3, 3))
     b = torch.nn.Parameter(torch.ones(3))
-    opt = build_adamw([w, b], lr=2e-5, weight_decay=0.01, betas=(0.9, 0.95), eps=1e-5)
+    cfg = OptimConfig(lr=2e-5, weight_decay=0.01, betas=[0.9, 0.95], eps=1e-5, warmup_frac=0.2, final_lr_frac=0.1)
+    opt = cfg.build([w, b])
     assert opt.param_groups[0]["weight_decay"] == 0.01 and opt.param_groups[1]["weight_decay"] == 0.0
     assert opt.defaults["betas"] == (0.9, 0.95) and opt.defaults["eps"] == 1e-5
-    sched = build_scheduler(opt, 10, 0.2, 0.1)
+    sched = cfg.schedule(opt, 10)
     assert opt.param_groups[0]["lr"] == pytest.approx(2e-5 * 0.5)
     for _ in range(9):
         opt.step()

@@ -39,12 +39,12 @@ def test_paper_lr_at_large_lr_x_v_freezes_and_is_detected():
 
 def _train(pb, steps, total, tmp=None, resume=None):
     from s2t2_dist.engines.torch_engine import TorchEngine
+    from s2t2_dist.train.config import OptimConfig
     from s2t2_dist.translator import TokenTranslator
 
     tr = TokenTranslator(pb.v, pb.u, dtype=torch.float64)
     schedule = resolve_step("sparse", pb.v, dense_frac=0.5, steps=total).apply_init(tr)
-    eng = TorchEngine(tr, lr=1.0, weight_decay=0.0, betas=[0.9, 0.95], eps=1e-5, total_steps=total, warmup_frac=0.2,
-                      final_frac=0.1, grad_clip=1.0, params="sharded")
+    eng = TorchEngine.build(tr, OptimConfig(lr=1.0), total, params="sharded")
     start = 0
     if resume is not None:
         eng.load(resume)

@@ -11,7 +11,7 @@ from data_files import ESM, MMSEQS, OLMO_TOKENIZER, SHAKESPEARE
 from s2t2_dist.config import ConfigError, load_config
 from s2t2_dist.data.bpe import load_tokenizer, tokenizer_hash
 from s2t2_dist.data.config import DataConfig
-from s2t2_dist.data.loader import EvalDocs
+from s2t2_dist.data.reader import EvalDocs
 from s2t2_dist.data.shards import load_manifest
 from s2t2_dist.data.split import iter_split_texts
 from s2t2_dist.stages import prepare as prepare_stage

@@ -9,7 +9,7 @@ from s2t2_dist.models.hf import (
     asset_path,
     get_embedding_and_head,
     load_causal_lm,
-    load_tokenizer,
+    load_hf_tokenizer,
     source_token_ids,
     token_bytes,
 )
@@ -30,7 +30,7 @@ def tiny_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def olmo_tok(tiny_dirs):
-    return load_tokenizer(tiny_dirs["olmo-1b"])
+    return load_hf_tokenizer(tiny_dirs["olmo-1b"])
 
 
 def test_shipped_configs_are_the_real_ones():

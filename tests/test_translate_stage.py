@@ -65,6 +65,13 @@ def test_translate_single_process_learns_and_exports(inputs, tmp_path):
     assert float(P.sum(1).sub(p.mu.double()).abs().mean()) < 0.5 * float(p.mu.mean())
     assert (P > 0).float().mean() < 0.95  # sparsity has begun to appear (the paper init 1/v is fully dense)
     res = json.loads((tmp_path / "run" / "result.json").read_text())
+    # result.json: P's sparsity at the start and the end, the end's from the exported file; no warning
+    st = p.stats()
+    assert res["P"]["start"]["density"] > 0.9 and res["P"]["end"]["density"] == pytest.approx(st["density"])
+    assert res["P"]["end"]["col_nnz_mean"] == pytest.approx(st["col_nnz_mean"])
+    assert res["P"]["end"]["col_nnz_mean"] < res["P"]["start"]["col_nnz_mean"]
+    assert res["P"]["end"]["col_entropy_mean"] == pytest.approx(st["col_entropy_mean"], rel=1e-4)
+    assert res["P"]["warning"] == ""
     # the default step size (in units of 1/v) keeps C's gradient alive; mass-based sparsity is logged
     assert res["gradient_on_C"]["frozen"] is False and res["gradient_on_C"]["live_grad_frac_at_end"] > 0.01, res
     assert res["gradient_on_C"]["start_warning"] == "" and res["gradient_on_C"]["lr_x_v"] == pytest.approx(0.025)
@@ -161,7 +168,8 @@ def test_translate_warns_and_flags_a_frozen_C(inputs, tmp_path, caplog):
     data, model = inputs
     cfg = load_config(TranslateConfig, REPO / "configs" / "translate_olmo1b.yaml",
                       _overrides(data, model, tmp_path / "run", "train.steps=30", "train.micro_batch_size=4",
-                                 "data.eval=", "translator.recipe=paper", "optim.lr=1.0", "translator.freeze_steps=3",
+                                 "data.eval=", "translator.recipe=paper", "translator.init=uniform", "translator.alpha=0",
+                                 "optim.lr=1.0", "translator.freeze_steps=3",
                                  "train.log_every=1"))
     with caplog.at_level(logging.WARNING, logger="s2t2.translate"):
         summary = run(cfg)
@@ -173,7 +181,7 @@ def test_translate_warns_and_flags_a_frozen_C(inputs, tmp_path, caplog):
     assert caplog.text.count("exactly zero for") == 1, caplog.text
 
 
-def test_translate_fvt_start_maps_shared_tokens_to_themselves(inputs, tmp_path):
+def test_translate_fvt_start_maps_shared_tokens_to_themselves(inputs, tmp_path, caplog):
     """translator.init=fvt: the surface-string start puts each target token that IS a source token on itself."""
     from s2t2_dist.data.bpe import load_tokenizer
     from s2t2_dist.models.hf import token_bytes
@@ -184,7 +192,11 @@ def test_translate_fvt_start_maps_shared_tokens_to_themselves(inputs, tmp_path):
                       _overrides(data, model, tmp_path / "run", "train.steps=1", "train.micro_batch_size=4",
                                  "data.num_workers=0", "data.eval=", "optim.lr=1e-9", "translator.init=fvt",
                                  "translator.init_weight=0.9"))
-    summary = run(cfg)
+    with caplog.at_level(logging.WARNING, logger="s2t2.translate"):
+        summary = run(cfg)
+    # one step at lr 1e-9: P is its start, which the summary warns about
+    assert "no sparser than its start" in summary["P"]["warning"] and summary["P"]["warning"] in caplog.text
+    assert summary["P"]["end"]["col_nnz_mean"] == summary["P"]["start"]["col_nnz_mean"]
     p = load_p(summary["p_file"])
     top = p.dense().argmax(0).tolist()  # the largest weight P/nu of each column: its largest entry
     # the regular token of a string, not its byte-fallback twin (<0x41> for "A"): the one the tokenizer writes

@@ -62,7 +62,6 @@ def make(steps=12, overrides=(), poison_steps=(), seed=0):
                                            "ckpt_every=3", *overrides])
     ocfg = OptimConfig(lr=0.3, grad_clip=10.0)
     model = torch.nn.Linear(4, 1, bias=False)
-    engine = TorchEngine(model, lr=ocfg.lr, weight_decay=0.0, betas=ocfg.betas, eps=ocfg.eps, total_steps=steps,
-                         warmup_frac=ocfg.warmup_frac, final_frac=ocfg.final_lr_frac, grad_clip=ocfg.grad_clip)
+    engine = TorchEngine.build(model, ocfg, steps)
     task = LinearTask(model, torch.tensor([[1.0], [-2.0], [0.5], [3.0]]), poison_steps)
     return tcfg, task, engine, ListLoader(n=5, batch=2)

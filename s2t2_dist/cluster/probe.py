@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     from s2t2_dist.dist.env import init_distributed
     from s2t2_dist.engines.torch_engine import TorchEngine
     from s2t2_dist.train.checkpoint import Checkpointer
-    from s2t2_dist.train.config import TrainConfig
+    from s2t2_dist.train.config import OptimConfig, TrainConfig
     from s2t2_dist.train.loop import train
     from s2t2_dist.train.metrics import MetricsLogger
 
@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(0)
     model = torch.nn.Linear(args.dim, 1, bias=False)
-    engine = TorchEngine(model, lr=0.05, weight_decay=0.0, betas=[0.9, 0.95], eps=1e-8, total_steps=args.steps,
-                         warmup_frac=0.0, final_frac=1.0, grad_clip=None, params="replicated")
+    ocfg = OptimConfig(lr=0.05, eps=1e-8, warmup_frac=0.0, final_lr_frac=1.0, grad_clip=0.0)
+    engine = TorchEngine.build(model, ocfg, args.steps, params="replicated")
     cfg = TrainConfig(steps=args.steps, batch_size=2 * world, micro_batch_size=2, log_every=1,
                       ckpt_every=args.ckpt_every, keep_checkpoints=2)
     logger = MetricsLogger(out / "tb", rank=rank, node_rank=denv.node_rank, local_rank=denv.local_rank)

@@ -5,8 +5,8 @@ Steps (each a plain function; `pipeline.prepare(DataConfig)` runs them all):
 1. `split_dataset`   stream the input once -> deterministic train/eval split (JSON-lines parts + split.json)
 2. `train_tokenizer` BPE on the train split -> Hugging Face tokenizer directory + compression report
 3. `write_shards`    tokenize a split with any tokenizer -> webdataset tar shards + manifest.json
-4. `GlobalTrainLoader` / `TrainLoader` / `EvalDocs`  exact, resumable iteration over the shards (the stages train
-   with GlobalTrainLoader, whose position is global and so resumes on another number of ranks)
+4. `GlobalTrainLoader` / `EvalDocs`  exact, resumable iteration over the shards (the one training loader: its
+   position is global and so resumes on another number of ranks) and the eval documents of a rank
 """
 
 from .bpe import TokenizerInfo, compression_report, load_tokenizer, tokenizer_hash, train_tokenizer
@@ -21,15 +21,15 @@ __all__ = [
     "DataConfig", "DataError", "DataFormatError", "ManifestError", "ShardError", "Record", "RecordFilter",
     "RecordPolicy", "TokenizerInfo", "compression_report", "load_manifest", "load_split", "load_tokenizer",
     "read_fasta", "read_raw", "split_dataset", "split_of", "tokenizer_hash", "train_tokenizer", "write_shards",
-    "TrainLoader", "GlobalTrainLoader", "EvalDocs", "prepare",
+    "GlobalTrainLoader", "EvalDocs", "prepare",
 ]
 
 
 def __getattr__(name):  # torch-dependent and orchestration parts load lazily (prepare does not need torch)
-    if name in ("TrainLoader", "EvalDocs"):
-        from . import loader
+    if name == "EvalDocs":
+        from .reader import EvalDocs
 
-        return getattr(loader, name)
+        return EvalDocs
     if name == "GlobalTrainLoader":
         from .global_loader import GlobalTrainLoader
 

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import glob
 import os
+import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
 from s2t2_dist.config import ConfigError
+from s2t2_dist.data.records import InputFormatName
 
 PROTEIN_ALPHABET = "ACDEFGHIKLMNPQRSTVWY"  # the 20 standard amino acids
 PROTEIN_EXTRA = "UXBZO"  # selenocysteine, unknown, Asx, Glx, pyrrolysine (all occur in UniRef50)
 
-FORMATS = ("auto", "fasta", "jsonl", "parquet", "hf_disk", "hub", "text")
 
 
 @dataclass
@@ -24,8 +25,9 @@ class DataConfig:
     # -- input -------------------------------------------------------------------------------------------------
     #: files, directories, globs, or hub ids (format: hub)
     inputs: list[str] = field(default_factory=list)
-    #: input format: auto (from each file name), fasta, jsonl, parquet, hf_disk (save_to_disk), hub, text
-    format: Literal["auto", "fasta", "jsonl", "parquet", "hf_disk", "hub", "text"] = "auto"
+    #: input format: auto (from each file name) or a format of data/records.py FORMATS (fasta, jsonl, parquet,
+    #: hf_disk: a save_to_disk directory, hub: hub ids, text)
+    format: InputFormatName = "auto"
     #: id column of tables / jsonl / HF datasets; null: id = "<file name>:<line or row>"
     id_column: str | None = "id"
     #: column holding the sequence / text, e.g. "sequence", "Sequence", "text"
@@ -73,8 +75,11 @@ class DataConfig:
     source_tokenizer: str | None = None
     #: use this tokenizer (an earlier run's BPE, a model's own) instead of training one
     tokenizer_path: str | None = None
-    #: deterministic sample of the train split for BPE training
+    #: deterministic sample of the train split for BPE training (at most this many records; see tokenizer_max_chars)
     tokenizer_max_records: int | None = 500_000
+    #: memory bound of BPE training: the sample stops at this many characters. Training holds ~60 bytes per character
+    #: sampled (protein, char-level: ~29 KB per UniRef50 record of ~480 residues); 50M ~ 3 GB peak, ~100k records
+    tokenizer_max_chars: int | None = 50_000_000
     # -- shards ------------------------------------------------------------------------------------------------
     #: tokens per packed train block (the training context length)
     context_len: int = 512
@@ -105,8 +110,8 @@ class DataConfig:
 
         if not self.inputs:
             raise bad("inputs", "no input given (files, directories, globs or hub ids)")
-        if self.format not in FORMATS:
-            raise bad("format", f"{self.format!r} is not one of {list(FORMATS)}")
+        if self.format not in typing.get_args(InputFormatName):
+            raise bad("format", f"{self.format!r} is not one of {list(typing.get_args(InputFormatName))}")
         if self.format != "hub":
             for p in self.inputs:
                 if not (os.path.exists(p) or glob.glob(p)):
@@ -147,6 +152,8 @@ class DataConfig:
             raise bad("tokenizer_path", f"{tp!r} is neither a local tokenizer file/directory nor a hub id owner/name")
         if self.tokenizer_max_records is not None and self.tokenizer_max_records < 1:
             raise bad("tokenizer_max_records", "must be >= 1 or null (use the whole train split)")
+        if self.tokenizer_max_chars is not None and self.tokenizer_max_chars < 1:
+            raise bad("tokenizer_max_chars", "must be >= 1 or null (no memory bound)")
         if self.context_len < 2:
             raise bad("context_len", f"must be >= 2, got {self.context_len}")
         if self.shard_size < 1:
@@ -155,3 +162,26 @@ class DataConfig:
             raise bad("num_workers", f"must be >= 0, got {self.num_workers}")
         if not self.output_dir:
             raise bad("output_dir", "must be a directory path")
+
+
+@dataclass
+class DataPaths:
+    """The `data:` section of translate and finetune: what `s2t2 prepare` wrote, and how it is read."""
+
+    #: directory of train shards (holding manifest.json), written by `s2t2 prepare`
+    train: str = ""
+    #: directory of eval shards (documents with byte counts); empty: no evaluation
+    eval: str = ""
+    #: the target tokenizer directory (the new BPE)
+    tokenizer: str = ""
+    #: DataLoader worker processes reading the train shards (0: in the training process)
+    num_workers: int = 0
+    #: train samples shuffled together in a seeded window (larger: better mixing, more memory)
+    shuffle_window: int = 4096
+
+    def validate(self) -> None:
+        for k in ("train", "tokenizer"):
+            if not getattr(self, k):
+                raise ConfigError(f"{k}: required (a directory written by `s2t2 prepare`)")
+        if self.num_workers < 0:
+            raise ConfigError(f"num_workers: must be >= 0, got {self.num_workers}")

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from .errors import DataError, ManifestError, ShardError
-from .loader import ShardReader, _identity, _ignore_sigint, _shuffled, _to_torch
+from .reader import ShardReader, ignore_sigint, shuffled, to_torch
 from .shards import load_manifest
 
 
@@ -49,7 +49,7 @@ class _GlobalStream:
 
     def stream(self, w: int, nw: int, epoch: int, step0: int) -> Iterator[dict]:
         reader = ShardReader(self.m)
-        order = _shuffled(len(self.m["shards"]), "shards", self.seed, epoch)
+        order = shuffled(len(self.m["shards"]), "shards", self.seed, epoch)
         cur, window, perm = -1, None, None
         src, src_pos = None, 0  # one sequential read from the first window needed on (windows only go forward)
         for t in range(step0, self.steps_per_epoch):
@@ -69,7 +69,7 @@ class _GlobalStream:
                     src_pos = b
                     if len(window) != b - a:
                         raise ShardError(f"{self.m['_dir']}: the shards hold fewer samples than the manifest says")
-                    perm = _shuffled(b - a, "global_window", self.seed, epoch, win)
+                    perm = shuffled(b - a, "global_window", self.seed, epoch, win)
                     cur = win
                 index, sample = window[perm[p - win * self.S]]
                 ids.append(reader.decode_ids(index, sample, sample.get("__url__", "?")))
@@ -80,6 +80,10 @@ class _GlobalStream:
                 if self.return_index:
                     out["index"] = np.asarray(idx[sl], dtype=np.int64)
                 yield out
+
+
+def _identity(x):  # the DataLoader's collate_fn: the workers make whole batches (a module-level function pickles)
+    return x
 
 
 class _WorkerDataset(torch.utils.data.IterableDataset):
@@ -99,7 +103,8 @@ class GlobalTrainLoader:
 
     def __init__(self, shards, *, global_batch_size: int, micro_batch_size: int, rank: int = 0, world_size: int = 1,
                  num_workers: int = 0, seed: int = 0, shuffle_window: int = 4096, return_index: bool = False,
-                 check_files: bool = True, prefetch_factor: int = 4, multiprocessing_context: str | None = None):
+                 check_files: bool = True, prefetch_factor: int = 4, multiprocessing_context: str | None = None,
+                 pin_memory: bool = False):
         if not 0 <= rank < world_size:
             raise DataError(f"rank {rank} is not in [0, world_size={world_size})")
         if micro_batch_size < 1 or shuffle_window < 1 or num_workers < 0:
@@ -115,6 +120,9 @@ class GlobalTrainLoader:
         self.global_batch_size, self.micro_batch_size = global_batch_size, micro_batch_size
         self.seed, self.shuffle_window = seed, shuffle_window
         self.prefetch_factor, self.mp_context = prefetch_factor, multiprocessing_context
+        #: page-locked batches (set it when training on CUDA): a .to(device, non_blocking=True) copy of a pageable
+        #: tensor blocks the host until it is done
+        self.pin_memory = pin_memory
         self._stream = _GlobalStream(self.manifest, rank=rank, world_size=world_size,
                                      global_batch_size=global_batch_size, micro_batch_size=micro_batch_size,
                                      seed=seed, shuffle_window=shuffle_window, return_index=return_index)
@@ -182,13 +190,13 @@ class GlobalTrainLoader:
             source = iter(torch.utils.data.DataLoader(
                 _WorkerDataset(self._stream, nw, epoch, step0), batch_size=None, collate_fn=_identity,
                 num_workers=nw, prefetch_factor=self.prefetch_factor, multiprocessing_context=self.mp_context,
-                persistent_workers=False, worker_init_fn=_ignore_sigint))
+                persistent_workers=False, worker_init_fn=ignore_sigint))
         pending: dict[int, dict] = {}
         try:
             for b in source:
                 pending[b.pop("_batch")] = b
                 while self.batch in pending:
-                    out = _to_torch(pending.pop(self.batch), False)
+                    out = to_torch(pending.pop(self.batch), self.pin_memory)
                     self.batch += 1
                     yield out
         finally:

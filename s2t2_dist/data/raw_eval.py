@@ -79,7 +79,7 @@ def _count_unk(eval_dir: Path, unk_id: int) -> int:
     """Tokens equal to the unknown token in the cached shards (counted once, kept next to them)."""
     from s2t2_dist.utils.io import atomic_write_json, load_json
 
-    from .loader import EvalDocs
+    from .reader import EvalDocs
 
     f = eval_dir.parent / "unk_tokens.json"
     if f.is_file():

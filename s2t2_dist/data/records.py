@@ -3,6 +3,9 @@
 Formats: FASTA (`fasta.py`), JSON lines, parquet, a Hugging Face dataset saved with `save_to_disk`, a hub dataset
 (`datasets.load_dataset(..., streaming=True)`), and plain text (one document per line, per blank-line separated
 paragraph, or per file). Column names come from the caller. All readers stream.
+
+FORMATS is THE format registry: a new input format is one reader and one entry there; `prepare`'s data.format and
+`evaluate`'s data.format (files only) take their choices from it (InputFormatName, FileFormatName).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Literal
 
 from .errors import DataError, DataFormatError
 from .fasta import _COMPRESSED_ERRORS, Record, compressed_error, open_binary, read_fasta
@@ -46,17 +49,11 @@ def detect_format(path: str | Path) -> str:
     if is_hf_dataset_dir(p):
         return "hf_disk"
     name = _strip_compress(p.name.lower())
-    if name.endswith(FASTA_EXT):
-        return "fasta"
-    if name.endswith(JSONL_EXT):
-        return "jsonl"
-    if name.endswith(".parquet"):
-        return "parquet"
-    if name.endswith(TEXT_EXT):
-        return "text"
-    raise DataError(
-        f"{path}: cannot tell the format from the file name; set format to one of fasta, jsonl, parquet, hf_disk, text"
-    )
+    for fmt, spec in FORMATS.items():
+        if spec.endings and name.endswith(spec.endings):
+            return fmt
+    raise DataError(f"{path}: cannot tell the format from the file name; set format to one of "
+                    f"{', '.join(f for f in FORMATS if f != 'hub')}")
 
 
 def resolve_inputs(inputs: Iterable[str], format: str = "auto") -> list[tuple[str, str]]:
@@ -263,21 +260,50 @@ def read_raw(inputs: Iterable[str], *, format: str = "auto", id_column: str | No
              text_column: str = "sequence", hf_split: str = "train", text_mode: str = "line",
              allowed: str | None = None, uppercase: bool = False) -> Iterator[Record]:
     """Every record of every input, in order, bad ones flagged (``Record.bad``)."""
+    opts = ReadOptions(id_column, text_column, hf_split, text_mode, allowed, uppercase)
     for path, fmt in resolve_inputs(inputs, format):
-        if fmt == "fasta":
-            yield from read_fasta(path, allowed=allowed, uppercase=uppercase)
-        elif fmt == "jsonl":
-            yield from read_jsonl(path, id_column=id_column, text_column=text_column)
-        elif fmt == "parquet":
-            yield from read_parquet(path, id_column=id_column, text_column=text_column)
-        elif fmt == "hf_disk":
-            yield from read_hf_disk(path, id_column=id_column, text_column=text_column, split=hf_split)
-        elif fmt == "hub":
-            yield from read_hub(path, id_column=id_column, text_column=text_column, split=hf_split)
-        elif fmt == "text":
-            yield from read_text(path, mode=text_mode)
-        else:
+        if fmt not in FORMATS:
             raise DataError(f"format: unknown format {fmt!r} for {path}")
+        yield from FORMATS[fmt].read(path, opts)
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """What the caller says about its inputs; each format reads the options that concern it."""
+
+    id_column: str | None
+    text_column: str
+    hf_split: str
+    text_mode: str
+    allowed: str | None
+    uppercase: bool
+
+
+@dataclass(frozen=True)
+class InputFormat:
+    #: (path or hub id, ReadOptions) -> the records, in order, bad ones flagged
+    read: Callable[[str, ReadOptions], Iterator[Record]]
+    #: file-name endings (after a compression suffix) that select this format under format=auto
+    endings: tuple[str, ...] = ()
+    #: read from files, so raw evaluation (`evaluate data.files=...`) can score it
+    files: bool = True
+
+
+#: THE format registry (format name -> reader); the order is detect_format's
+FORMATS: dict[str, InputFormat] = {
+    "fasta": InputFormat(lambda p, o: read_fasta(p, allowed=o.allowed, uppercase=o.uppercase), FASTA_EXT),
+    "jsonl": InputFormat(lambda p, o: read_jsonl(p, id_column=o.id_column, text_column=o.text_column), JSONL_EXT),
+    "parquet": InputFormat(lambda p, o: read_parquet(p, id_column=o.id_column, text_column=o.text_column),
+                           (".parquet",)),
+    "hf_disk": InputFormat(lambda p, o: read_hf_disk(p, id_column=o.id_column, text_column=o.text_column,
+                                                     split=o.hf_split), files=False),
+    "hub": InputFormat(lambda p, o: read_hub(p, id_column=o.id_column, text_column=o.text_column, split=o.hf_split),
+                       files=False),
+    "text": InputFormat(lambda p, o: read_text(p, mode=o.text_mode), TEXT_EXT),
+}
+#: the `format` key of prepare (data.format) and of evaluate's raw files: auto or a registered format
+InputFormatName = Literal[("auto", *FORMATS)]  # type: ignore[valid-type]
+FileFormatName = Literal[("auto", *(f for f, spec in FORMATS.items() if spec.files))]  # type: ignore[valid-type]
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from s2t2_dist.dist import collectives as coll
+
 
 class Engine(abc.ABC):
     #: the module whose forward the task calls (may be a wrapper such as a DeepSpeedEngine)
@@ -48,3 +50,45 @@ class Engine(abc.ABC):
 
     def eval(self) -> None:
         self.module.eval()
+
+    # ---- export
+    def consolidated_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full weights on rank 0 (CPU), empty on the others. Collective. Here: every rank holds the model."""
+        if coll.rank_world()[0] != 0:
+            return {}
+        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+
+    def export_consolidated(self, out_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> Path | None:
+        """A plain transformers directory (`save_pretrained`: config + safetensors) of the current weights in
+        `dtype`, loadable without this engine; rank 0 writes. Collective."""
+        out_dir = Path(out_dir)
+        sd = self.consolidated_state_dict()
+        err = None
+        if coll.rank_world()[0] == 0:
+            try:
+                sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
+                self.model.save_pretrained(str(out_dir), state_dict=sd, safe_serialization=True)
+            except BaseException as e:  # noqa: BLE001 - reported on every rank below
+                err = e
+        coll.raise_if_any_failed(err, f"exporting {out_dir}")
+        return out_dir if coll.rank_world()[0] == 0 else None
+
+
+class EngineKind:
+    """The decisions that depend on `engine.kind`, made before and around an Engine: how torch.distributed starts,
+    how the model is loaded (sharded or a replica), the autocast the task wraps the forward in. One subclass per
+    kind, in its engine's module, named in engines/build.py KINDS."""
+
+    def init_distributed(self) -> None:
+        """Start torch.distributed as this engine needs it (before the stage's setup(), which keeps the group)."""
+
+    def autocast(self, dtype: torch.dtype) -> torch.dtype | None:
+        """The autocast dtype of the task's forward for compute dtype `dtype` (None: the engine does it)."""
+        return None
+
+    def build(self, cfg, source, optim_cfg, train_cfg, *, device: torch.device, dtype: torch.dtype | None = None,
+              trust_remote_code: bool = False) -> tuple[torch.nn.Module, Engine]:
+        """(the transformers model, its Engine) from `source`: a model directory, a PretrainedConfig, or an
+        nn.Module already built. `dtype`: the weights of a replica on `device` (None: float32); sharded engines keep
+        float32 master weights and compute in bf16 themselves."""
+        raise NotImplementedError

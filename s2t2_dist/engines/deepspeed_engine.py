@@ -32,9 +32,9 @@ import torch
 
 from s2t2_dist.config import ConfigError
 from s2t2_dist.dist import collectives as coll
-from s2t2_dist.engines._common import raise_if_any_failed
-from s2t2_dist.engines.base import Engine
-from s2t2_dist.train.optim import build_adamw, build_scheduler, param_groups
+from s2t2_dist.engines.base import Engine, EngineKind
+from s2t2_dist.models.hf import enable_activation_checkpointing
+from s2t2_dist.train.optim import param_groups
 
 #: subdirectory (DeepSpeed "tag") of a loop checkpoint directory that holds DeepSpeed's own files
 log = logging.getLogger("s2t2.deepspeed")
@@ -400,58 +400,55 @@ class DeepSpeedEngine(Engine):
     accordingly (its intermediate step() calls only count micro-batches), so its gradient-accumulation boundary —
     where ZeRO reduces and partitions gradients — is the loop's last micro-batch."""
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        *,
-        optim_cfg,
-        train_cfg,
-        ds_config: dict | str | Path,
-        ds_overrides: dict | None = None,
-        offload: bool = False,
-        activation_checkpointing: bool = False,
-        resolved: bool = False,
-    ):
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, schedule, ds_config: dict):
+        """`optimizer` over the model's trainable parameters, `schedule(optimizer)` -> its lr scheduler, `ds_config`
+        resolved (resolve_ds_config); `DeepSpeedEngine.build` makes all three from the run config."""
         deepspeed = prepare_deepspeed()
         self._deepspeed = deepspeed
         self.rank, self.world = coll.rank_world()
-        hidden = getattr(getattr(model, "config", None), "hidden_size", None)
-        if resolved:
-            if not isinstance(ds_config, dict):
-                raise TypeError("resolved=True needs the resolved DeepSpeed config as a dict")
-            self.ds_config = copy.deepcopy(ds_config)
-        else:
-            self.ds_config = resolve_ds_config(ds_config, train_cfg=train_cfg, optim_cfg=optim_cfg, world_size=self.world,
-                                               hidden_size=hidden, offload=offload, overrides=ds_overrides)
-        if activation_checkpointing:
-            if not hasattr(model, "gradient_checkpointing_enable"):
-                raise ConfigError("engine.activation_checkpointing needs a transformers model (gradient_checkpointing_enable)")
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.ds_config = copy.deepcopy(ds_config)
         self.gas = int(self.ds_config["gradient_accumulation_steps"])
         self.stage = zero_stage(self.ds_config)
-
-        groups = param_groups([p for p in model.parameters() if p.requires_grad], optim_cfg.weight_decay)
-        if not groups:
-            raise ValueError("DeepSpeedEngine: the model has no trainable parameters")
-        if offloads_optimizer(self.ds_config) and self.ds_config.get("zero_force_ds_cpu_optimizer", True):
-            # ZeRO-Offload steps the optimiser on CPU: DeepSpeed's CPU Adam in AdamW mode is the same update rule.
-            from deepspeed.ops.adam import DeepSpeedCPUAdam
-
-            optimizer = DeepSpeedCPUAdam(groups, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps,
-                                         weight_decay=optim_cfg.weight_decay, adamw_mode=True)
-        else:
-            optimizer = build_adamw(groups, optim_cfg.lr, optim_cfg.weight_decay, optim_cfg.betas, optim_cfg.eps)
-        total, warm, final = train_cfg.steps, optim_cfg.warmup_frac, optim_cfg.final_lr_frac
         self.ds, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=model,
-            optimizer=optimizer,
-            lr_scheduler=lambda opt: build_scheduler(opt, total, warm, final),
-            config=self.ds_config,
-        )
+            model=model, optimizer=optimizer, lr_scheduler=schedule, config=self.ds_config)
         self.module = self.ds  # the task calls engine.module(...): DeepSpeed's forward gathers ZeRO-3 params
         self.model = self.ds.module  # the underlying transformers model
         self._managed = bool(getattr(self.ds, "managed_gradient_accumulation", lambda: True)())
         self._micro = 0
+
+    @classmethod
+    def build(cls, model: torch.nn.Module, *, optim_cfg, train_cfg, ds_config: dict | str | Path,
+              ds_overrides: dict | None = None, offload: bool = False, activation_checkpointing: bool = False,
+              resolved: bool = False) -> "DeepSpeedEngine":
+        """The engine over `model` with optim_cfg's optimiser and schedule; `ds_config` a path or dict, resolved
+        here against the run config unless `resolved`."""
+        if resolved:
+            if not isinstance(ds_config, dict):
+                raise TypeError("resolved=True needs the resolved DeepSpeed config as a dict")
+        else:
+            hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+            ds_config = resolve_ds_config(ds_config, train_cfg=train_cfg, optim_cfg=optim_cfg,
+                                          world_size=coll.world_size(), hidden_size=hidden, offload=offload,
+                                          overrides=ds_overrides)
+        if activation_checkpointing:
+            enable_activation_checkpointing(model)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("DeepSpeedEngine: the model has no trainable parameters")
+        if offloads_optimizer(ds_config) and ds_config.get("zero_force_ds_cpu_optimizer", True):
+            # ZeRO-Offload steps the optimiser on CPU: DeepSpeed's CPU Adam in AdamW mode is the same update rule.
+            if optim_cfg.name != "adamw":
+                raise ConfigError(f"optim.name={optim_cfg.name}: ZeRO-Offload steps with DeepSpeed's CPU AdamW; "
+                                  "use optim.name=adamw or no offload")
+            prepare_deepspeed()
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            optimizer = DeepSpeedCPUAdam(param_groups(params, optim_cfg.weight_decay), lr=optim_cfg.lr,
+                                         betas=tuple(optim_cfg.betas), eps=optim_cfg.eps,
+                                         weight_decay=optim_cfg.weight_decay, adamw_mode=True)
+        else:
+            optimizer = optim_cfg.build(params)
+        return cls(model, optimizer, lambda opt: optim_cfg.schedule(opt, train_cfg.steps), ds_config)
 
     # ---- training
     def backward(self, loss: torch.Tensor) -> None:
@@ -526,7 +523,6 @@ class DeepSpeedEngine(Engine):
         """Resume a checkpoint of `saved_world` ranks: rank 0 converts it once into DeepSpeed's universal format
         (every parameter and its Adam moments whole, in RUN/checkpoints/step_N/deepspeed_universal), which every
         rank then loads into its own ZeRO partitions."""
-        from s2t2_dist.engines._common import raise_if_any_failed
 
         uni = directory / (DS_TAG + "_universal")
         err = None
@@ -535,7 +531,7 @@ class DeepSpeedEngine(Engine):
                 universal_checkpoint(directory / DS_TAG, uni)
             except BaseException as e:  # noqa: BLE001 - raised on every rank
                 err = e
-        raise_if_any_failed(err, f"converting {directory} ({saved_world} ranks) to a universal checkpoint")
+        coll.raise_if_any_failed(err, f"converting {directory} ({saved_world} ranks) to a universal checkpoint")
         # DeepSpeed's ZeRO-3 universal load gives every parameter group the hyperparameters of group 0 (here: weight
         # decay to the no-decay group, too); this run's own groups are put back after it (lr comes from the schedule)
         groups = [{k: v for k, v in g.items() if k not in ("params", "lr", "initial_lr")}
@@ -585,18 +581,28 @@ class DeepSpeedEngine(Engine):
                 out[name] = b.detach().cpu().clone()
         return out
 
-    def export_consolidated(self, out_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> Path | None:
-        """Write a plain transformers checkpoint (`save_pretrained`: config + safetensors) of the current weights into
-        out_dir, loadable with `AutoModelForCausalLM.from_pretrained(out_dir)` without DeepSpeed. Collective."""
-        out_dir = Path(out_dir)
-        sd = self.consolidated_state_dict()
-        err = None
-        if self.rank == 0:
-            try:
-                sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
-                self.model.save_pretrained(str(out_dir), state_dict=sd, safe_serialization=True)
-            except BaseException as e:  # noqa: BLE001 - reported on every rank below
-                err = e
-        raise_if_any_failed(err, f"exporting {out_dir}")
-        return out_dir if self.rank == 0 else None
 
+class DeepSpeed(EngineKind):
+    """engine.kind=deepspeed: DeepSpeed's comm layer over the launcher's process group; the model built straight
+    into ZeRO-3 partitions (build_model_zero3: no rank ever holds all of it)."""
+
+    def init_distributed(self) -> None:
+        init_deepspeed_distributed()
+
+    def build(self, cfg, source, optim_cfg, train_cfg, *, device, dtype=None, trust_remote_code=False):
+        if isinstance(source, torch.nn.Module):
+            hidden = getattr(getattr(source, "config", None), "hidden_size", None)
+        else:
+            from transformers import AutoConfig, PretrainedConfig
+
+            hf = source if isinstance(source, PretrainedConfig) else AutoConfig.from_pretrained(
+                str(source), trust_remote_code=trust_remote_code)
+            hidden = getattr(hf, "hidden_size", None)
+        ds_cfg = resolve_ds_config(cfg.ds_config, train_cfg=train_cfg, optim_cfg=optim_cfg, hidden_size=hidden,
+                                   offload=cfg.offload, overrides=cfg.ds_overrides or None)
+        # float32 master weights whatever `dtype`: bf16 compute is DeepSpeed's (bf16.enabled)
+        model = source if isinstance(source, torch.nn.Module) else build_model_zero3(
+            source, ds_cfg, seed=train_cfg.seed)
+        engine = DeepSpeedEngine.build(model, optim_cfg=optim_cfg, train_cfg=train_cfg, ds_config=ds_cfg,
+                                       resolved=True, activation_checkpointing=cfg.activation_checkpointing)
+        return engine.model, engine

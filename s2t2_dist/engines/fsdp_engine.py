@@ -16,9 +16,8 @@ from pathlib import Path
 import torch
 
 from s2t2_dist.dist import collectives as coll
-from s2t2_dist.engines._common import raise_if_any_failed
-from s2t2_dist.engines.base import Engine
-from s2t2_dist.train.optim import build_adamw, build_scheduler
+from s2t2_dist.engines.base import Engine, EngineKind
+from s2t2_dist.models.hf import build_causal_lm, enable_activation_checkpointing
 
 try:  # torch >= 2.6
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
@@ -87,53 +86,60 @@ def check_dcp_metadata(path: Path) -> None:
 
 
 class FSDP2Engine(Engine):
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        *,
-        optim_cfg,
-        train_cfg,
-        activation_checkpointing: bool = False,
-        offload: bool = False,
-        reshard_after_forward: bool = True,
-        mixed_precision: bool | None = None,
-    ):
+    """Over a model sharded by `shard` and an optimiser built over its (DTensor) parameters; `FSDP2Engine.build`
+    does both."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, *, grad_clip: float,
+                 mixed_precision: bool):
+        self.rank, self.world = coll.rank_world()
+        gpu = torch.cuda.is_available()
+        self._device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+        self.model = self.module = model
+        self.mixed_precision = mixed_precision
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.grad_clip = grad_clip
+
+    @staticmethod
+    def shard(model: torch.nn.Module, *, precision: str = "auto", offload: bool = False,
+              reshard_after_forward: bool = True, mixed_precision: bool | None = None) -> bool:
+        """fully_shard each transformer block, then the root, over all ranks; returns whether bf16 mixed precision
+        (bf16 compute, float32 master weights and gradient reduction: on GPU only) is on."""
         if not coll.initialized():
             raise RuntimeError("FSDP2Engine needs torch.distributed initialised (run under torchrun)")
         from torch.distributed.device_mesh import init_device_mesh
 
-        self.rank, self.world = coll.rank_world()
         gpu = torch.cuda.is_available()
-        device_type = "cuda" if gpu else "cpu"
-        self.mesh = init_device_mesh(device_type, (self.world,))
-        self._device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+        mesh = init_device_mesh("cuda" if gpu else "cpu", (coll.world_size(),))
         if mixed_precision is None:
-            mixed_precision = gpu and train_cfg.precision in ("bf16", "auto")
+            mixed_precision = gpu and precision in ("bf16", "auto")
         if mixed_precision and not gpu:
             warnings.warn("FSDP2Engine: bf16 mixed precision needs a GPU; running in float32", stacklevel=2)
             mixed_precision = False
         mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision
               else MixedPrecisionPolicy())
-        kw = {"mesh": self.mesh, "mp_policy": mp, "reshard_after_forward": reshard_after_forward}
+        kw = {"mesh": mesh, "mp_policy": mp, "reshard_after_forward": reshard_after_forward}
         if offload:
             if gpu:
                 kw["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
             else:
                 warnings.warn("FSDP2Engine: offload ignored without a GPU (everything is on CPU already)", stacklevel=2)
-        if activation_checkpointing:
-            if not hasattr(model, "gradient_checkpointing_enable"):
-                raise ValueError("engine.activation_checkpointing needs a transformers model (gradient_checkpointing_enable)")
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         for block in transformer_blocks(model):
             fully_shard(block, **kw)
         fully_shard(model, **kw)
-        self.model = model
-        self.module = model
-        self.mixed_precision = mixed_precision
-        self.optimizer = build_adamw([p for p in model.parameters() if p.requires_grad], optim_cfg.lr,
-                                     optim_cfg.weight_decay, optim_cfg.betas, optim_cfg.eps)
-        self.scheduler = build_scheduler(self.optimizer, train_cfg.steps, optim_cfg.warmup_frac, optim_cfg.final_lr_frac)
-        self.grad_clip = optim_cfg.grad_clip
+        return mixed_precision
+
+    @classmethod
+    def build(cls, model: torch.nn.Module, optim_cfg, train_cfg, *, activation_checkpointing: bool = False,
+              offload: bool = False, reshard_after_forward: bool = True,
+              mixed_precision: bool | None = None) -> "FSDP2Engine":
+        """Shard `model`, then build optim_cfg's optimiser over the shards and the schedule over train_cfg.steps."""
+        if activation_checkpointing:
+            enable_activation_checkpointing(model)
+        mp = cls.shard(model, precision=train_cfg.precision, offload=offload,
+                       reshard_after_forward=reshard_after_forward, mixed_precision=mixed_precision)
+        opt = optim_cfg.build([p for p in model.parameters() if p.requires_grad])
+        return cls(model, opt, optim_cfg.schedule(opt, train_cfg.steps), grad_clip=optim_cfg.grad_clip,
+                   mixed_precision=mp)
 
     def backward(self, loss: torch.Tensor) -> None:
         # Gradients are reduce-scattered after every micro-batch and accumulate sharded (memory-light).
@@ -205,16 +211,19 @@ class FSDP2Engine(Engine):
 
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
-    def export_consolidated(self, out_dir: str | Path, *, dtype: torch.dtype = torch.float32) -> Path | None:
-        """Plain transformers checkpoint (save_pretrained) of the current weights; loadable without FSDP. Collective."""
-        out_dir = Path(out_dir)
-        sd = self.consolidated_state_dict()
-        err = None
-        if self.rank == 0:
-            try:
-                sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
-                self.model.save_pretrained(str(out_dir), state_dict=sd, safe_serialization=True)
-            except BaseException as e:  # noqa: BLE001
-                err = e
-        raise_if_any_failed(err, f"exporting {out_dir}")
-        return out_dir if self.rank == 0 else None
+
+class FSDP2(EngineKind):
+    """engine.kind=fsdp: a 1-rank group when there is no launcher (FSDP2 needs one); the model loaded whole in
+    float32 on every rank, then sharded."""
+
+    def init_distributed(self) -> None:
+        from s2t2_dist.dist.env import init_distributed
+
+        init_distributed(single_rank_group=True)
+
+    def build(self, cfg, source, optim_cfg, train_cfg, *, device, dtype=None, trust_remote_code=False):
+        # float32 master weights whatever `dtype`: bf16 compute is the mixed-precision policy's
+        model = build_causal_lm(source, seed=train_cfg.seed, trust_remote_code=trust_remote_code)
+        return model, FSDP2Engine.build(model, optim_cfg, train_cfg,
+                                        activation_checkpointing=cfg.activation_checkpointing, offload=cfg.offload,
+                                        reshard_after_forward=cfg.fsdp_reshard_after_forward)

@@ -3,46 +3,47 @@ shard, e.g. the translator's C columns) or replicated (gradients averaged over r
 
 from __future__ import annotations
 
-import math
+import dataclasses
+import functools
 import warnings
 from pathlib import Path
 from typing import Literal
 
 import torch
 from s2t2_dist.dist import collectives as coll
-from s2t2_dist.engines.base import Engine
-from s2t2_dist.train.optim import build_adamw, build_scheduler, cosine_lr_factor
+from s2t2_dist.engines.base import Engine, EngineKind
+from s2t2_dist.models.hf import build_causal_lm, enable_activation_checkpointing
+from s2t2_dist.train.optim import cosine_lr_factor
 
 
 class TorchEngine(Engine):
-    def __init__(
-        self,
-        module: torch.nn.Module,
-        *,
-        lr: float,
-        weight_decay: float,
-        betas,
-        eps: float,
-        total_steps: int,
-        warmup_frac: float,
-        final_frac: float,
-        grad_clip: float | None,
-        params: Literal["sharded", "replicated"] = "replicated",
-    ):
-        self.module = module
+    """`optimizer` and `scheduler` are built over the module's trainable parameters (OptimConfig.build, .schedule;
+    `TorchEngine.build` does both)."""
+
+    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, *,
+                 grad_clip: float | None, params: Literal["sharded", "replicated"] = "replicated"):
+        self.module = self.model = module
         self.params_kind = params
         self.trainable = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         if not self.trainable:
             raise ValueError("TorchEngine: the module has no trainable parameters")
-        self.optimizer = build_adamw([p for _, p in self.trainable], lr, weight_decay, betas, eps)
-        self.scheduler = build_scheduler(self.optimizer, total_steps, warmup_frac, final_frac)
-        self._warmup_frac, self._final_frac = warmup_frac, final_frac
+        self.optimizer, self.scheduler = optimizer, scheduler
         self.grad_clip = grad_clip
         self.rank, self.world = coll.rank_world()
         if params == "replicated" and self.world > 1:
             # Replicas must start identical; rank 0's values win.
             for _, p in self.trainable:
                 coll.broadcast_(p.data, 0)
+
+    @classmethod
+    def build(cls, module: torch.nn.Module, optim_cfg, total_steps: int, *,
+              params: Literal["sharded", "replicated"] = "replicated", lr: float | None = None) -> "TorchEngine":
+        """The engine with optim_cfg's optimiser and schedule over total_steps (`lr`: instead of optim_cfg.lr)."""
+        if lr is not None:
+            optim_cfg = dataclasses.replace(optim_cfg, lr=lr)
+        # fused: the kernel skips a non-finite step on the device (step_async), no host read
+        opt = optim_cfg.build([p for p in module.parameters() if p.requires_grad], fused=True)
+        return cls(module, opt, optim_cfg.schedule(opt, total_steps), grad_clip=optim_cfg.grad_clip, params=params)
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
@@ -51,6 +52,14 @@ class TorchEngine(Engine):
         return [p.grad for _, p in self.trainable if p.grad is not None]
 
     def step(self) -> tuple[float, bool]:
+        norm, applied = self.step_async()
+        return float(norm), bool(applied)
+
+    def step_async(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`step` without a host sync: (grad norm, applied) as device tensors. A non-finite gradient (NaN or
+        inf anywhere, on any rank: the reduced squared norm is then non-finite on every rank) skips the update
+        inside the fused AdamW kernel (``found_inf``: parameters, moments and step count unchanged), the clipping is
+        a multiply by ``min(1, clip / norm)``: no branch reads a value back (DeepSpeed and FSDP read the norm)."""
         grads = self._grads()
         if self.params_kind == "replicated" and self.world > 1:
             for g in grads:
@@ -65,25 +74,22 @@ class TorchEngine(Engine):
             local_sq = torch.stack(torch._foreach_norm([g.detach() for g in grads])).double().pow(2).sum()
         if self.params_kind == "sharded" and self.world > 1:
             coll.all_reduce_(local_sq)
-        # A NaN anywhere makes the squared norm NaN on every rank after the reduction (of the gradients when
-        # replicated, of the norm when sharded), so all ranks agree. The one host sync of the step: the decision
-        # to apply it (DeepSpeed and FSDP make the same one).
-        sq = float(local_sq)
-        finite = math.isfinite(sq)
-        norm = math.sqrt(sq) if finite else sq
-        if not finite:
-            self.optimizer.zero_grad(set_to_none=True)
-            # The schedule still advances so a skipped step costs its lr slot, as in the uninterrupted run.
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                self.scheduler.step()
-            return norm, False
-        if self.grad_clip and self.grad_clip > 0 and norm > self.grad_clip:
-            torch._foreach_mul_(grads, self.grad_clip / (norm + 1e-6))
-        self.optimizer.step()
+        norm = local_sq.sqrt()
+        finite = torch.isfinite(norm)
+        if grads and self.grad_clip and self.grad_clip > 0:
+            coef = (self.grad_clip / (norm + 1e-6)).clamp(max=1.0)
+            torch._foreach_mul_(grads, coef.to(grads[0].dtype))
+        if all(g.get("fused") for g in self.optimizer.param_groups):
+            self.optimizer.found_inf = (~finite).to(device=device, dtype=torch.float32)
+            self.optimizer.step()
+        elif bool(finite):  # an optimiser without found_inf: the decision is read on the host
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        return norm, True
+        # A skipped step still advances the schedule, so it costs its lr slot, as in the uninterrupted run.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            self.scheduler.step()
+        return norm, finite
 
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
@@ -95,9 +101,8 @@ class TorchEngine(Engine):
         resume (the schedule function is not part of the saved state; lr and moments are)."""
         if reset_state:
             self.optimizer.state.clear()
-        n = max(end - start, 1)
-        wf, ff = self._warmup_frac, self._final_frac
-        fn = lambda s: cosine_lr_factor(s - start, n, wf, ff)  # noqa: E731
+        fn = functools.partial(cosine_lr_factor, **{**self.scheduler.lr_lambdas[0].keywords,
+                                                    "total_steps": max(end - start, 1), "start": start})
         self.scheduler.lr_lambdas = [fn for _ in self.scheduler.lr_lambdas]
         self.scheduler.base_lrs = [lr for _ in self.scheduler.base_lrs]
         for g in self.optimizer.param_groups:
@@ -211,3 +216,18 @@ def reshard(directory: Path, old_world: int, layout: dict[str, list[int]], train
                 new_state[k] = v
         out["optimizer"]["state"][i] = new_state
     return out
+
+
+class Plain(EngineKind):
+    """engine.kind=plain: a replica of the model on every rank's device, in the stage's dtype; the task autocasts
+    to bf16 when the run computes in bf16 (on CPU too, so CI exercises that path)."""
+
+    def autocast(self, dtype: torch.dtype) -> torch.dtype | None:
+        return torch.bfloat16 if dtype == torch.bfloat16 else None
+
+    def build(self, cfg, source, optim_cfg, train_cfg, *, device, dtype=None, trust_remote_code=False):
+        model = build_causal_lm(source, dtype=dtype, device=device, seed=train_cfg.seed,
+                                trust_remote_code=trust_remote_code)
+        if cfg.activation_checkpointing:
+            enable_activation_checkpointing(model)
+        return model, TorchEngine.build(model, optim_cfg, train_cfg.steps)

@@ -44,8 +44,9 @@ def asset_path(*parts: str) -> Path:
     return p
 
 
-def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | str | None:
-    """`"float32"`/`"bf16"`/... or a torch.dtype -> torch.dtype; `"auto"` and None are passed through."""
+def torch_dtype(dtype: str | torch.dtype | None) -> torch.dtype | str | None:
+    """A dtype's name (`"float32"`/`"bf16"`/...) or a torch.dtype -> torch.dtype; `"auto"` and None are passed
+    through. (The compute dtype of a run, from train.precision and the device, is stages.common.compute_dtype.)"""
     if dtype is None or isinstance(dtype, torch.dtype) or dtype == "auto":
         return dtype
     key = str(dtype).lower().replace("torch.", "")
@@ -86,14 +87,45 @@ def load_causal_lm(
     from transformers import AutoModelForCausalLM
 
     if dtype is not None:
-        kwargs[_dtype_kwarg()] = resolve_dtype(dtype)
+        kwargs[_dtype_kwarg()] = torch_dtype(dtype)
     model = AutoModelForCausalLM.from_pretrained(str(path_or_id), trust_remote_code=trust_remote_code, **kwargs)
     if device is not None and "device_map" not in kwargs:
         model = model.to(device)
     return freeze(model) if frozen else model
 
 
-def load_tokenizer(path_or_id: str | os.PathLike, trust_remote_code: bool = False, **kwargs: Any):
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each transformer block's activations in backward (HF gradient checkpointing, non-reentrant: the
+    gradient reaches inputs that need it through a frozen body). The one setup of both stages and every engine.
+    HF checkpoints only in training mode: a caller whose model stays in eval mode must switch it to train()."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise ConfigError(f"activation checkpointing needs a transformers model; {type(model).__name__} has no "
+                          "gradient_checkpointing_enable")
+
+
+def build_causal_lm(source, *, dtype: torch.dtype | None = None, device: str | torch.device | None = None,
+                    seed: int = 0, trust_remote_code: bool = False) -> torch.nn.Module:
+    """A causal LM from a model directory / hub id (`load_causal_lm`), a transformers PretrainedConfig (random init,
+    seeded) or an nn.Module (returned as it is); `dtype` None: float32; `device` None: where it was built."""
+    if isinstance(source, torch.nn.Module):
+        return source
+    from transformers import AutoModelForCausalLM, PretrainedConfig
+
+    if isinstance(source, PretrainedConfig):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(source)
+        return model.to(device) if device is not None else model
+    return load_causal_lm(source, dtype=dtype or torch.float32, device=device, trust_remote_code=trust_remote_code)
+
+
+def load_hf_tokenizer(path_or_id: str | os.PathLike, trust_remote_code: bool = False, **kwargs: Any):
+    """transformers' AutoTokenizer of a model directory or hub id (a model's own tokenizer; the project's target
+    tokenizers, with their special-token roles, are data.bpe.load_tokenizer's TokenizerInfo)."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path_or_id), trust_remote_code=trust_remote_code, **kwargs)
@@ -141,7 +173,7 @@ def byte_level_decoder() -> dict[str, int]:
     return {c: b for b, c in chars.items()}
 
 
-def _backend(tokenizer_or_path):
+def tokenizers_backend(tokenizer_or_path):
     """-> (tokenizers.Tokenizer, description for error messages)."""
     from tokenizers import Tokenizer
 
@@ -152,7 +184,7 @@ def _backend(tokenizer_or_path):
         if p.is_dir():
             if (p / "tokenizer.json").exists():
                 return Tokenizer.from_file(str(p / "tokenizer.json")), str(p)
-            return _backend(load_tokenizer(p))
+            return tokenizers_backend(load_hf_tokenizer(p))
         if p.is_file():
             return Tokenizer.from_file(str(p)), str(p)
         raise FileNotFoundError(f"no tokenizer at {p}")
@@ -180,7 +212,7 @@ def token_bytes(tokenizer_or_path) -> dict[int, bytes | None]:
     Byte-level BPE tokens are mapped through the byte alphabet; sentencepiece-style tokens map `▁` to a space
     and `<0xNN>` byte-fallback tokens to that byte; added (non-special) tokens are their UTF-8 content.
     """
-    tok, _ = _backend(tokenizer_or_path)
+    tok, _ = tokenizers_backend(tokenizer_or_path)
     spec = json.loads(tok.to_str())
     byte_level = _has_type(spec.get("pre_tokenizer"), "ByteLevel") or _has_type(spec.get("decoder"), "ByteLevel")
     byte_fallback = bool((spec.get("model") or {}).get("byte_fallback"))
@@ -261,7 +293,7 @@ def source_token_ids(
     `num_embeddings` (rows of E) is checked against the ids. Special tokens are excluded by the "single_*" rules
     always and by "all" when `exclude_special`.
     """
-    tok, where = _backend(tokenizer_or_path)
+    tok, where = tokenizers_backend(tokenizer_or_path)
     real = sorted(tok.get_vocab(with_added_tokens=True).values())
     if len(set(real)) != len(real):
         raise ValueError(f"{where}: several tokens share an id")
@@ -296,12 +328,12 @@ def source_token_ids(
 
 @dataclass
 class ModelPathConfig:
-    """The `model:` section of finetune and evaluate: a Hugging Face model directory or hub id (finetune: the source
-    model, whose embedding and head init replaces; evaluate: the model evaluated, or the source model a P file is
-    applied to). Finetuning keeps float32 master weights (train.precision selects bf16 compute): no dtype key."""
+    """The `model:` section of every stage (translate extends it): a Hugging Face model directory or hub id
+    (translate, finetune: the source model; evaluate: the model evaluated, or the source model a P file is applied
+    to). Finetuning keeps float32 master weights (train.precision selects bf16 compute): no dtype key."""
 
-    #: a Hugging Face model directory or hub id (finetune: the source model; evaluate: the model evaluated, or the
-    #: source model a P file is applied to)
+    #: a Hugging Face model directory or hub id (translate, finetune: the source model; evaluate: the model
+    #: evaluated, or the source model a P file is applied to)
     path: str = ""
     #: let transformers run the model repository's own Python code (models not built into transformers)
     trust_remote_code: bool = False

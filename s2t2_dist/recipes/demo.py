@@ -183,7 +183,7 @@ def run(args) -> dict:
     ph.start("translate", f"translate (stage 1): learn P through the frozen LM on {where}")
     tcfg = write_config(cfgs / "translate.yaml", {
         "run_dir": str(runs / "translate"), "model": {"path": str(model), "source_vocab": "all"},
-        "data": common_data, "translator": {"kind": "sparse", "n_iter": 3, "alpha": 0.0, "heatmap": [64, 64],
+        "data": common_data, "translator": {"kind": "sparse", "n_iter": 3, "heatmap": [64, 64],
                                       "recipe": recipe},  # paper: p_lr absolute; default: in units of 1/v
         "optim": {"lr": p_lr, "weight_decay": 0.0}, "train": train}, TranslateConfig)
     tr = runner.run("translate", ["--config", str(tcfg)], runs / "translate", "translate")

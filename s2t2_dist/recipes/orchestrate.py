@@ -345,7 +345,7 @@ def unigram_reference(train_shards: str | Path, eval_shards: str | Path) -> dict
     frequencies."""
     import numpy as np
 
-    from s2t2_dist.data.loader import EvalDocs, ShardReader
+    from s2t2_dist.data.reader import EvalDocs, ShardReader
     from s2t2_dist.data.shards import load_manifest
 
     m = load_manifest(train_shards)

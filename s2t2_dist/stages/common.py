@@ -1,9 +1,11 @@
-"""What every stage's entry point does the same way: read the config, start distributed, pick device and
-precision, create the run directory, logger and checkpointer."""
+"""What every stage's entry point does the same way: read the command line (launcher arguments included), and
+`run_stage`, the one skeleton of a stage's run: pre-flight, the engine's distributed start, setup (rank, device,
+precision, run directory, logger), the stage's work, its result written by rank 0, teardown."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import logging
@@ -23,6 +25,12 @@ log = logging.getLogger("s2t2")
 
 
 def parse_args(cls: type[T], argv: list[str], prog: str, extra=None) -> tuple[T, argparse.Namespace]:
+    """`--config FILE dotted.key=value ...`; a config with an `engine:` section also takes the launchers' arguments
+    (engines/launcher.py: `--ds_config PATH` selects engine.kind=deepspeed)."""
+    if any(f.name == "engine" for f in dataclasses.fields(cls)):
+        from s2t2_dist.engines.launcher import engine_overrides
+
+        argv = engine_overrides(argv)
     epilog = None
     if "-h" in argv or "--help" in argv:  # every key, its type, default and description (config_docs)
         from s2t2_dist.config_docs import format_keys
@@ -52,7 +60,8 @@ class Runtime:
     logger: MetricsLogger
 
 
-def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
+def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """train.precision / eval.precision (auto: bf16 on GPU, fp32 on CPU; fp32; bf16) on `device`."""
     if precision == "fp32" or (precision == "auto" and device.type == "cpu"):
         return torch.float32
     return torch.bfloat16
@@ -73,7 +82,7 @@ def setup(run_dir: str, precision: str, cfg, seed: int, *, record: bool = True) 
         if record:
             save_config(cfg, rd / "config.yaml")
     logger = MetricsLogger(rd / "tb", rank=env.rank, node_rank=env.node_rank, local_rank=env.local_rank)
-    return Runtime(env, device, resolve_dtype(precision, device), rd, logger)
+    return Runtime(env, device, compute_dtype(precision, device), rd, logger)
 
 
 def record_config(rt: Runtime, cfg) -> None:
@@ -91,6 +100,31 @@ def fingerprint(**parts) -> dict:
 def config_part(cfg, *names) -> dict:
     d = to_dict(cfg)
     return {n: d[n] for n in names}
+
+
+def run_stage(cfg, work: Callable[[Any, Runtime], dict], *, preflight: Callable[[Any], None], precision: str,
+              seed: int, result: Callable[[Runtime], Path], engine=None, record: bool = True,
+              report: Callable[[Runtime, dict], None] | None = None) -> dict:
+    """The skeleton of every stage's run: `preflight(cfg)` (files only, nothing started), the engine kind's
+    distributed start (`engine`: the config's engine section), `setup` (record: write config.yaml now; else the
+    work calls `record_config` once its resume checks passed), `work(cfg, rt)` -> the result dict, written
+    atomically by rank 0 to `result(rt)` and then shown by `report(rt, result)`, the logger closed, teardown."""
+    from s2t2_dist.utils.io import atomic_write_text
+
+    preflight(cfg)
+    if engine is not None:
+        from s2t2_dist.engines.build import engine_kind
+
+        engine_kind(engine.kind).init_distributed()
+    rt = setup(cfg.run_dir, precision, cfg, seed, record=record)
+    out = work(cfg, rt)
+    if rt.env.is_main:
+        atomic_write_text(result(rt), json.dumps(out, indent=1))
+        if report is not None:
+            report(rt, out)
+    rt.logger.close()
+    teardown()
+    return out
 
 
 def teardown() -> None:

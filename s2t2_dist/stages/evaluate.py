@@ -1,6 +1,6 @@
 """Evaluate: perplexity per token and bits-per-byte on held-out documents, for every row of the paper's comparisons.
 
-    s2t2 evaluate --config configs/evaluate.yaml model.path=runs/finetune/final                        # (a)
+    s2t2 evaluate --config configs/evaluate_olmo1b.yaml model.path=runs/finetune/final                        # (a)
     s2t2 evaluate ... model.path=allenai/OLMo-1B-hf init.kind=translated init.p_file=runs/t1b/P.safetensors   # (b)
     s2t2 evaluate ... model.path=allenai/OLMo-7B-hf init.kind=translated init.p_file=runs/t1b/P.safetensors   # (c)
     deepspeed --num_gpus 8 launch/evaluate.py --ds_config configs/ds_zero3.json --config ...          # sharded 7B
@@ -27,17 +27,17 @@ eval.json (or `output`), written atomically, and TensorBoard scalars `eval/<name
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import torch
-
 from s2t2_dist.config import ConfigError
-from s2t2_dist.engines.build import EngineConfig
+from s2t2_dist.data.records import FileFormatName
+from s2t2_dist.engines.build import EngineConfig, build_model_and_engine, engine_kind
 from s2t2_dist.models.hf import ModelPathConfig
+from s2t2_dist.stages import checks
+from s2t2_dist.stages.common import parse_args, run_main, run_stage
 from s2t2_dist.stages.init_model import InitConfig, InitPlan
 
 log = logging.getLogger("s2t2.evaluate")
@@ -51,8 +51,8 @@ class EvalDataConfig:
     tokenizer: str = ""
     #: raw files to score instead of shards (FASTA[.gz], jsonl[.gz], parquet, text), tokenized with that tokenizer
     files: list[str] = field(default_factory=list)
-    #: format of data.files: auto (from the file name), fasta, jsonl, parquet or text
-    format: Literal["auto", "fasta", "jsonl", "parquet", "text"] = "auto"
+    #: format of data.files: auto (from the file name) or a file format of data/records.py FORMATS
+    format: FileFormatName = "auto"
     #: column (jsonl, parquet) holding the text of a document
     text_column: str = "text"
     #: column holding a document's id (null: FILE:LINE; FASTA ids always come from the headers)
@@ -125,17 +125,11 @@ def _eval_train_config(cfg: EvaluateConfig, world: int):
 
 
 def build_eval_model(cfg: EvaluateConfig, plan: InitPlan, rt):
-    from s2t2_dist.engines.build import build_model_and_engine
-
+    """(model, engine) in eval mode; a replica (plain) is held in the compute dtype, sharded engines keep float32
+    weights and compute in bf16 themselves."""
     optim, train = _eval_train_config(cfg, rt.env.world_size)
-    source = plan.model_dir
-    if cfg.engine.kind == "plain":
-        from transformers import AutoModelForCausalLM
-
-        dtype = torch.float32 if rt.dtype == torch.float32 else torch.bfloat16
-        source = AutoModelForCausalLM.from_pretrained(plan.model_dir, dtype=dtype,
-                                                      trust_remote_code=cfg.model.trust_remote_code).to(rt.device)
-    model, engine = build_model_and_engine(cfg.engine, source, optim, train)
+    model, engine = build_model_and_engine(cfg.engine, plan.model_dir, optim, train, device=rt.device,
+                                           dtype=rt.dtype, trust_remote_code=cfg.model.trust_remote_code)
     engine.eval()
     return model, engine
 
@@ -143,8 +137,6 @@ def build_eval_model(cfg: EvaluateConfig, plan: InitPlan, rt):
 def preflight(cfg: EvaluateConfig) -> None:
     """Before any weight is read: the model directory, its tokenizer against its embedding rows, its positions
     against eval.context_len, the eval shards (not empty; against data.tokenizer when it is given)."""
-    from s2t2_dist.stages import checks
-
     checks.run_dir(cfg.run_dir)
     mdir = checks.model_dir(cfg.model.path)
     checks.model_tokenizer_fits(mdir)
@@ -163,22 +155,20 @@ def preflight(cfg: EvaluateConfig) -> None:
 
 
 def run(cfg: EvaluateConfig) -> dict:
-    from s2t2_dist.data.loader import EvalDocs
+    return run_stage(cfg, _evaluate, preflight=preflight, precision=cfg.eval.precision, seed=cfg.seed,
+                     engine=cfg.engine, result=lambda rt: _output(cfg),
+                     report=lambda rt, r: _report(rt, r, _output(cfg)))
+
+
+def _output(cfg: EvaluateConfig) -> Path:
+    return Path(cfg.output or Path(cfg.run_dir) / "eval.json")
+
+
+def _evaluate(cfg: EvaluateConfig, rt) -> dict:
+    from s2t2_dist.data.reader import EvalDocs
     from s2t2_dist.eval.scoring import evaluate_documents, hf_logits_fn
-    from s2t2_dist.stages.common import setup, teardown
     from s2t2_dist.stages.init_model import check_shards, prepare_initial_model
-    from s2t2_dist.utils.io import atomic_write_text
 
-    preflight(cfg)
-    if cfg.engine.kind == "deepspeed":
-        from s2t2_dist.engines.deepspeed_engine import init_deepspeed_distributed
-
-        init_deepspeed_distributed()
-    elif cfg.engine.kind == "fsdp":
-        from s2t2_dist.dist.env import init_distributed
-
-        init_distributed(single_rank_group=True)  # FSDP2 on one GPU / one process needs a (1-rank) group
-    rt = setup(cfg.run_dir, cfg.eval.precision, cfg, cfg.seed)
     init_dir = cfg.init.dir or str(Path(cfg.run_dir) / "init")
     plan = prepare_initial_model(cfg.init, cfg.model.path, cfg.data.tokenizer, init_dir, is_main=rt.env.is_main,
                                  trust_remote_code=cfg.model.trust_remote_code)
@@ -187,8 +177,7 @@ def run(cfg: EvaluateConfig) -> dict:
     docs = EvalDocs(eval_dir, rank=rt.env.rank, world_size=rt.env.world_size)
     check_shards(docs.manifest, plan, "data.eval")
     model, engine = build_eval_model(cfg, plan, rt)
-    autocast = torch.bfloat16 if (cfg.engine.kind == "plain" and rt.dtype == torch.bfloat16
-                                  and rt.device.type == "cuda") else None
+    autocast = engine_kind(cfg.engine.kind).autocast(rt.dtype)
     pad = plan.pad_id if plan.pad_id is not None else (plan.eos_id or 0)
     metrics, totals = evaluate_documents(hf_logits_fn(engine.module, engine.device, autocast), docs,
                                          cfg.eval.context_len, vocab_size=plan.vocab_size,
@@ -199,23 +188,24 @@ def run(cfg: EvaluateConfig) -> dict:
               "world_size": rt.env.world_size, "engine": cfg.engine.kind, "metrics": metrics,
               "totals": totals.to_dict()}
     if raw:
-        from s2t2_dist.data.raw_eval import format_records, leave_out_beyond
+        from s2t2_dist.data.raw_eval import leave_out_beyond
 
         raw["records"] = leave_out_beyond(raw["records"], cfg.eval.max_docs)
         result.update(files=raw["files"], records=raw["records"], eval_shards=eval_dir)
-    out = Path(cfg.output or Path(cfg.run_dir) / "eval.json")
-    if rt.env.is_main:
-        atomic_write_text(out, json.dumps(result, indent=1))
-        if raw:
-            print(f"evaluate {name}: {format_records(raw['records'])}", flush=True)
-        print(f"evaluate {name}: perplexity {metrics['perplexity']:.4f}, bpb {metrics['bpb']:.4f} over "
-              f"{int(metrics['docs']):,} docs, {int(metrics['tokens']):,} tokens -> {out}", flush=True)
-        rt.logger.scalars(0, {f"eval/{name}/{k}": v for k, v in metrics.items()})
-        log.info("evaluate %s: perplexity %.4f, bpb %.4f (random guess %.4f) over %d docs", name,
-                 metrics["perplexity"], metrics["bpb"], metrics["random_guess_bpb"], int(metrics["docs"]))
-    rt.logger.close()
-    teardown()
     return result
+
+
+def _report(rt, result: dict, out: Path) -> None:
+    name, metrics = result["name"], result["metrics"]
+    if "records" in result:
+        from s2t2_dist.data.raw_eval import format_records
+
+        print(f"evaluate {name}: {format_records(result['records'])}", flush=True)
+    print(f"evaluate {name}: perplexity {metrics['perplexity']:.4f}, bpb {metrics['bpb']:.4f} over "
+          f"{int(metrics['docs']):,} docs, {int(metrics['tokens']):,} tokens -> {out}", flush=True)
+    rt.logger.scalars(0, {f"eval/{name}/{k}": v for k, v in metrics.items()})
+    log.info("evaluate %s: perplexity %.4f, bpb %.4f (random guess %.4f) over %d docs", name,
+             metrics["perplexity"], metrics["bpb"], metrics["random_guess_bpb"], int(metrics["docs"]))
 
 
 def _tokenize_raw_files(cfg: EvaluateConfig, plan: InitPlan, is_main: bool) -> dict:
@@ -253,13 +243,9 @@ def _tokenize_raw_files(cfg: EvaluateConfig, plan: InitPlan, is_main: bool) -> d
 
 
 def parse_config(argv: list[str]) -> EvaluateConfig:
-    """The run config from the command line (`s2t2 submit` checks it with this before queueing)."""
-    from s2t2_dist.stages.finetune import parse_command_line
-
-    return parse_command_line(argv, EvaluateConfig, "s2t2 evaluate")
+    """The run config from the command line, launcher arguments included (`s2t2 submit` checks it with this)."""
+    return parse_args(EvaluateConfig, argv, "s2t2 evaluate")[0]
 
 
 def main(argv: list[str]) -> int:
-    from s2t2_dist.stages.common import run_main
-
     return run_main("s2t2 evaluate", lambda: run(parse_config(argv)))

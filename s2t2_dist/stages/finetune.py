@@ -26,11 +26,13 @@ from typing import Literal
 import torch
 
 from s2t2_dist.config import ConfigError
-from s2t2_dist.engines.build import EngineConfig
+from s2t2_dist.data.config import DataPaths
+from s2t2_dist.engines.build import EngineConfig, build_model_and_engine, engine_kind
 from s2t2_dist.models.hf import ModelPathConfig
-from s2t2_dist.stages.common import Runtime, config_part, fingerprint, parse_args, setup, teardown
+from s2t2_dist.stages import checks
+from s2t2_dist.stages.common import (Runtime, config_part, fingerprint, parse_args, record_config, run_main,
+                                     run_stage)
 from s2t2_dist.stages.init_model import InitConfig, InitPlan
-from s2t2_dist.stages.translate import DataPaths
 from s2t2_dist.train.config import OptimConfig, TrainConfig
 
 log = logging.getLogger("s2t2.finetune")
@@ -94,9 +96,7 @@ class FinetuneTask:
     def __init__(self, engine, rt: Runtime, plan: InitPlan, cfg: FinetuneConfig, eval_docs=None):
         self.engine, self.rt, self.plan, self.cfg = engine, rt, plan, cfg
         self.eval_docs = eval_docs
-        # DeepSpeed and FSDP2 run bf16 themselves; the plain engine uses autocast (on CPU too when
-        # train.precision=bf16 is asked for: "auto" is float32 there, so CI can run the bf16 path)
-        self.autocast = torch.bfloat16 if cfg.engine.kind == "plain" and rt.dtype == torch.bfloat16 else None
+        self.autocast = engine_kind(cfg.engine.kind).autocast(rt.dtype)
         self.step = 0
         self.last_eval: tuple[int, dict] | None = None
 
@@ -142,16 +142,10 @@ def _pad(plan: InitPlan) -> int:
 
 
 def build_model(cfg: FinetuneConfig, plan: InitPlan, rt: Runtime):
-    """(the transformers model, the Engine) from the initial directory; under ZeRO-3 built into partitions."""
-    from s2t2_dist.engines.build import build_model_and_engine
-
-    source = plan.model_dir
-    if cfg.engine.kind == "plain":  # a replica per rank, on this rank's device
-        from transformers import AutoModelForCausalLM
-
-        source = AutoModelForCausalLM.from_pretrained(plan.model_dir, dtype=torch.float32,
-                                                      trust_remote_code=cfg.model.trust_remote_code).to(rt.device)
-    model, engine = build_model_and_engine(cfg.engine, source, cfg.optim, cfg.train)
+    """(the transformers model, the Engine) from the initial directory; under ZeRO-3 built into partitions.
+    Finetuning keeps float32 master weights (train.precision selects the compute dtype)."""
+    model, engine = build_model_and_engine(cfg.engine, plan.model_dir, cfg.optim, cfg.train, device=rt.device,
+                                           dtype=torch.float32, trust_remote_code=cfg.model.trust_remote_code)
     _set_special_ids(model, plan)
     return model, engine
 
@@ -168,7 +162,7 @@ def _set_special_ids(model, plan: InitPlan) -> None:
 
 def build(cfg: FinetuneConfig, rt: Runtime):
     from s2t2_dist.data.global_loader import GlobalTrainLoader
-    from s2t2_dist.data.loader import EvalDocs
+    from s2t2_dist.data.reader import EvalDocs
     from s2t2_dist.stages.init_model import check_shards, prepare_initial_model
 
     env = rt.env
@@ -176,15 +170,13 @@ def build(cfg: FinetuneConfig, rt: Runtime):
     plan = prepare_initial_model(cfg.init, cfg.model.path, cfg.data.tokenizer, init_dir, is_main=env.is_main,
                                  trust_remote_code=cfg.model.trust_remote_code)
     # the data position is global (a sample count): a checkpoint resumes on another number of ranks
-    cfg.train.grad_accum(env.world_size)  # the layout is possible (ConfigError naming the keys otherwise)
+    cfg.train.resolve_layout(env.world_size)  # auto -> a number; ConfigError naming the keys if impossible
     loader = GlobalTrainLoader(cfg.data.train, global_batch_size=cfg.train.batch_size,
                                micro_batch_size=cfg.train.micro_batch_size, rank=env.rank, world_size=env.world_size,
                                num_workers=cfg.data.num_workers, seed=cfg.train.seed,
                                shuffle_window=cfg.data.shuffle_window)
     check_shards(loader.manifest, plan, "data.train")
-    if loader.manifest.get("context_len") not in (None, cfg.train.context_len):
-        raise ConfigError(f"train.context_len={cfg.train.context_len} but the shards in {cfg.data.train} hold "
-                          f"blocks of {loader.manifest.get('context_len')} tokens")
+    checks.context_matches_shards(loader.manifest, cfg.train.context_len, "data.train")  # the shards read
     eval_docs = None
     if cfg.data.eval:
         eval_docs = EvalDocs(cfg.data.eval, rank=env.rank, world_size=env.world_size)
@@ -198,36 +190,23 @@ def build(cfg: FinetuneConfig, rt: Runtime):
 # export
 
 
-def _barrier() -> None:
-    from s2t2_dist.dist.collectives import barrier
-
-    barrier()
-
-
-def export_model(engine, model, plan: InitPlan, out_dir: str | Path, *, dtype: torch.dtype = torch.float32,
+def export_model(engine, plan: InitPlan, out_dir: str | Path, *, dtype: torch.dtype = torch.float32,
                  extra: dict | None = None) -> Path:
     """Write the current weights as a standard Hugging Face directory (config, safetensors, the tokenizer files of
     the tokenizer the model speaks), atomically (built in OUT.partial, then renamed). Collective."""
-    from s2t2_dist.engines._common import raise_if_any_failed
+    from s2t2_dist.dist import collectives as coll
     from s2t2_dist.stages.init_model import InitError, copy_tokenizer_files, replace_dir
     from s2t2_dist.utils.io import atomic_write_text, fsync_dir
 
     out = Path(out_dir)
     partial = out.with_name(out.name + ".partial")
-    from s2t2_dist.dist.collectives import rank as _rank
-
-    rank = _rank()
+    rank = coll.rank()
     if out.exists() and not (out / EXPORT_INFO).is_file():  # checked on every rank before any collective
         raise InitError(f"export.dir {out} exists and was not written by s2t2 (no {EXPORT_INFO}); choose another")
     if rank == 0 and partial.exists():
         shutil.rmtree(partial)
-    _barrier()
-    if hasattr(engine, "export_consolidated"):
-        engine.export_consolidated(partial, dtype=dtype)  # collective; rank 0 writes
-    elif rank == 0:  # plain engine: every rank holds the whole model
-        sd = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).cpu()
-              for k, v in model.state_dict().items()}
-        model.save_pretrained(str(partial), state_dict=sd, safe_serialization=True)
+    coll.barrier()
+    engine.export_consolidated(partial, dtype=dtype)  # collective; rank 0 writes
     err = None
     if rank == 0:
         try:
@@ -237,7 +216,7 @@ def export_model(engine, model, plan: InitPlan, out_dir: str | Path, *, dtype: t
             replace_dir(partial, out, EXPORT_INFO)
         except BaseException as e:  # noqa: BLE001 - raised on every rank
             err = e
-    raise_if_any_failed(err, f"exporting {out}")
+    coll.raise_if_any_failed(err, f"exporting {out}")
     return out
 
 
@@ -259,8 +238,6 @@ def probe_logits(task: FinetuneTask, n_tokens: int = 32, seed: int = 1234) -> di
 def preflight(cfg: FinetuneConfig) -> None:
     """What can be checked from files before any weight is read (see translate.preflight); the shards against the
     tokenizer the model will speak are checked by `build` (check_shards), before the model is loaded."""
-    from s2t2_dist.stages import checks
-
     checks.run_dir(cfg.run_dir)
     checks.training_layout(cfg.train, cfg.data.eval)
     mdir = checks.model_dir(cfg.model.path)
@@ -288,27 +265,22 @@ def preflight(cfg: FinetuneConfig) -> None:
 
 
 def run(cfg: FinetuneConfig) -> dict:
-    from s2t2_dist.stages.common import record_config
+    return run_stage(cfg, _train, preflight=preflight, precision=cfg.train.precision, seed=cfg.train.seed,
+                     engine=cfg.engine, record=False, result=lambda rt: rt.run_dir / "result.json",
+                     report=lambda rt, s: log.info("finetune: %s", json.dumps({k: v for k, v in s.items()
+                                                                                 if k != "losses"})))
+
+
+def _train(cfg: FinetuneConfig, rt: Runtime) -> dict:
+    from s2t2_dist.stages.init_model import resolve_plan
     from s2t2_dist.train.checkpoint import Checkpointer
     from s2t2_dist.train.loop import train
 
-    preflight(cfg)
-    if cfg.engine.kind == "deepspeed":
-        from s2t2_dist.engines.deepspeed_engine import init_deepspeed_distributed
-
-        init_deepspeed_distributed()
-    from s2t2_dist.stages.init_model import resolve_plan
-
-    if cfg.engine.kind == "fsdp":
-        from s2t2_dist.dist.env import init_distributed
-
-        init_distributed(single_rank_group=True)  # FSDP2 on one GPU / one process needs a (1-rank) group
-    rt = setup(cfg.run_dir, cfg.train.precision, cfg, cfg.train.seed, record=False)
     # the checkpoint is checked against this config before the initial model is written or loaded
     plan, _ = resolve_plan(cfg.init, cfg.model.path, cfg.data.tokenizer, cfg.init.dir or str(rt.run_dir / "init"))
     fp = fingerprint(**config_part(cfg, "model", "init"), data=cfg.data.train, tokenizer=plan.tokenizer_hash,
                      engine=cfg.engine.kind, train=[cfg.train.batch_size, cfg.train.context_len, cfg.train.seed])
-    fp["optim"] = config_part(cfg, "optim")["optim"]  # by value: a refusal names the changed setting
+    fp["optim"] = cfg.optim.fingerprint()  # by value: a refusal names the changed setting
     # elastic: a checkpoint resumes on another number of ranks -- FSDP2 through torch DCP (which re-splits the
     # parameters and Adam moments over the new mesh), DeepSpeed through a universal checkpoint, the plain engine
     # from rank 0's replica
@@ -335,52 +307,17 @@ def run(cfg: FinetuneConfig) -> dict:
         dtype = torch.float32 if cfg.export.dtype == "float32" else torch.bfloat16
         out = Path(cfg.export.dir or rt.run_dir / "final")
         probe = probe_logits(task)
-        export_model(engine, model, plan, out, dtype=dtype,
-                     extra={"step": result.step, "eval": summary.get("eval")})
+        export_model(engine, plan, out, dtype=dtype, extra={"step": result.step, "eval": summary.get("eval")})
         summary["export"] = str(out)
         if rt.env.is_main:
             torch.save(probe, rt.run_dir / "export_probe.pt")
-    if rt.env.is_main:
-        from s2t2_dist.utils.io import atomic_write_text
-
-        atomic_write_text(rt.run_dir / "result.json", json.dumps(summary, indent=1))
-        log.info("finetune: %s", json.dumps({k: v for k, v in summary.items() if k != "losses"}))
-    rt.logger.close()
-    teardown()
     return summary
 
 
-def engine_overrides(argv: list[str]) -> list[str]:
-    """What the launchers add, as dotted overrides: `--ds_config` / `--deepspeed_config` / `--deepspeed X.json`
-    select engine.kind=deepspeed with that file (`--local_rank=N` is dropped). Conversely `engine.kind=fsdp` or
-    `engine.kind=plain` on the command line drops a DeepSpeed config the YAML file names, so one YAML serves
-    `deepspeed ... --ds_config` and `torchrun ... engine.kind=fsdp`."""
-    from s2t2_dist.engines.build import parse_launcher_args
-
-    launcher, rest = parse_launcher_args(list(argv))
-    rest = rest + launcher.overrides()
-    keys = {a.split("=", 1)[0].lstrip("-") for a in rest if "=" in a}
-    kinds = [a.split("=", 1)[1] for a in rest if a.lstrip("-").startswith("engine.kind=")]
-    if kinds and kinds[-1] != "deepspeed":
-        if "engine.ds_config" not in keys:
-            rest.append("engine.ds_config=null")
-        if not any(k.startswith("engine.ds_overrides") for k in keys):
-            rest.append("engine.ds_overrides={}")
-    return rest
-
-
-def parse_command_line(argv: list[str], cls=None, prog: str = "s2t2 finetune"):
-    """`--config FILE dotted.key=value ...` plus the launchers' arguments (see engine_overrides)."""
-    cfg, _ = parse_args(cls or FinetuneConfig, engine_overrides(argv), prog)
-    return cfg
+def parse_config(argv: list[str]) -> FinetuneConfig:
+    """The run config from the command line, launcher arguments included (`s2t2 submit` checks it with this)."""
+    return parse_args(FinetuneConfig, argv, "s2t2 finetune")[0]
 
 
 def main(argv: list[str]) -> int:
-    from s2t2_dist.stages.common import run_main
-
-    return run_main("s2t2 finetune", lambda: run(parse_command_line(argv)))
-
-
-def parse_config(argv: list[str]) -> FinetuneConfig:
-    """The run config from the command line (`s2t2 submit` checks it with this before queueing)."""
-    return parse_command_line(argv)
+    return run_main("s2t2 finetune", lambda: run(parse_config(argv)))

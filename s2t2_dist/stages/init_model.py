@@ -112,11 +112,10 @@ def transformers_tokenizer_hash(model_path: str, trust_remote_code: bool = False
     """Hash of the tokenizer as transformers rebuilds it (`AutoTokenizer(...).backend_tokenizer`). For some
     tokenizer classes this differs from the file's hash (transformers 5 rebuilds GPTNeoXTokenizer, the OLMo hub
     tokenizer's class, from its vocabulary); accepted for the source tokenizer of a P file as an alternative."""
-    from transformers import AutoTokenizer
-
     from s2t2_dist.data.bpe import tokenizer_hash
+    from s2t2_dist.models.hf import load_hf_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(model_path), trust_remote_code=trust_remote_code)
+    tok = load_hf_tokenizer(model_path, trust_remote_code=trust_remote_code)
     return tokenizer_hash(tok.backend_tokenizer)
 
 
@@ -334,7 +333,7 @@ def prepare_initial_model(init: InitConfig, model_path: str, tokenizer: str, out
                           is_main: bool, trust_remote_code: bool = False) -> InitPlan:
     """resolve_plan on every rank, write_initial_model on rank 0, then a barrier. Collective when distributed;
     an error on rank 0 is raised on every rank."""
-    from s2t2_dist.engines._common import raise_if_any_failed
+    from s2t2_dist.dist.collectives import raise_if_any_failed
 
     plan, identity = resolve_plan(init, model_path, tokenizer, out_dir)
     err = None

@@ -18,55 +18,36 @@ from typing import Literal
 import torch
 
 from s2t2_dist.config import ConfigError
-from s2t2_dist.stages.common import (Runtime, config_part, fingerprint, parse_args, record_config, setup,
-                                     teardown)
+from s2t2_dist.data.config import DataPaths
+from s2t2_dist.models.hf import ModelPathConfig
+from s2t2_dist.stages import checks
+from s2t2_dist.stages.common import (Runtime, config_part, fingerprint, parse_args, record_config, run_main,
+                                     run_stage)
 from s2t2_dist.train.config import OptimConfig, TrainConfig
 
 log = logging.getLogger("s2t2.translate")
 
 
 @dataclass
-class ModelConfig:
-    #: Hugging Face model directory or hub id (production: allenai/OLMo-1B-hf)
-    path: str = ""
+class ModelConfig(ModelPathConfig):
+    """The `model:` section (path, trust_remote_code: ModelPathConfig, shared with finetune and evaluate) and what
+    stage 1 adds: the frozen source LM's dtype, source tokens, activation checkpointing and partitioning."""
+
     #: auto: bfloat16 on GPU, float32 on CPU
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     #: source tokens P translates from: all (every real token), single_byte (tokens of exactly one byte: the
     #: paper's "bytes", 243 on OLMo), single_char (tokens of one character: 1,004 on OLMo, 876 multi-byte, so NOT
     #: bytes), or a file of ids
     source_vocab: str = "all"
-    #: let transformers run the model repository's own Python code (models not built into transformers)
-    trust_remote_code: bool = False
     #: recompute each block's activations in backward (less memory, about a third more compute)
     activation_checkpointing: bool = False
     #: none: the frozen LM replicated on every rank; fsdp: its transformer blocks partitioned across ranks
     #: (FSDP2, gathered block by block in forward and backward) for models that do not fit one device
     partition: Literal["none", "fsdp"] = "none"
 
-    def validate(self) -> None:
-        if not self.path:
-            raise ConfigError("path: the source model (a Hugging Face directory or hub id) is required")
 
-
-@dataclass
-class DataPaths:
-    #: directory of train shards (holding manifest.json), written by `s2t2 prepare`
-    train: str = ""
-    #: directory of eval shards (documents with byte counts); empty: no evaluation
-    eval: str = ""
-    #: the target tokenizer directory (the new BPE)
-    tokenizer: str = ""
-    #: DataLoader worker processes reading the train shards (0: in the training process)
-    num_workers: int = 0
-    #: train samples shuffled together in a seeded window (larger: better mixing, more memory)
-    shuffle_window: int = 4096
-
-    def validate(self) -> None:
-        for k in ("train", "tokenizer"):
-            if not getattr(self, k):
-                raise ConfigError(f"{k}: required (a directory written by `s2t2 prepare`)")
-        if self.num_workers < 0:
-            raise ConfigError(f"num_workers: must be >= 0, got {self.num_workers}")
+#: the entropy weight of the shipped recipe (sparse kind, recipe default; BENCHMARKS.md #24)
+DEFAULT_ALPHA = 0.3
 
 
 @dataclass
@@ -78,8 +59,11 @@ class TranslatorConfig:
     #: convex: W_E = W_L = P / nu (E', L' are convex combinations of source rows); paper: the paper's literal
     #: W_E = P / mu, W_L = P / nu
     normalization: Literal["convex", "paper"] = "convex"
-    #: weight of the entropy regulariser alpha * H(P) (larger: sparser P)
-    alpha: float = 0.0
+    #: weight of the entropy regulariser alpha * H(P), H in nats (larger: sparser P). -1: the recipe's, 0.3 for
+    #: the sparse kind with recipe default, 0 otherwise (the paper's recipe and the baselines). 0.3: on stories260K (v = u = 512, 300 steps, one seed) it took the mean column entropy of W = P/nu
+    #: from 2.72 to 1.34 nats (< log 8) and the non-zeros from 68% to 43% for 1.611 BpB instead of 1.585 (FVT
+    #: alone 2.047); alpha 1: 1.744 BpB, 25%, 0.92 nats; alpha 3: 2.010 BpB, 9%, 0.58 nats (BENCHMARKS.md #24)
+    alpha: float = -1.0
     #: the plan C starts from. uniform: C = 1/v (the paper; P = mu nu^T). fvt: from the surface strings, each
     #: target token's bytes written as source tokens by greedy longest match (`ot.prior`), blended with the
     #: uniform plan, P0 = init_weight * P_fvt + (1 - init_weight) * mu nu^T; C = P0 (sparse), log P0 (softmax),
@@ -109,8 +93,13 @@ class TranslatorConfig:
     def validate(self) -> None:
         if self.n_iter < 1:
             raise ConfigError(f"n_iter: must be >= 1, got {self.n_iter}")
-        if self.alpha < 0:
-            raise ConfigError(f"alpha: must be >= 0, got {self.alpha}")
+        if self.alpha < 0 and self.alpha != -1:
+            raise ConfigError(f"alpha: must be >= 0 or -1 (the recipe's), got {self.alpha}")
+
+    def resolved_alpha(self) -> float:
+        if self.alpha >= 0:
+            return self.alpha
+        return DEFAULT_ALPHA if self.kind == "sparse" and self.recipe == "default" else 0.0
         if not 0.0 <= self.init_weight <= 1.0:
             raise ConfigError(f"init_weight: must be in [0, 1], got {self.init_weight}")
         if not (self.dense_frac == -1.0 or 0 <= self.dense_frac < 1):
@@ -169,7 +158,7 @@ class TranslateTask:
         self.lm, self.translator = lm, translator
         self.E, self.L, self.src_ids = E, L, src_ids
         self.cfg, self.rt = cfg, rt
-        self.alpha = cfg.translator.alpha
+        self.alpha = cfg.translator.resolved_alpha()
         self.target_vocab, self.source_vocab = target_vocab, source_vocab
         self.eval_docs = eval_docs
         self.frozen_at = None
@@ -182,14 +171,32 @@ class TranslateTask:
         dt = self.E.dtype
         return E_new.to(dt), L_new.to(dt)
 
-    def loss(self, batch):
-        ids = batch["input_ids"]
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= len(self.target_vocab)):  # on the CPU: free
-            raise ValueError(f"target ids must lie in [0, {len(self.target_vocab)}); got "
-                             f"[{int(ids.min())}, {int(ids.max())}]")
-        ids = ids.to(self.rt.device, non_blocking=True)
+    def before_step(self, steps_done: int, logging: bool) -> None:
+        """One plan per optimiser step: the recipe's phase, then P, E', L' (and H) computed once for all the
+        step's micro-batches (TokenTranslator.begin_step)."""
         if self.schedule is not None:  # the recipe's phase for the steps done (dense warm-up, annealing)
             self.schedule(self.engine.scheduler.last_epoch, self.engine)
+        self.translator.begin_step(self.E, self.L, self.src_ids, entropy=bool(self.alpha))
+        self._unsampled += 1
+
+    def after_backward(self, logging: bool) -> None:
+        """The step's one backward into C; on logging steps the gradient monitor samples C's final gradient (on
+        the device: read in report())."""
+        self.translator.finish_step()
+        if logging:
+            self.translator.end_step(self._unsampled)
+            self._unsampled = 0
+
+    _unsampled = 0  # optimiser steps since the gradient monitor's last sample
+
+    def loss(self, batch):
+        ids = batch["input_ids"]
+        if ids.numel() and ids.device.type == "cpu":  # the host batch, read through numpy: no torch op, no sync
+            a = ids.numpy()
+            lo, hi = int(a.min()), int(a.max())
+            if lo < 0 or hi >= len(self.target_vocab):
+                raise ValueError(f"target ids must lie in [0, {len(self.target_vocab)}); got [{lo}, {hi}]")
+        ids = ids.to(self.rt.device, non_blocking=True)
         E_new, L_new = self.embeddings()
         with torch.autocast(self.rt.device.type, dtype=torch.bfloat16, enabled=self.rt.dtype == torch.bfloat16):
             out = self.lm(ids, E_new=E_new, L_new=L_new)
@@ -279,17 +286,16 @@ def _vocab_strings(tok, ids) -> list[str]:
 def build(cfg: TranslateConfig, rt: Runtime):
     from s2t2_dist.data.bpe import load_tokenizer, tokenizer_hash
     from s2t2_dist.data.global_loader import GlobalTrainLoader
-    from s2t2_dist.data.loader import EvalDocs
-    from s2t2_dist.models.hf import UnsupportedModel, get_embedding_and_head, load_causal_lm, source_token_ids
+    from s2t2_dist.data.reader import EvalDocs
+    from s2t2_dist.models.hf import (UnsupportedModel, get_embedding_and_head, load_causal_lm, load_hf_tokenizer,
+                                     source_token_ids)
     from s2t2_dist.models.translated import TranslatedLM
     from s2t2_dist.translator import TokenTranslator, freeze_warning, resolve_step
 
     env = rt.env
     model = load_causal_lm(cfg.model.path, dtype=rt.dtype, device=rt.device, frozen=True,
                            trust_remote_code=cfg.model.trust_remote_code)
-    from transformers import AutoTokenizer
-
-    src_tok = AutoTokenizer.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+    src_tok = load_hf_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     try:
         E, L, tied = get_embedding_and_head(model)
         TranslatedLM(model, freeze_model=False)  # checks the body and the logits (no state: dropped)
@@ -334,7 +340,7 @@ def build(cfg: TranslateConfig, rt: Runtime):
     informed = bool(tc.init_p) or tc.init == "fvt"  # an informed start: no dense warm-up from the uniform plan
     step = resolve_step(tc.kind, v, recipe=tc.recipe, lr=cfg.optim.lr, init="informed" if informed else "",
                         dense_frac=0.0 if informed else tc.dense_frac, dense_lr=tc.dense_lr, steps=cfg.train.steps)
-    schedule = step.apply_init(translator, seed=cfg.train.seed) if not informed else None
+    schedule = step.apply_init(translator) if not informed else None
     warning = freeze_warning(cfg.translator.kind, v, step.lr)
     if warning and env.is_main:
         log.warning("translate: %s", warning)
@@ -344,28 +350,25 @@ def build(cfg: TranslateConfig, rt: Runtime):
         checkpoint_frozen_blocks(model)
     from s2t2_dist.engines.torch_engine import TorchEngine
 
-    o = cfg.optim
-    engine = TorchEngine(translator, lr=step.lr, weight_decay=o.weight_decay, betas=o.betas, eps=o.eps,
-                         total_steps=cfg.train.steps, warmup_frac=o.warmup_frac, final_frac=o.final_lr_frac,
-                         grad_clip=o.grad_clip, params="sharded")
+    engine = TorchEngine.build(translator, cfg.optim, cfg.train.steps, params="sharded", lr=step.lr)
     # The data position is global (a sample count), so that a checkpoint resumes on any number of ranks
-    cfg.train.grad_accum(env.world_size)  # the layout is possible (ConfigError naming the keys otherwise)
+    cfg.train.resolve_layout(env.world_size)  # auto -> a number; ConfigError naming the keys if impossible
     loader = GlobalTrainLoader(cfg.data.train, global_batch_size=cfg.train.batch_size,
                                micro_batch_size=cfg.train.micro_batch_size, rank=env.rank, world_size=env.world_size,
                                num_workers=cfg.data.num_workers, seed=cfg.train.seed,
-                               shuffle_window=cfg.data.shuffle_window, return_index=True)
+                               shuffle_window=cfg.data.shuffle_window, return_index=True,
+                               pin_memory=rt.device.type == "cuda")
     if loader.dropped_per_epoch and env.is_main:
         log.info("data: %d blocks of each epoch (fewer than one global batch of %d) are left out of that epoch; "
                  "the order changes every epoch", loader.dropped_per_epoch, cfg.train.batch_size)
-    if loader.manifest.get("context_len") not in (None, cfg.train.context_len):
-        raise ConfigError(f"train.context_len={cfg.train.context_len} but the shards in {cfg.data.train} hold "
-                          f"blocks of {loader.manifest.get('context_len')} tokens")
+    checks.context_matches_shards(loader.manifest, cfg.train.context_len, "data.train")  # the shards read
     eval_docs = EvalDocs(cfg.data.eval, rank=env.rank, world_size=env.world_size) if cfg.data.eval else None
     task = TranslateTask(lm, translator, E, L, src_ids, cfg, rt,
                          [tgt.tokenizer.id_to_token(i) or str(i) for i in range(u)],
                          _vocab_strings(src_tok, src_ids.tolist()), eval_docs)
     task.lm_param_fraction = local / total
     task.lr, task.start_warning = step.lr, warning
+    task.p_start = p_sparsity(translator)  # collective when sharded: every rank
     task.schedule, task.engine = schedule, engine
     if env.is_main:
         log.info("translate: %s", step)
@@ -378,9 +381,9 @@ def source_surface_bytes(src_tok, src_ids: list[int]) -> list:
     trained one."""
     import re
 
-    from s2t2_dist.models.hf import _backend, token_bytes
+    from s2t2_dist.models.hf import token_bytes, tokenizers_backend
 
-    tok, _ = _backend(src_tok)
+    tok, _ = tokenizers_backend(src_tok)
     tb = token_bytes(tok)
     fallback = re.compile(r"<0x[0-9A-Fa-f]{2}>")
     regular = {tb[i] for i in tb if tb[i] and not fallback.fullmatch(tok.id_to_token(i) or "")}
@@ -413,11 +416,30 @@ def surface_prior(model_path: str, src_tok, src_ids: list[int], tgt, mu, nu, wei
     return blend_with_uniform(fvt_plan(dec, mu.cpu(), nu.cpu()), mu.cpu(), nu.cpu(), weight), dec
 
 
+SPARSITY_KEYS = ("density", "col_nnz_mean", "max_weight_mean", "col_entropy_mean")
+
+
+def p_sparsity(tr) -> dict:
+    """P's sparsity for result.json (collective when sharded): non-zeros (density, per target column) and by mass
+    (mean largest weight and entropy of W = P / nu's columns)."""
+    st = {**tr.density_stats(), **tr.mass_stats()}
+    return {k: st[k] for k in SPARSITY_KEYS}
+
+
+def sparsity_warning(start: dict, end: dict) -> str:
+    """'' unless the learned P has no fewer non-zeros per column than its start and no lower column entropy."""
+    if end["col_nnz_mean"] < start["col_nnz_mean"] or end["col_entropy_mean"] < start["col_entropy_mean"] - 1e-6:
+        return ""
+    return (f"the learned P is no sparser than its start ({end['col_nnz_mean']:.1f} non-zeros per target token, "
+            f"start {start['col_nnz_mean']:.1f}; column entropy {end['col_entropy_mean']:.2f} nats, start "
+            f"{start['col_entropy_mean']:.2f}): raise translator.alpha (BENCHMARKS.md #24)")
+
+
 def export_p(path: Path, task: TranslateTask, hashes: dict) -> Path | None:
     from s2t2_dist.pfile import SparseP, save_p
 
     tr = task.translator
-    idx, vals = tr.gather_sparse()  # global COO on every rank (P is sparse: cheap)
+    idx, vals = tr.gather_sparse()  # global COO on every rank
     if not task.rt.env.is_main:
         return None
     p = SparseP(idx.cpu(), vals.cpu(), tr.mu.cpu(), tr.nu.cpu(), task.src_ids.cpu(), hashes["source"],
@@ -429,8 +451,6 @@ def preflight(cfg: TranslateConfig) -> None:
     """Everything checkable from files before any weight is read: the model directory, its tokenizer against its
     embedding rows and its positions against train.context_len, the shards against data.tokenizer and the
     context length, the eval split (not empty)."""
-    from s2t2_dist.stages import checks
-
     checks.run_dir(cfg.run_dir)
     checks.training_layout(cfg.train, cfg.data.eval)
     mdir = checks.model_dir(cfg.model.path)
@@ -457,28 +477,36 @@ def preflight(cfg: TranslateConfig) -> None:
 
 
 def run(cfg: TranslateConfig) -> dict:
+    return run_stage(cfg, _train, preflight=preflight, precision=cfg.train.precision, seed=cfg.train.seed,
+                     record=False, result=lambda rt: rt.run_dir / "result.json",
+                     report=lambda rt, s: log.info("translate: %s", json.dumps(s)))
+
+
+def _train(cfg: TranslateConfig, rt: Runtime) -> dict:
     from s2t2_dist.data.bpe import load_tokenizer, tokenizer_hash
     from s2t2_dist.train.checkpoint import Checkpointer
     from s2t2_dist.train.loop import train
 
-    preflight(cfg)
-    rt = setup(cfg.run_dir, cfg.train.precision, cfg, cfg.train.seed, record=False)
     # the checkpoint is checked against this config before the model is loaded (hashes as build computes them)
     hashes = {"source": tokenizer_hash(cfg.model.path), "target": load_tokenizer(cfg.data.tokenizer).hash}
     # elastic: C's columns and their Adam moments are re-split, and the data position is global, so a checkpoint
     # resumes on any number of ranks (the global batch and the seed must stay)
     fp = fingerprint(**config_part(cfg, "model", "translator"), data=cfg.data.train,
                      tokenizers=hashes, train=[cfg.train.batch_size, cfg.train.seed])
-    fp["optim"] = config_part(cfg, "optim")["optim"]  # by value: a refusal names the changed setting
+    fp["optim"] = cfg.optim.fingerprint()  # by value: a refusal names the changed setting
     ck = Checkpointer(rt.run_dir, keep=cfg.train.keep_checkpoints, fingerprint=fp, elastic=True)
     ck.check_resumable()
     record_config(rt, cfg)
     task, engine, loader, hashes = build(cfg, rt)
-    result = train(cfg.train, task, engine, loader, ck, rt.logger, on_step=lambda s, _: task.translator.end_step())
+    result = train(cfg.train, task, engine, loader, ck, rt.logger)
     summary = {"step": result.step, "finished": result.finished, "preempted": result.preempted,
                "bad_steps": result.bad_steps, "final_loss": result.final_loss,
                "lm_param_fraction_per_rank": task.lm_param_fraction,
                "gradient_on_C": task.gradient_summary(result.step)}
+    summary["P"] = {"start": task.p_start, "end": p_sparsity(task.translator)}
+    summary["P"]["warning"] = sparsity_warning(summary["P"]["start"], summary["P"]["end"])
+    if summary["P"]["warning"] and rt.env.is_main:
+        log.warning("translate: %s", summary["P"]["warning"])
     if result.finished:
         summary["p_file"] = str(export_p(rt.run_dir / "P.safetensors", task, hashes))
         if task.eval_docs is not None:
@@ -486,19 +514,10 @@ def run(cfg: TranslateConfig) -> dict:
             metrics = task.evaluate()
             rt.logger.scalars(result.step, {f"eval/{k}": v for k, v in metrics.items()})
             summary["eval"] = metrics
-    if rt.env.is_main:
-        from s2t2_dist.utils.io import atomic_write_text
-
-        atomic_write_text(rt.run_dir / "result.json", json.dumps(summary, indent=1))
-        log.info("translate: %s", json.dumps(summary))
-    rt.logger.close()
-    teardown()
     return summary
 
 
 def main(argv: list[str]) -> int:
-    from s2t2_dist.stages.common import run_main
-
     return run_main("s2t2 translate", lambda: run(parse_config(argv)))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -10,7 +11,9 @@ from s2t2_dist.config import ConfigError
 
 @dataclass
 class OptimConfig:
-    #: peak learning rate of AdamW
+    #: the optimiser, a name registered in train/optim.py (OPTIMIZERS)
+    name: str = "adamw"
+    #: peak learning rate
     lr: float = 1e-3
     #: AdamW decoupled weight decay
     weight_decay: float = 0.0
@@ -36,6 +39,31 @@ class OptimConfig:
             raise ConfigError(f"final_lr_frac: must be in [0, 1], got {self.final_lr_frac}")
         if self.weight_decay < 0 or self.eps <= 0:
             raise ConfigError("weight_decay must be >= 0 and eps > 0")
+        from s2t2_dist.train.optim import OPTIMIZERS
+
+        if self.name not in OPTIMIZERS:
+            raise ConfigError(f"name: {self.name!r} is not one of {', '.join(sorted(OPTIMIZERS))}")
+
+    def build(self, params, *, fused: bool = False):
+        """The optimiser over `params` (parameters, grouped: no weight decay for vectors; or ready-made groups);
+        `fused`: the engine's wish for a fused kernel (train/optim.py)."""
+        from s2t2_dist.train.optim import OPTIMIZERS, param_groups
+
+        return OPTIMIZERS[self.name](param_groups(params, self.weight_decay), self, fused)
+
+    def schedule(self, optimizer, total_steps: int):
+        """The lr schedule: linear warm-up over warmup_frac, cosine decay to final_lr_frac, over total_steps."""
+        from s2t2_dist.train.optim import build_scheduler
+
+        return build_scheduler(optimizer, total_steps, self.warmup_frac, self.final_lr_frac)
+
+    def fingerprint(self) -> dict:
+        """The settings a resumed run must share, by value (a refusal names the changed one); `name` only when it
+        is not adamw, so checkpoints written before optim.name existed still resume."""
+        d = dataclasses.asdict(self)
+        if d["name"] == "adamw":
+            del d["name"]
+        return d
 
 
 @dataclass
@@ -44,8 +72,11 @@ class TrainConfig:
     steps: int = 2000
     #: global batch in sequences per optimiser step (paper: 16), split over ranks and accumulation steps
     batch_size: int = 16
-    #: sequences per rank per forward pass
-    micro_batch_size: int = 16
+    #: sequences per rank per forward pass; auto: the largest divisor of batch_size / ranks whose
+    #: micro_batch_size x context_len fits max_micro_tokens (so one config runs on any rank count dividing batch_size)
+    micro_batch_size: int | Literal["auto"] = 16
+    #: with micro_batch_size auto: the most tokens per rank per forward pass (activation memory grows with it)
+    max_micro_tokens: int = 4096
     #: tokens per training sequence (must equal the shards' context_len)
     context_len: int = 512
     #: seed of model initialisation and data order
@@ -68,17 +99,35 @@ class TrainConfig:
     stop_after: int = 0
 
     def validate(self) -> None:
-        for k in ("steps", "batch_size", "micro_batch_size", "context_len"):
-            if getattr(self, k) <= 0:
+        for k in ("steps", "batch_size", "micro_batch_size", "context_len", "max_micro_tokens"):
+            if getattr(self, k) != "auto" and getattr(self, k) <= 0:
                 raise ConfigError(f"{k}: must be > 0, got {getattr(self, k)}")
         if self.ckpt_every < 0 or self.log_every <= 0 or self.max_bad_steps < 0:
             raise ConfigError("ckpt_every must be >= 0, log_every > 0, max_bad_steps >= 0")
 
-    def grad_accum(self, world_size: int) -> int:
-        per_step = self.micro_batch_size * world_size
-        if self.batch_size % per_step:
+    def micro_for(self, world_size: int, ranks: str = "") -> int:
+        """The micro-batch on ``world_size`` ranks (auto resolved); ConfigError naming the keys if the layout is
+        impossible. ``ranks``: how the rank count came about, for the message (e.g. "slurm.nodes=2 x ...")."""
+        if self.batch_size % world_size:
+            raise ConfigError(f"train.batch_size={self.batch_size} is not a multiple of the ranks "
+                              f"({ranks or f'{world_size} ranks'}), "
+                              "whatever train.micro_batch_size: impossible layout; change train.batch_size or the "
+                              "number of ranks")
+        per_rank = self.batch_size // world_size
+        if self.micro_batch_size == "auto":
+            fits = max(self.max_micro_tokens // self.context_len, 1)
+            return max(m for m in range(1, min(per_rank, fits) + 1) if per_rank % m == 0)
+        if per_rank % self.micro_batch_size:
             raise ConfigError(
                 f"train.batch_size={self.batch_size} is not a multiple of micro_batch_size x ranks = "
-                f"{self.micro_batch_size} x {world_size}; impossible layout"
-            )
-        return self.batch_size // per_step
+                f"{self.micro_batch_size} x {world_size}{f' ({ranks})' if ranks else ''}: impossible layout; "
+                "set train.micro_batch_size=auto or a divisor of batch_size / ranks")
+        return self.micro_batch_size
+
+    def grad_accum(self, world_size: int) -> int:
+        return self.batch_size // (self.micro_for(world_size) * world_size)
+
+    def resolve_layout(self, world_size: int) -> int:
+        """Fix micro_batch_size for ``world_size`` ranks (auto becomes a number); returns the accumulation steps."""
+        self.micro_batch_size = self.micro_for(world_size)
+        return self.grad_accum(world_size)

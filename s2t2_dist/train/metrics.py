@@ -2,9 +2,8 @@
 over all ranks) written once by rank 0 under `global/`, per-node metrics written by each node's first rank under
 `node_NNN/`, so `tensorboard --logdir RUN/tb` shows every node and a slow node stands out.
 
-For the translation P: `p_sparsity_stats` (collective over a column-sharded P) gives the sparsity scalars,
-`MetricsLogger.top_translations` a markdown table of the top source tokens per target token, and
-`MetricsLogger.heatmap` an image of a slice of P.
+For the translation P: `MetricsLogger.heatmap` draws a slice of P (its statistics are the translator's, computed
+by pfile.sparsity_summary; its top translations a `text` table).
 
 A requeued run appends new event files to the same folders; TensorBoard drops the points of the earlier attempt
 from the step it resumed at (out-of-order steps purge a tag's later points), so curves stay single-valued.
@@ -13,7 +12,6 @@ from the step it resumed at (out-of-order steps purge a tag's later points), so 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import torch
 
@@ -49,12 +47,6 @@ class MetricsLogger:
         if self._global is not None:
             self._global.add_text(tag, text, step)
 
-    def top_translations(self, step: int, tag: str, table: Mapping[str, Sequence[tuple[str, float]]],
-                         max_rows: int = 64) -> None:
-        """The top source tokens of each target token, e.g. {"ATG": [("the", 0.61), ("a", 0.2)]}, as a table."""
-        if self._global is not None:
-            self.text(step, tag, format_top_translations(table, max_rows))
-
     def image(self, step: int, tag: str, img_hwc) -> None:
         if self._global is not None:
             self._global.add_image(tag, img_hwc, step, dataformats="HWC")
@@ -84,22 +76,6 @@ class MetricsLogger:
         self._global = self._node = None
 
 
-def format_top_translations(table: Mapping[str, Sequence[tuple[str, float]]], max_rows: int = 64) -> str:
-    """Markdown table: one row per target token with its top source tokens and weights."""
-
-    def cell(s: str) -> str:
-        return "`" + repr(s)[1:-1].replace("|", "\\|").replace("`", "'") + "`"
-
-    lines = ["| target token | top source tokens (weight) |", "|---|---|"]
-    for i, (tgt, pairs) in enumerate(table.items()):
-        if i >= max_rows:
-            lines.append(f"| ... | {len(table) - max_rows} more target tokens |")
-            break
-        srcs = ", ".join(f"{cell(s)} {w:.3f}" for s, w in pairs) or "(none)"
-        lines.append(f"| {cell(tgt)} | {srcs} |")
-    return "\n".join(lines)
-
-
 def heatmap_image(matrix: torch.Tensor, max_pixels: int = 512, scale: int = 0):
     """uint8 HxWx3 numpy image of |matrix| (NaN/inf shown as 0), normalised to its maximum, viridis colours."""
     m = matrix.detach().float().cpu()
@@ -123,46 +99,3 @@ def heatmap_image(matrix: torch.Tensor, max_pixels: int = 512, scale: int = 0):
     except ImportError:  # grey levels without matplotlib
         g = (m * 255).round().to(torch.uint8)
         return g.unsqueeze(-1).expand(*g.shape, 3).numpy()
-
-
-@torch.no_grad()
-def p_sparsity_stats(p_local: torch.Tensor, eps: float = 0.0, group=None) -> dict[str, float]:
-    """Sparsity of P (v source rows x u target columns), given this rank's columns; collective when
-    torch.distributed is initialised (every rank of `group` must call it), exact for the whole P.
-
-    - P/density: fraction of non-zero entries; P/nnz: their number
-    - P/support_per_target_{mean,max}: source tokens a target token is translated from
-    - P/single_source_targets: fraction of target tokens with exactly one source token
-    - P/support_per_source_{mean,max}, P/unused_sources: fraction of source tokens no target uses
-    - P/top1_share: mean over target tokens of the largest weight's share of the column's mass
-    """
-    from s2t2_dist.dist import collectives as coll
-
-    p = p_local.detach().float()
-    nz = p > eps
-    col_nnz = nz.sum(0).to(torch.float64)
-    row_nnz = nz.sum(1).to(torch.float64)
-    col_mass = p.sum(0).to(torch.float64)
-    col_max = p.max(0).values.to(torch.float64) if p.shape[1] else torch.zeros(0, dtype=torch.float64, device=p.device)
-    top1 = torch.where(col_mass > 0, col_max / col_mass.clamp_min(1e-300), torch.zeros_like(col_mass))
-    sums = torch.tensor([col_nnz.sum().item(), float(p.shape[1]), float((col_nnz == 1).sum().item()),
-                         top1.sum().item()], dtype=torch.float64, device=p.device)
-    maxes = torch.tensor([col_nnz.max().item() if col_nnz.numel() else 0.0], dtype=torch.float64, device=p.device)
-    row_nnz = row_nnz.to(p.device)
-    if coll.initialized():  # on P's device, over the group its columns are sharded on
-        coll.all_reduce_(sums, group=group)
-        coll.all_reduce_(maxes, "max", group=group)
-        coll.all_reduce_(row_nnz, group=group)
-    nnz, u, single, top1_sum = sums.tolist()
-    v = p.shape[0]
-    return {
-        "P/nnz": nnz,
-        "P/density": nnz / max(v * u, 1.0),
-        "P/support_per_target_mean": nnz / max(u, 1.0),
-        "P/support_per_target_max": maxes.item(),
-        "P/single_source_targets": single / max(u, 1.0),
-        "P/support_per_source_mean": nnz / max(v, 1),
-        "P/support_per_source_max": float(row_nnz.max().item()) if v else 0.0,
-        "P/unused_sources": float((row_nnz == 0).double().mean().item()) if v else 0.0,
-        "P/top1_share": top1_sum / max(u, 1.0),
-    }

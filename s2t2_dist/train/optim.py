@@ -1,16 +1,46 @@
-"""Optimiser and schedule of the paper: AdamW (0.9, 0.95, eps 1e-5), cosine with linear warm-up to a floor."""
+"""Stage optimisers and the schedule of the paper: AdamW (0.9, 0.95, eps 1e-5), cosine with linear warm-up to a
+floor. `OptimConfig.build(params)` (train/config.py) builds the optimiser named by `optim.name` from OPTIMIZERS;
+a new optimiser is one class here, registered under its name:
+
+    @register("lion")
+    def lion(groups, cfg, fused=False): return Lion(groups, lr=cfg.lr, ...)
+"""
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
+#: optim.name -> fn(parameter groups, OptimConfig, fused) -> torch.optim.Optimizer; `fused`: the engine asks for a
+#: fused kernel that skips a step flagged by `optimizer.found_inf` on the device (an optimiser without one ignores
+#: it: TorchEngine then reads the finite check on the host)
+OPTIMIZERS: dict[str, Callable] = {}
 
-def cosine_lr_factor(step: int, total_steps: int, warmup_frac: float = 0.2, final_frac: float = 0.1) -> float:
-    """Multiplier of the peak lr at `step` (0-based): linear warm-up over warmup_frac of the run, then a cosine
-    decay that ends at final_frac of the peak on the last step."""
+
+def register(name: str):
+    def add(fn):
+        OPTIMIZERS[name] = fn
+        return fn
+    return add
+
+
+@register("adamw")
+def adamw(groups: list[dict], cfg, fused: bool = False) -> torch.optim.Optimizer:
+    if fused:  # one launch; it can skip a step flagged by ``optimizer.found_inf`` on the device
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=True)
+    # foreach=None: torch's default, the multi-tensor kernels for CUDA parameters (a handful of launches instead of
+    # ~10 per tensor) and the per-tensor loop on CPU (the same arithmetic as before there)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, foreach=None)
+
+
+def cosine_lr_factor(step: int, total_steps: int, warmup_frac: float = 0.2, final_frac: float = 0.1,
+                     start: int = 0) -> float:
+    """Multiplier of the peak lr at `step` (0-based, counted from `start`): linear warm-up over warmup_frac of the
+    run, then a cosine decay that ends at final_frac of the peak on the last step."""
+    step -= start
     warmup = int(round(warmup_frac * total_steps))
     if warmup > 0 and step < warmup:
         return (step + 1) / warmup
@@ -26,8 +56,11 @@ def _ndim(p: torch.nn.Parameter) -> int:
 
 
 def param_groups(params: Iterable[torch.nn.Parameter], weight_decay: float) -> list[dict]:
-    """AdamW parameter groups: weight decay only where it means something (matrices); norms and biases are
-    excluded, as is usual. Empty groups are left out."""
+    """Parameter groups: weight decay only where it means something (matrices); norms and biases are excluded, as
+    is usual. Empty groups are left out; ready-made groups (dicts) are returned as they are."""
+    params = list(params)
+    if params and isinstance(params[0], dict):
+        return params
     params = [p for p in params if p.requires_grad]
     decay = [p for p in params if _ndim(p) >= 2]
     no_decay = [p for p in params if _ndim(p) < 2]
@@ -39,16 +72,9 @@ def param_groups(params: Iterable[torch.nn.Parameter], weight_decay: float) -> l
     return groups
 
 
-def build_adamw(params, lr: float, weight_decay: float, betas, eps: float):
-    """torch AdamW over `params` (parameters, grouped by param_groups(), or ready-made groups)."""
-    params = list(params)
-    groups = params if params and isinstance(params[0], dict) else param_groups(params, weight_decay)
-    # foreach=None: torch's default, the multi-tensor kernels for CUDA parameters (a handful of launches instead of
-    # ~10 per tensor) and the per-tensor loop on CPU (the same arithmetic as before there)
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, foreach=None)
-
-
 def build_scheduler(optimizer, total_steps: int, warmup_frac: float, final_frac: float):
+    """LambdaLR over cosine_lr_factor; the factor is a partial, so `TorchEngine.set_phase` can re-aim it."""
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: cosine_lr_factor(s, total_steps, warmup_frac, final_frac)
+        optimizer, functools.partial(cosine_lr_factor, total_steps=total_steps, warmup_frac=warmup_frac,
+                                     final_frac=final_frac)
     )

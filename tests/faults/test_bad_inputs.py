@@ -20,7 +20,7 @@ from conftest import REPO, base_env, ledger, prepare_tiny, translate_args, write
 
 from s2t2_dist.config import ConfigError, load_config
 from s2t2_dist.data.errors import ManifestError, ShardError
-from s2t2_dist.data.loader import TrainLoader
+from s2t2_dist.data.global_loader import GlobalTrainLoader
 from s2t2_dist.pfile import PFileError, load_p, save_p
 from s2t2_dist.stages.translate import TranslateConfig, run
 
@@ -61,7 +61,8 @@ def test_corrupted_shard_same_size(data, num_workers):
     raw = bytearray(shard.read_bytes())
     raw[512 * 5:512 * 7] = os.urandom(1024)  # the second sample's tar header and data, same size
     shard.write_bytes(bytes(raw))
-    loader = TrainLoader(data / "shards/new/train", batch_size=2, num_workers=num_workers, shuffle_window=16)
+    loader = GlobalTrainLoader(data / "shards/new/train", global_batch_size=2, micro_batch_size=2,
+                               num_workers=num_workers, shuffle_window=16)
     with pytest.raises(ShardError, match=rf"shard {shard}"):
         for _ in loader:
             pass
@@ -89,21 +90,21 @@ def test_manifest_does_not_match_the_shards(data):
     train = data / "shards/new/train"
     _edit_manifest(data, lambda m: m["shards"][3].update(n_samples=m["shards"][3]["n_samples"] + 1))
     with pytest.raises(ManifestError, match=r"shard train-000004.tar starts at sample 64, expected 65"):
-        TrainLoader(train, batch_size=2)
+        GlobalTrainLoader(train, global_batch_size=2, micro_batch_size=2)
     ledger("bad input: a manifest whose sample counts do not match the shards")
 
 
 def test_manifest_lists_a_missing_shard(data):
     _shards(data)[4].unlink()
     with pytest.raises(ShardError, match=r"shard .*train-000004.tar is missing \(listed in .*manifest.json\)"):
-        TrainLoader(data / "shards/new/train", batch_size=2)
+        GlobalTrainLoader(data / "shards/new/train", global_batch_size=2, micro_batch_size=2)
     ledger("bad input: a manifest listing a missing shard")
 
 
 def test_manifest_not_json(data):
     (data / "shards/new/train/manifest.json").write_text('{"format": "s2t2-shards", ')
     with pytest.raises(ManifestError, match=r"manifest.json: not valid JSON"):
-        TrainLoader(data / "shards/new/train", batch_size=2)
+        GlobalTrainLoader(data / "shards/new/train", global_batch_size=2, micro_batch_size=2)
     ledger("bad input: a corrupt manifest.json")
 
 
@@ -170,12 +171,12 @@ def test_damaged_or_pickled_p_file(stage1_p, tmp_path, monkeypatch):
 
 
 def test_mistyped_config_keys_name_the_key_and_a_suggestion(tmp_path):
-    from s2t2_dist.stages.finetune import parse_command_line
+    from s2t2_dist.stages.finetune import parse_config
 
     with pytest.raises(ConfigError, match=r"unknown config key 'train.stepz' \(did you mean 'steps'\?\)"):
         load_config(TranslateConfig, REPO / "configs/translate_olmo1b.yaml", ["train.stepz=3"])
     with pytest.raises(ConfigError, match=r"unknown config key 'optim.learning_rate'"):
-        parse_command_line(["--config", str(REPO / "configs/finetune_olmo1b.yaml"), "optim.learning_rate=1e-4"])
+        parse_config(["--config", str(REPO / "configs/finetune_olmo1b.yaml"), "optim.learning_rate=1e-4"])
     bad = tmp_path / "bad.yaml"
     bad.write_text("train:\n  steps: 10\n  batchsize: 4\n")
     with pytest.raises(ConfigError, match=rf"{bad}: unknown config key 'train.batchsize' \(did you mean "
@@ -207,25 +208,25 @@ def test_impossible_parallel_layout(data, stories, tmp_path, monkeypatch):
 
     with pytest.raises(ConfigError, match=r"impossible layout"):
         TrainConfig(batch_size=16, micro_batch_size=2).grad_accum(3)  # 16 sequences over 3 ranks x 2
-    from s2t2_dist.stages.finetune import parse_command_line
+    from s2t2_dist.stages.finetune import parse_config
 
     with pytest.raises(ConfigError, match=r"engine.ds_config: configs/ds_zero3.json is a DeepSpeed config but "
                                           r"engine.kind=fsdp"):
-        parse_command_line(["--config", str(REPO / "configs/finetune_olmo1b.yaml"), "engine.kind=fsdp",
+        parse_config(["--config", str(REPO / "configs/finetune_olmo1b.yaml"), "engine.kind=fsdp",
                             "engine.ds_config=configs/ds_zero3.json"])
     ledger("bad input: an impossible parallel layout", count=3)
 
 
 def test_missing_deepspeed_config(tmp_path, monkeypatch):
-    from s2t2_dist.stages.finetune import parse_command_line
+    from s2t2_dist.stages.finetune import parse_config
 
     monkeypatch.chdir(REPO)
     with pytest.raises(ConfigError, match=r"engine.ds_config: engine.kind=deepspeed needs a DeepSpeed JSON config"):
-        parse_command_line(["--config", "configs/finetune_olmo1b.yaml", "engine.ds_config=null"])
+        parse_config(["--config", "configs/finetune_olmo1b.yaml", "engine.ds_config=null"])
     with pytest.raises(ConfigError, match=rf"DeepSpeed config file not found: {tmp_path}/nope.json"):
-        parse_command_line(["--config", "configs/finetune_olmo1b.yaml", "--ds_config", f"{tmp_path}/nope.json"])
+        parse_config(["--config", "configs/finetune_olmo1b.yaml", "--ds_config", f"{tmp_path}/nope.json"])
     broken = tmp_path / "ds.json"
     broken.write_text('{"zero_optimization": {"stage": 3,}}')
     with pytest.raises(ConfigError, match=rf"DeepSpeed config {broken}: not valid JSON"):
-        parse_command_line(["--config", "configs/finetune_olmo1b.yaml", "--ds_config", str(broken)])
+        parse_config(["--config", "configs/finetune_olmo1b.yaml", "--ds_config", str(broken)])
     ledger("bad input: a missing / unreadable DeepSpeed config", count=3)
