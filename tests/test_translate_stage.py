@@ -207,3 +207,11 @@ def test_translate_fvt_start_maps_shared_tokens_to_themselves(inputs, tmp_path, 
     shared = [(j, row[b]) for j, b in tgt.items() if b and b in row]
     assert len(shared) >= 20  # the residue letters are letters of the English vocabulary too
     assert sum(top[j] == r for j, r in shared) == len(shared)
+
+
+@pytest.mark.parametrize("key", ["translator.init_weight=2", "translator.dense_frac=1.5", "translator.freeze_steps=-1"])
+def test_translator_settings_out_of_range_are_refused(key):
+    from s2t2_dist.config import ConfigError
+
+    with pytest.raises(ConfigError, match=key.split(".")[1].split("=")[0]):
+        load_config(TranslateConfig, REPO / "configs" / "translate_olmo1b.yaml", [key])

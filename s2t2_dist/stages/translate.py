@@ -95,11 +95,6 @@ class TranslatorConfig:
             raise ConfigError(f"n_iter: must be >= 1, got {self.n_iter}")
         if self.alpha < 0 and self.alpha != -1:
             raise ConfigError(f"alpha: must be >= 0 or -1 (the recipe's), got {self.alpha}")
-
-    def resolved_alpha(self) -> float:
-        if self.alpha >= 0:
-            return self.alpha
-        return DEFAULT_ALPHA if self.kind == "sparse" and self.recipe == "default" else 0.0
         if not 0.0 <= self.init_weight <= 1.0:
             raise ConfigError(f"init_weight: must be in [0, 1], got {self.init_weight}")
         if not (self.dense_frac == -1.0 or 0 <= self.dense_frac < 1):
@@ -108,6 +103,11 @@ class TranslatorConfig:
             raise ConfigError(f"dense_lr: must be >= 0 (0: the recipe's default), got {self.dense_lr}")
         if self.freeze_steps < 0:
             raise ConfigError(f"freeze_steps: must be >= 0, got {self.freeze_steps}")
+
+    def resolved_alpha(self) -> float:
+        if self.alpha >= 0:
+            return self.alpha
+        return DEFAULT_ALPHA if self.kind == "sparse" and self.recipe == "default" else 0.0
 
 
 @dataclass
