@@ -68,8 +68,10 @@ def setup(run_dir: str, precision: str, cfg, seed: int, *, record: bool = True) 
         device = torch.device("cpu")
     torch.manual_seed(seed)
     rd = Path(run_dir)
+    from s2t2_dist.stages.checks import claim_run_dir  # one run per directory (lock + owner marker)
+
+    claim_run_dir(rd, type(cfg).__name__.removesuffix("Config").lower(), env.is_main)
     if env.is_main:
-        rd.mkdir(parents=True, exist_ok=True)
         if record:
             save_config(cfg, rd / "config.yaml")
     logger = MetricsLogger(rd / "tb", rank=env.rank, node_rank=env.node_rank, local_rank=env.local_rank)

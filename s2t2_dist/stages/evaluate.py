@@ -145,7 +145,9 @@ def preflight(cfg: EvaluateConfig) -> None:
     against eval.context_len, the eval shards (not empty; against data.tokenizer when it is given)."""
     from s2t2_dist.stages import checks
 
-    checks.run_dir(cfg.run_dir)
+    checks.run_dir(cfg.run_dir, stage="evaluate")
+    checks.writable_dirs({"data.cache_dir": cfg.data.cache_dir if cfg.data.files else "", "init.dir": cfg.init.dir,
+                          "output": str(Path(cfg.output).parent) if cfg.output else ""})
     mdir = checks.model_dir(cfg.model.path)
     checks.model_tokenizer_fits(mdir)
     checks.context_fits(mdir, cfg.eval.context_len, "eval.context_len")
@@ -165,6 +167,7 @@ def preflight(cfg: EvaluateConfig) -> None:
 def run(cfg: EvaluateConfig) -> dict:
     from s2t2_dist.data.loader import EvalDocs
     from s2t2_dist.eval.scoring import evaluate_documents, hf_logits_fn
+    from s2t2_dist.stages import checks
     from s2t2_dist.stages.common import setup, teardown
     from s2t2_dist.stages.init_model import check_shards, prepare_initial_model
     from s2t2_dist.utils.io import atomic_write_text
@@ -183,6 +186,7 @@ def run(cfg: EvaluateConfig) -> dict:
     plan = prepare_initial_model(cfg.init, cfg.model.path, cfg.data.tokenizer, init_dir, is_main=rt.env.is_main,
                                  trust_remote_code=cfg.model.trust_remote_code)
     raw = _tokenize_raw_files(cfg, plan, rt.env.is_main) if cfg.data.files else None
+    checks.raw_files_scored(raw, list(cfg.data.files))
     eval_dir = raw["eval_dir"] if raw else cfg.data.eval
     docs = EvalDocs(eval_dir, rank=rt.env.rank, world_size=rt.env.world_size)
     check_shards(docs.manifest, plan, "data.eval")

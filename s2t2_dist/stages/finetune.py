@@ -261,7 +261,9 @@ def preflight(cfg: FinetuneConfig) -> None:
     tokenizer the model will speak are checked by `build` (check_shards), before the model is loaded."""
     from s2t2_dist.stages import checks
 
-    checks.run_dir(cfg.run_dir)
+    checks.run_dir(cfg.run_dir, stage="finetune")
+    checks.export_dir(cfg.export.dir, cfg.run_dir)
+    checks.writable_dirs({"init.dir": cfg.init.dir})
     checks.training_layout(cfg.train, cfg.data.eval)
     mdir = checks.model_dir(cfg.model.path)
     checks.model_tokenizer_fits(mdir)
@@ -291,6 +293,7 @@ def run(cfg: FinetuneConfig) -> dict:
     from s2t2_dist.stages.common import record_config
     from s2t2_dist.train.checkpoint import Checkpointer
     from s2t2_dist.train.loop import train
+    from s2t2_dist.utils.rundir import run_id
 
     preflight(cfg)
     if cfg.engine.kind == "deepspeed":
@@ -309,6 +312,7 @@ def run(cfg: FinetuneConfig) -> dict:
     fp = fingerprint(**config_part(cfg, "model", "init"), data=cfg.data.train, tokenizer=plan.tokenizer_hash,
                      engine=cfg.engine.kind, train=[cfg.train.batch_size, cfg.train.context_len, cfg.train.seed])
     fp["optim"] = config_part(cfg, "optim")["optim"]  # by value: a refusal names the changed setting
+    fp["train.steps"] = cfg.train.steps  # the lr schedule's length: a change is refused, never silently applied
     # elastic: a checkpoint resumes on another number of ranks -- FSDP2 through torch DCP (which re-splits the
     # parameters and Adam moments over the new mesh), DeepSpeed through a universal checkpoint, the plain engine
     # from rank 0's replica
@@ -336,7 +340,7 @@ def run(cfg: FinetuneConfig) -> dict:
         out = Path(cfg.export.dir or rt.run_dir / "final")
         probe = probe_logits(task)
         export_model(engine, model, plan, out, dtype=dtype,
-                     extra={"step": result.step, "eval": summary.get("eval")})
+                     extra={"step": result.step, "eval": summary.get("eval"), "run_id": run_id(rt.run_dir)})
         summary["export"] = str(out)
         if rt.env.is_main:
             torch.save(probe, rt.run_dir / "export_probe.pt")

@@ -404,10 +404,11 @@ def preflight(cfg: TranslateConfig) -> None:
     context length, the eval split (not empty)."""
     from s2t2_dist.stages import checks
 
-    checks.run_dir(cfg.run_dir)
+    checks.run_dir(cfg.run_dir, stage="translate")
     checks.training_layout(cfg.train, cfg.data.eval)
     mdir = checks.model_dir(cfg.model.path)
     checks.model_tokenizer_fits(mdir)
+    checks.source_vocab(cfg.model.source_vocab, mdir)
     checks.context_fits(mdir, cfg.train.context_len, "train.context_len")
     tok = checks.tokenizer(cfg.data.tokenizer)
     train_m = checks.shards(cfg.data.train, "data.train", "packed")
@@ -443,6 +444,7 @@ def run(cfg: TranslateConfig) -> dict:
     fp = fingerprint(**config_part(cfg, "model", "translator"), data=cfg.data.train,
                      tokenizers=hashes, train=[cfg.train.batch_size, cfg.train.seed])
     fp["optim"] = config_part(cfg, "optim")["optim"]  # by value: a refusal names the changed setting
+    fp["train.steps"] = cfg.train.steps  # the lr schedule's length: a change is refused, never silently applied
     ck = Checkpointer(rt.run_dir, keep=cfg.train.keep_checkpoints, fingerprint=fp, elastic=True)
     ck.check_resumable()
     record_config(rt, cfg)
