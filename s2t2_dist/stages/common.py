@@ -97,6 +97,9 @@ def config_part(cfg, *names) -> dict:
 
 def teardown() -> None:
     from s2t2_dist.dist import collectives as coll
+    from s2t2_dist.utils.rundir import release_all
+
+    release_all()  # the run's outputs are written: its directory is free for the next run
 
     if coll.initialized():
         from s2t2_dist.dist.exit import destroy_process_group
@@ -131,6 +134,8 @@ def run_main(prog: str, fn: Callable[[], Any]) -> int:
     that the check imports nothing) is printed as one line (`report_user_error`) and gives exit code 2; anything
     else (a bug) keeps its traceback. S2T2_TRACEBACK=1 shows the traceback of every error. The exit code is fn's
     when it returns an int, else 0."""
+    from s2t2_dist.utils.rundir import release_all
+
     try:
         rc = fn()
     except KeyboardInterrupt:  # Ctrl-C outside the training loop (which checkpoints on the first one), or twice
@@ -144,4 +149,6 @@ def run_main(prog: str, fn: Callable[[], Any]) -> int:
         if os.environ.get("S2T2_TRACEBACK") or not is_user_error(e):
             raise
         return report_user_error(prog, e)
+    finally:
+        release_all()  # an entry point run in-process (tests, recipes) leaves no directory locked behind
     return rc if isinstance(rc, int) and not isinstance(rc, bool) else 0

@@ -81,6 +81,12 @@ def release(directory: str | Path) -> None:
         os.close(fd)
 
 
+def release_all() -> None:
+    """Drop every lock this process holds: a stage run in-process (tests, recipes) leaves its directory free."""
+    for d in list(_held):
+        os.close(_held.pop(d))
+
+
 def owner(directory: str | Path) -> dict | None:
     """The marker of `directory` ({"stage", "run_id", "created"}), or None."""
     try:
