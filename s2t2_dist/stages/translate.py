@@ -119,6 +119,8 @@ class TranslatorConfig:
             raise ConfigError(f"dense_lr: must be >= 0 (0: the recipe's default), got {self.dense_lr}")
         if self.freeze_steps < 0:
             raise ConfigError(f"freeze_steps: must be >= 0, got {self.freeze_steps}")
+        if len(self.heatmap) != 2 or min(self.heatmap) < 1:
+            raise ConfigError(f"heatmap: need [rows, columns], two numbers >= 1, got {self.heatmap}")
 
 
 @dataclass

@@ -115,9 +115,8 @@ def check_owner(directory: str | Path, stage: str, key: str = "run_dir") -> None
     theirs = m.get("stage") if m else _guess_stage(d)
     if theirs is not None and theirs != stage:
         what = f"run {m.get('run_id')} of {m.get('created')}" if m else "files from before run markers"
-        raise RunDirError(f"{key}: {d} belongs to a {theirs} run ({what}); an {stage} run would overwrite its "
-                          if stage[0] in "aeiou" else
-                          f"{key}: {d} belongs to a {theirs} run ({what}); a {stage} run would overwrite its "
+        a = "an" if stage[0] in "aeiou" else "a"
+        raise RunDirError(f"{key}: {d} belongs to a {theirs} run ({what}); {a} {stage} run would overwrite its "
                           f"files; choose another {key}")
     root = d.resolve()
     for p in d.iterdir():
