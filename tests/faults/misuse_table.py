@@ -271,7 +271,7 @@ def generate(work: Path) -> str:
     t("resume (checkpoint at step 2) with optim.lr changed", "optim.lr=0.5", fresh=False)
     s2t2_inproc("translate", *targs, *ok, f"run_dir={run}")
     res = json.loads((run / "result.json").read_text())["final_loss"]
-    p = t("re-run a finished run", fresh=False)
+    t("re-run a finished run", fresh=False)
     again = json.loads((run / "result.json").read_text())["final_loss"]
     rows[-1] = rows[-1][:2] + (f"(no error) final_loss {res:.4f} -> {again:.4f}",) + rows[-1][3:]
     # Ctrl-C: SIGINT to the process group at a step boundary
@@ -367,7 +367,6 @@ _HOLDER = "import sys, time\nfrom s2t2_dist.utils.rundir import claim\nfor a in 
 def new_cases(work, case, rows, model, data, other, base_fa, prep, targs, ok) -> None:
     """Issue #22: locks, owners, literal values, checked values, resumes that tell the truth."""
     import torch
-    import yaml
 
     ok_run = [*targs, *ok]
     fr = work / "fresh"  # the run directory of cases refused before any work (nothing may appear in it)
@@ -439,7 +438,7 @@ def new_cases(work, case, rows, model, data, other, base_fa, prep, targs, ok) ->
     # literal command-line strings
     for name in ("exp #2", "0010", "2024_01_05", "0x1F"):
         d = work / "lit" / name
-        p = t(f"run_dir=.../{name} on the command line (a string, taken literally)", "train.steps=2", run=d)
+        t(f"run_dir=.../{name} on the command line (a string, taken literally)", "train.steps=2", run=d)
         rows[-1] = rows[-1][:4] + (f"wrote {len(snapshot(d))} files into lit/{name}/ "
                                    f"({'the directory named as typed' if d.is_dir() else 'NOT the directory typed'})",)
 
