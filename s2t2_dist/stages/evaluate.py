@@ -146,7 +146,11 @@ def preflight(cfg: EvaluateConfig) -> None:
     from s2t2_dist.stages import checks
 
     checks.run_dir(cfg.run_dir, stage="evaluate")
-    checks.writable_dirs({"data.cache_dir": cfg.data.cache_dir if cfg.data.files else "", "init.dir": cfg.init.dir,
+    if cfg.data.files:  # the cache of tokenized files, default included ($S2T2_CACHE_DIR or ~/.cache/s2t2)
+        from s2t2_dist.data.raw_eval import default_cache_dir
+
+        checks.writable_dirs({"data.cache_dir": cfg.data.cache_dir or str(default_cache_dir())})
+    checks.writable_dirs({"init.dir": cfg.init.dir,
                           "output": str(Path(cfg.output).parent) if cfg.output else ""})
     mdir = checks.model_dir(cfg.model.path)
     checks.model_tokenizer_fits(mdir)
