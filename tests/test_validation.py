@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -530,3 +531,45 @@ def test_metrics_logger_writes_no_event_file_until_the_first_value(tmp_path):
     log.scalars(1, {"x": 1.0})
     log.close()
     assert list((tmp_path / "tb" / "global").iterdir())
+
+
+def test_unwritable_output_dirs_are_refused_before_any_work_for_an_unprivileged_user():
+    """PermissionError from an unwritable run, export or cache directory was a traceback (for export.dir only after
+    every training step). Through the real command, without root's privileges (root may write anywhere: the
+    command runs with every capability dropped, `setpriv`, on a directory owned by nobody)."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root (to make a directory another user owns) and setpriv")
+    base = Path(tempfile.mkdtemp(prefix="s2t2_perm_"))
+    try:
+        (base / "ro").mkdir(mode=0o755)
+        os.chown(base / "ro", 65534, 65534)  # nobody's: without capabilities, root may not write here
+        fa = base / "x.fasta"
+        fa.write_text(">a\nACDE\n")
+
+        def run(*args):
+            cmd = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--", sys.executable, "-m", "s2t2_dist.cli",
+                   *map(str, args)]
+            env = {**os.environ, "PYTHONPATH": str(REPO), "S2T2_DEVICE": "cpu"}
+            return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=base, timeout=300)
+
+        common = ["model.path=m", "data.train=t", "data.tokenizer=k"]
+        for stage, args, key in (
+                ("translate", [f"run_dir={base / 'ro' / 'run'}", *common], "run_dir"),
+                ("finetune", [f"run_dir={base / 'ft'}", f"export.dir={base / 'ro' / 'export'}", "init.p_file=p",
+                              *common], "export.dir"),
+                ("evaluate", [f"run_dir={base / 'ev'}", "model.path=m", "init.kind=as_is", f"data.files=[{fa}]",
+                              f"data.cache_dir={base / 'ro' / 'cache'}"], "data.cache_dir"),
+                ("prepare", [f"inputs=[{fa}]", f"output_dir={base / 'ro' / 'data'}"], "output_dir")):
+            p = run(stage, *args)
+            err = [ln for ln in p.stderr.splitlines() if ": error: " in ln]
+            assert p.returncode == 2 and len(err) == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+            assert f"{key}: cannot write into {base / 'ro'} (permission denied)" in err[0], err[0]
+        assert not any((base / "ro").iterdir())
+        assert sorted(p.name for p in base.iterdir()) == ["ro", "x.fasta"]  # nothing written anywhere
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
