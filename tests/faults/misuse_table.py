@@ -360,8 +360,8 @@ def _rewrite_p(src: Path, dst: Path, values=None, meta=None) -> Path:
     return dst
 
 
-_HOLDER = "import sys, time\nfrom s2t2_dist.utils.rundir import claim\nfor a in sys.argv[1:]: claim(*a.split('=', 1)[::-1])\n" \
-          "print('held', flush=True)\ntime.sleep(600)\n"
+_HOLDER = ("import sys, time\nfrom s2t2_dist.utils.rundir import claim\n"
+           "for a in sys.argv[1:]: claim(*a.split('=', 1)[::-1])\nprint('held', flush=True)\ntime.sleep(600)\n")
 
 
 def new_cases(work, case, rows, model, data, other, base_fa, prep, targs, ok) -> None:
@@ -428,7 +428,8 @@ def new_cases(work, case, rows, model, data, other, base_fa, prep, targs, ok) ->
     cfg_text = (REPO / "configs" / "translate_olmo1b.yaml").read_text()
     t("a YAML key given twice (train.steps)", "--config",
       _text(work / "dup_key.yaml", cfg_text.replace("train:\n", "train:\n  steps: 7\n  steps: 9\n", 1)))
-    t("a YAML section given twice (optim:)", "--config", _text(work / "dup_section.yaml", cfg_text + "optim:\n  lr: 1\n"))
+    t("a YAML section given twice (optim:)", "--config",
+      _text(work / "dup_section.yaml", cfg_text + "optim:\n  lr: 1\n"))
     t("a config file in Latin-1, not UTF-8", "--config", _bytes(work / "latin1.yaml", b"run_dir: caf\xe9\n"))
     t("a config file with a UTF-8 byte-order mark (accepted)", "--config",
       _bytes(work / "bom.yaml", b"\xef\xbb\xbf" + cfg_text.encode()), "train.steps=2")
