@@ -7,9 +7,9 @@
 For each case: the message shown (the error line, or the warnings of a run that goes on), the exit code, and what
 was kept (files that existed before the command, compared byte for byte afterwards; or that nothing was written).
 
-Cases run through `s2t2_dist.cli.main` -- the function the `s2t2` command calls -- in this process (most of them:
-a fresh interpreter per case would cost minutes of imports), or as a fresh `python -m s2t2_dist.cli` process where
-the case is about processes (a run that trains, a resume, Ctrl-C, a second run beside a live one). What varies
+Cases run through `s2t2_dist.cli.main` -- the function the `s2t2` command calls -- in this process (a fresh
+interpreter per case would cost minutes of imports); Ctrl-C runs a fresh `python -m s2t2_dist.cli` process, and the
+lock cases run beside a separate live process that holds the locks. What varies
 from run to run (the work directory, run ids, pids, host names, times) is replaced by W, RUNID, PID, HOST, TIME,
 so the table is the same on every machine: tests/faults/test_misuse_table.py regenerates it and compares.
 """
