@@ -138,8 +138,8 @@ def run_one(pb: Problem, kind: str, *, recipe: str = "default", lr: float = 0.0,
         E_new, L_new = tr.embed_and_head(pb.E, pb.L)
         loss = pb.loss(E_new, L_new, pb.train[idx])
         engine.backward(loss)
+        tr.end_step()  # samples the gradient of C: before the step zeroes it
         engine.step()
-        tr.end_step()
         if log_every and (s + 1) % log_every == 0:
             print(f"  step {s + 1} loss {float(loss):.4f} {tr.grad_stats()} {tr.mass_stats()}", file=sys.stderr)
     dt = time.perf_counter() - t0

@@ -67,7 +67,7 @@ def worker(v, u, d, method, n_iter):
     tr, opt, step = build(v, u, E)
     step()
     gc.collect()
-    solver = tr._sparse_solver()
+    solver = tr.plan_kind.solver()
     if R == 1:  # single process: nothing is sent
         from s2t2_dist.dist.sharded_sinkhorn import CommStats
 

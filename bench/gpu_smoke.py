@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import threading
 import time
@@ -92,6 +93,8 @@ def main(argv=None) -> int:
                     help="source tokens of P (default: all 50,280 on GPUs, single_byte (243) on a CPU)")
     ap.add_argument("--precision", choices=["bf16", "fp32"], default=None, help="default: bf16 on GPUs, fp32 on CPU")
     ap.add_argument("--out", default="/tmp/s2t2_gpu_smoke")
+    ap.add_argument("--sync-debug", choices=["error", "warn", "off"], default="error",
+                    help="torch.cuda.set_sync_debug_mode for stage 1's non-logging steps (CUDA only)")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
 
@@ -146,10 +149,20 @@ def main(argv=None) -> int:
               f"{st.get('tokens_per_s', float('nan')):10.0f} tok/s  {mem}  MFU {mfu}  "
               f"final loss {st['final_loss']}  ({st['seconds']} s)", flush=True)
 
-    tr = runner.run("translate", ["--config", str(REPO / "configs" / "translate_olmo1b.yaml"), *common,
-                                  f"run_dir={runs / 'translate'}", f"model.path={model}",
-                                  f"model.source_vocab={source_vocab}", "translator.heatmap=[32,16]"],
-                    runs / "translate", "translate")
+    # stage 1's steps that neither log nor checkpoint must not synchronise with the GPU: on CUDA they run under
+    # torch.cuda.set_sync_debug_mode (the loop reads S2T2_SYNC_DEBUG; on a CPU nothing changes)
+    from s2t2_dist.train.loop import SYNC_DEBUG_ENV
+
+    if a.sync_debug != "off":
+        os.environ[SYNC_DEBUG_ENV] = a.sync_debug
+    report["sync_debug"] = a.sync_debug if on_gpu else "n/a (CPU)"
+    try:
+        tr = runner.run("translate", ["--config", str(REPO / "configs" / "translate_olmo1b.yaml"), *common,
+                                      f"run_dir={runs / 'translate'}", f"model.path={model}",
+                                      f"model.source_vocab={source_vocab}", "translator.heatmap=[32,16]"],
+                        runs / "translate", "translate")
+    finally:
+        os.environ.pop(SYNC_DEBUG_ENV, None)
     record("translate", tr, 4 * n_params)
     p_file = tr.result["p_file"]
     ft_common = [*common, f"model.path={model}", f"init.p_file={p_file}", "optim.lr=1e-3"]

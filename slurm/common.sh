@@ -7,8 +7,9 @@
 #     from MASTER_ADDR/MASTER_PORT exported here (s2t2_dist.dist.env.init_distributed());
 #   - on SIGUSR1 or SIGTERM a training entry writes a checkpoint at the next step boundary and exits with code 0;
 #     started again it resumes from the latest checkpoint in its run directory.
-# Requeue: the scripts ask for `--signal=B:USR1@120`, so 120 s before the time limit SLURM signals this batch
-# shell (only). s2t2_srun forwards SIGUSR1 to every process of the job step, waits for the step to stop and,
+# Requeue: the scripts ask for `--signal=B:USR1@LEAD`, so LEAD s before the time limit SLURM signals this batch
+# shell (only); LEAD is the time the final checkpoint needs (s2t2_dist/cluster/layout.py: its size at 0.5 GB/s per
+# node, x 1.5, + 120 s; the pre-flight logs it for the actual config). s2t2_srun forwards SIGUSR1 to every process of the job step, waits for the step to stop and,
 # if it stopped cleanly, runs `scontrol requeue $SLURM_JOB_ID`: the job goes back to the queue (same job id,
 # SLURM_RESTART_COUNT + 1) and resumes from the checkpoint. On preemption (PreemptMode=REQUEUE) and on
 # `scontrol requeue`, SLURM sends SIGTERM to the step itself and requeues the job itself; on scancel it does not.
@@ -139,6 +140,12 @@ s2t2_run_stage() {
     if [ -n "${S2T2_CONFIG:-}" ]; then cfg=(--config "$S2T2_CONFIG"); fi
     # the repository's package wins over an older installed copy; relative paths stay relative to the submit dir
     export PYTHONPATH="$S2T2_HOME${PYTHONPATH:+:$PYTHONPATH}"
+    # Pre-flight in the batch shell, before any rank starts: the config parses and its batch layout fits the
+    # allocation (one line naming the keys, exit 2); logs the signal lead time the checkpoint needs. Skipped for a
+    # custom S2T2_ENTRY (its arguments are not a stage's).
+    if [ -z "${S2T2_ENTRY:-}" ]; then
+        "$py" -m s2t2_dist.cluster.layout "$stage" "${cfg[@]}" "$@" || exit 2
+    fi
     if [ "${S2T2_LAUNCHER:-srun}" = deepspeed ]; then
         # shellcheck disable=SC2086
         s2t2_srun_deepspeed "$py" $entry "${cfg[@]}" "$@"

@@ -1,8 +1,8 @@
 #!/bin/bash
 # Evaluation (perplexity and bits-per-byte on the held-out split); documents are split over the tasks.
 #
-#   sbatch slurm/evaluate.sh                                       # configs/evaluate.yaml
-#   sbatch --gpus-per-node=4 --ntasks-per-node=4 slurm/evaluate.sh --config configs/evaluate.yaml model.path=runs/f7b/final
+#   sbatch slurm/evaluate.sh                                       # configs/evaluate_olmo1b.yaml
+#   sbatch --gpus-per-node=4 --ntasks-per-node=4 slurm/evaluate.sh --config configs/evaluate_olmo1b.yaml model.path=runs/f7b/final
 #
 # Header values are defaults: sbatch command-line options (and SBATCH_* variables) override them. Keep
 # --ntasks-per-node equal to --gpus-per-node. Arguments are passed to the entry point. Submit from the
@@ -25,5 +25,5 @@ fi
 # shellcheck source=common.sh
 . "$S2T2_HOME/slurm/common.sh"
 
-: "${S2T2_CONFIG:=configs/evaluate.yaml}"
+: "${S2T2_CONFIG:=configs/evaluate_olmo1b.yaml}"
 s2t2_run_stage evaluate "$@"

@@ -17,7 +17,7 @@
 #SBATCH --time=24:00:00
 #SBATCH --output=%x-%j.out
 #SBATCH --open-mode=append
-#SBATCH --signal=B:USR1@120
+#SBATCH --signal=B:USR1@480
 #SBATCH --requeue
 
 S2T2_HOME=${S2T2_HOME:-${SLURM_SUBMIT_DIR:-$(pwd)}}

@@ -2,7 +2,7 @@
 # Data preparation (split, train the target BPE tokenizer, write webdataset shards): one CPU task, no GPU.
 #
 #   sbatch slurm/prepare_data.sh                                   # configs/prepare_uniref50.yaml
-#   sbatch --cpus-per-task=32 slurm/prepare_data.sh --config configs/data_text.yaml
+#   sbatch --cpus-per-task=32 slurm/prepare_data.sh --config configs/prepare_text.yaml
 #
 # Header values are defaults: sbatch command-line options (and SBATCH_* variables) override them. Arguments are
 # passed to the entry point. Submit from the repository root, or set S2T2_HOME. See docs/slurm.md.

@@ -116,3 +116,35 @@ def test_missing_tokenizer_and_missing_eos_are_clear(tmp_path):
     t.save(str(tmp_path / "t.json"))
     with pytest.raises(DataError, match="no end-of-document token"):
         load_tokenizer(tmp_path / "t.json")
+
+
+def test_bpe_sample_is_bounded_by_the_character_budget(trained, tmp_path):
+    """BPE training memory grows with the characters sampled (~60 bytes each, BENCHMARKS.md #20): the character
+    budget caps the sample whatever the record cap, and the report states the estimated peak."""
+    from s2t2_dist.data.bpe import BPE_BYTES_PER_CHAR, sample_for_tokenizer
+    from s2t2_dist.data.split import load_split
+
+    root, _ = trained
+    total = load_split(root / "splits")["chars"]["train"]
+    budget = total // 5
+    texts = list(sample_for_tokenizer(root / "splits", max_records=None, max_chars=budget))
+    got = sum(map(len, texts))
+    assert 0.5 * budget < got <= budget  # the fraction aims at the budget, the budget is a hard stop
+    # spread over the split (a hash of the id), not its first records
+    first = list(sample_for_tokenizer(root / "splits", max_records=None))
+    assert texts != first[:len(texts)]
+    assert sum(map(len, sample_for_tokenizer(root / "splits", max_records=None, max_chars=1000))) <= 1000
+    rep = train_tokenizer(split_dir=root / "splits", output_dir=tmp_path / "tok", vocab_size=300, kind="char",
+                          alphabet=ALPHA, max_records=None, max_chars=budget, progress=False)
+    assert rep["trained_on"]["chars"] == got and rep["params"]["max_chars"] == budget
+    assert rep["trained_on"]["est_peak_bytes"] == BPE_BYTES_PER_CHAR * got
+
+
+def test_prepare_help_states_the_bpe_memory_cost():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "s2t2_dist.cli", "prepare", "--help"], capture_output=True,
+                         text=True, timeout=120).stdout
+    flat = " ".join(out.split())
+    assert "tokenizer_max_chars" in flat and "~60 bytes per character" in flat

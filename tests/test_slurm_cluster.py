@@ -91,7 +91,7 @@ class BatchJobs:
         self.skipped: dict[str, str] = {}
 
     def start_all(self) -> None:
-        for name in ("probe_2x2", "deepspeed", "translate"):
+        for name in ("probe_2x2", "deepspeed", "translate", "shipped"):
             try:
                 self.get(name)
             except pytest.skip.Exception as e:
@@ -106,10 +106,12 @@ class BatchJobs:
             self.jobs[name] = (getattr(self, "_" + name)(d), d)
         return self.jobs[name]
 
+    # --time=10 in the script jobs: the headers' time-limit warning comes 180 s (translate_1b.sh) and 480 s
+    # (finetune_7b.sh) before the limit, so a shorter limit would signal (and requeue) the job as it starts
     def _probe_2x2(self, d: Path) -> str:
         return self.cluster.sbatch(
             REPO / "slurm" / "translate_1b.sh", "--out", str(d / "run"), "--steps", "4",
-            sbatch_args=["--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=2", "--cpus-per-task=1", "--time=5"],
+            sbatch_args=["--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=2", "--cpus-per-task=1", "--time=10"],
             env=_script_env(), cwd=d)
 
     def _deepspeed(self, d: Path) -> str:
@@ -117,7 +119,7 @@ class BatchJobs:
                           PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
         return self.cluster.sbatch(
             REPO / "slurm" / "finetune_7b.sh", "--out", str(d / "run"), "--steps", "2",
-            sbatch_args=["--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=2", "--cpus-per-task=1", "--time=5"],
+            sbatch_args=["--nodes=2", "--ntasks-per-node=2", "--gpus-per-node=2", "--cpus-per-task=1", "--time=10"],
             env=env, cwd=d)
 
     def _translate(self, d: Path) -> str:
@@ -134,6 +136,57 @@ class BatchJobs:
             REPO / "slurm" / "translate_1b.sh", *overrides,
             sbatch_args=["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=1", "--cpus-per-task=1", "--time=10"],
             env=env, cwd=d)
+
+
+    def _shipped(self, d: Path) -> dict[str, str]:
+        """Every shipped script with every shipped config, submitted as a user would from the repository root (here
+        a folder whose configs/ is the repository's): the configs' own relative paths (data/raw, data/uniref50,
+        runs/...) chain the stages, with afterok dependencies. Overridden: the model (tiny OLMo-1B/7B-config models,
+        tiny.py), sizes (context 64, vocabularies), step counts, and the layouts (1 and 2 nodes)."""
+        import gzip
+
+        from finetune_fixtures import FASTA, sample_fasta, save_model
+
+        (d / "configs").symlink_to(REPO / "configs")
+        raw = d / "data" / "raw"
+        (raw / "docs").mkdir(parents=True)
+        fasta = sample_fasta(FASTA, d / "sample.fasta", 160)
+        (raw / "uniref50.fasta.gz").write_bytes(gzip.compress(fasta.read_bytes()))
+        text = (REPO / "s2t2_dist" / "assets" / "english" / "tinyshakespeare_head.txt").read_text()
+        docs = [json.dumps({"text": p}) for p in text.split("\n\n") if p.strip()]
+        (raw / "docs" / "part-0.jsonl.gz").write_bytes(gzip.compress(("\n".join(docs) + "\n").encode()))
+        m1 = save_model(d / "models" / "olmo-1b", "olmo-1b", 32, 0)
+        m7 = save_model(d / "models" / "olmo-7b", "olmo-7b", 48, 1)
+        env = _script_env(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", DS_ACCELERATOR="cpu")
+        del env["S2T2_ENTRY"]  # the scripts' own entry points: launch/<stage>.py
+        one, two = ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=2"], ["--nodes=2", "--ntasks-per-node=1",
+                                                                            "--gpus-per-node=1"]
+        common = ["--cpus-per-task=1", "--time=10", "--kill-on-invalid-dep=yes"]
+        ds = "engine.ds_overrides.zero_optimization.stage3_param_persistence_threshold=0"
+        small = ["train.context_len=64", "train.steps=2"]
+        olmo = "s2t2_dist/assets/olmo/allenai_gpt-neox-olmo-dolma-v1_5.json"
+
+        def sub(script, *args, after=None, sb=(), **extra_env):
+            dep = [f"--dependency=afterok:{after}"] if after else []
+            return self.cluster.sbatch(REPO / "slurm" / script, *args, sbatch_args=[*sb, *common, *dep],
+                                       env={**env, **extra_env}, cwd=d)
+
+        jobs = {}
+        jobs["prepare"] = sub("prepare_data.sh", f"source_tokenizer={REPO / olmo}", "vocab_size=64", "context_len=64",
+                              "eval_fraction=0.15")
+        jobs["prepare_text"] = sub("prepare_data.sh", "--config", "configs/prepare_text.yaml", "vocab_size=300")
+        jobs["translate"] = sub("translate_1b.sh", f"model.path={m1}", *small, after=jobs["prepare"], sb=one)
+        jobs["finetune_7b"] = sub("finetune_7b.sh", f"model.path={m7}", *small, ds, after=jobs["translate"], sb=two)
+        jobs["finetune_1b"] = sub("finetune_7b.sh", f"model.path={m1}", *small, ds, after=jobs["translate"], sb=one,
+                                  S2T2_CONFIG="configs/finetune_olmo1b.yaml")
+        jobs["evaluate"] = sub("evaluate.sh", "eval.context_len=64", after=jobs["finetune_1b"])
+        # transfer without finetuning: the 1B P on the 7B-config model, ZeRO-3, 2 nodes
+        jobs["transfer"] = sub("evaluate.sh", "--config", "configs/evaluate_transfer_7b.yaml", f"model.path={m7}",
+                               "eval.context_len=64", ds, after=jobs["translate"], sb=two)
+        # 3 ranks cannot split the batch of 16: refused in the batch shell before any rank starts
+        jobs["bad_layout"] = sub("translate_1b.sh", f"model.path={m1}",
+                                 sb=["--nodes=1", "--ntasks-per-node=3", "--gpus-per-node=3"])
+        return jobs
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +224,7 @@ def test_sbatch_time_limit_warning_checkpoints_requeues_and_resumes(cluster, tmp
     job = cluster.sbatch(REPO / "slurm" / "translate_1b.sh", "--out", str(run), "--steps", "20",
                          "--step-time", "0.3", "--ckpt-every", "2",
                          sbatch_args=["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=1", "--cpus-per-task=1",
-                                      "--time=5"],
+                                      "--time=10"],
                          env=_script_env(), cwd=tmp_path)
     _wait_for(lambda: (run / "checkpoints" / "step_00000002").is_dir(), 90, "no checkpoint")
     # what SLURM does 120 s before the time limit (--signal=B:USR1@120): signal the batch shell only
@@ -314,3 +367,58 @@ def test_sbatch_finetune_script_with_deepspeed_launchers(cluster, batch_jobs):
         [(0, "n1", 0, 0, 2), (1, "n1", 0, 1, 2), (2, "n2", 1, 0, 2), (3, "n2", 1, 1, 2)]
     assert all(r["launcher"] == "deepspeed" and r["allreduce_sum"] == 10.0 and r["finished"] for r in ranks)
     assert sorted(p.name for p in (run / "tb").iterdir()) == ["global", "node_000", "node_001"]
+
+
+def _log(d: Path, name: str, job: str) -> str:
+    f = d / f"{name}-{job}.out"
+    return f.read_text() if f.is_file() else f"(no {f.name})"
+
+
+@pytest.mark.slow
+def test_every_shipped_script_runs_its_shipped_config_through_the_stages(cluster, batch_jobs):
+    """prepare_data.sh (prepare_uniref50.yaml, prepare_text.yaml) -> translate_1b.sh (translate_olmo1b.yaml, 1 node x
+    2) -> finetune_7b.sh (finetune_olmo7b.yaml on 2 nodes x 1, ZeRO-3; finetune_olmo1b.yaml on 1 node x 2) and
+    evaluate.sh (evaluate_transfer_7b.yaml, 2 nodes x 1, ZeRO-3) -> evaluate.sh (evaluate_olmo1b.yaml on the 1B
+    export): every shipped config, each with its own relative paths, as typed."""
+    jobs, d = batch_jobs.get("shipped")
+    names = {"prepare": "s2t2-prepare", "prepare_text": "s2t2-prepare", "translate": "s2t2-translate-1b",
+             "finetune_7b": "s2t2-finetune-7b", "finetune_1b": "s2t2-finetune-7b", "evaluate": "s2t2-evaluate",
+             "transfer": "s2t2-evaluate"}
+    for key in ("prepare", "prepare_text", "translate", "finetune_7b", "finetune_1b", "evaluate", "transfer"):
+        state = cluster.wait(jobs[key], timeout_s=420)
+        assert state == "COMPLETED", (key, _log(d, names[key], jobs[key])[-6000:])
+    assert (d / "data" / "uniref50" / "tokenizer" / "tokenizer.json").is_file()
+    assert (d / "data" / "uniref50" / "shards" / "source" / "train").is_dir()
+    assert (d / "data" / "text_bpe8k" / "tokenizer" / "tokenizer.json").is_file()
+    log = _log(d, "s2t2-prepare", jobs["prepare"])
+    assert "layout: --nodes=1 x --ntasks-per-node=1 = 1 ranks; the final checkpoint needs the time-limit signal 120 s" \
+        in log
+    tr = json.loads((d / "runs" / "translate_olmo1b" / "result.json").read_text())
+    assert tr["finished"] and tr["step"] == 2 and (d / "runs" / "translate_olmo1b" / "P.safetensors").is_file()
+    # micro_batch_size auto: batch 16 on 2 ranks of 64-token sequences = 8 per rank, no accumulation
+    assert "train.batch_size=16 = micro-batch 8 x 1 accumulation step(s) x 2 ranks" in \
+        _log(d, "s2t2-translate-1b", jobs["translate"])
+    for run, engine in (("finetune_olmo7b_from_1b", "deepspeed"), ("finetune_olmo1b", "deepspeed")):
+        r = json.loads((d / "runs" / run / "result.json").read_text())
+        assert r["finished"] and r["step"] == 2 and r["world_size"] == 2 and r["engine"] == engine, run
+        assert (d / "runs" / run / "final" / "config.json").is_file()
+    assert {"JobID": jobs["finetune_7b"], "State": "COMPLETED", "NodeList": "n[1-2]", "ExitCode": "0:0"} in \
+        cluster.wait_sacct(jobs["finetune_7b"], "COMPLETED")
+    ev = json.loads((d / "runs" / "evaluate_olmo1b" / "eval.json").read_text())
+    assert ev["metrics"]["docs"] > 0 and ev["metrics"]["bpb"] > 0
+    tf = json.loads((d / "runs" / "evaluate_transfer_7b" / "eval_s2t2_transfer.json").read_text())
+    assert tf["world_size"] == 2 and tf["engine"] == "deepspeed" and tf["metrics"]["docs"] == ev["metrics"]["docs"]
+
+
+@pytest.mark.slow
+def test_sbatch_script_refuses_an_impossible_layout_before_any_rank_starts(cluster, batch_jobs):
+    jobs, d = batch_jobs.get("shipped")
+    job = jobs["bad_layout"]
+    assert cluster.wait(job, timeout_s=120) == "FAILED"
+    log = _log(d, "s2t2-translate-1b", job)
+    errors = [ln for ln in log.splitlines() if "error" in ln.lower()]
+    assert errors == ["s2t2 layout: error: ConfigError: train.batch_size=16 is not a multiple of the ranks "
+                      "(--nodes=1 x --ntasks-per-node=3 = 3 ranks), whatever train.micro_batch_size: impossible "
+                      "layout; change train.batch_size or the number of ranks"], log
+    assert "srun" not in log  # no job step: no rank started
+    assert cluster.job(job)["ExitCode"] == "2:0"

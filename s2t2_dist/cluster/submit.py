@@ -2,8 +2,8 @@
 SLURM through submitit, requeued on preemption and time-out, resuming from the latest checkpoint.
 
     s2t2 submit translate --config configs/translate_olmo1b.yaml --nodes 2 --gpus-per-node 4 --time 8:00:00
-    s2t2 submit finetune  --config configs/finetune_olmo7b.yaml --slurm-config configs/slurm_a100.yaml --wait
-    python launch/submit.py evaluate --config configs/evaluate.yaml slurm.partition=debug --wait
+    s2t2 submit finetune  --config configs/finetune_olmo7b.yaml --slurm-config my_site.yaml --wait
+    python launch/submit.py evaluate --config configs/evaluate_olmo1b.yaml slurm.partition=debug --wait
 
 Resources come, in increasing precedence, from the defaults of SlurmConfig, the `slurm:` section of the stage's
 YAML, the file given by --slurm-config, `slurm.KEY=VALUE` overrides, and the explicit flags (--nodes, ...).
@@ -12,7 +12,8 @@ One task per GPU: --tasks-per-node defaults to --gpus-per-node (1 task when ther
 Inside the job, StageJob (a submitit Checkpointable) exports the rendezvous (MASTER_ADDR: the NodeAddr of the
 first node; MASTER_PORT: from the job id; RANK/WORLD_SIZE/LOCAL_RANK from submitit's JobEnvironment) and calls the
 stage's `main(argv)` in-process. Preemption and time limits:
-  - 120 s (--signal-delay) before the time limit submitit's SIGUSR2 arrives; StageJob hands it to the training loop
+  - --signal-delay-s before the time limit (default: derived from the checkpoint's size, cluster/layout.py)
+    submitit's SIGUSR2 arrives; StageJob hands it to the training loop
     (as SIGUSR1), which checkpoints at the next step boundary and returns; then submitit's own handler calls
     StageJob.checkpoint() (a DelayedSubmission of the same job) and `scontrol requeue`s the job (at most
     --max-requeues time-outs);
@@ -38,6 +39,7 @@ from typing import Any
 
 
 from s2t2_dist.cli import COMMANDS
+from s2t2_dist.cluster.layout import SIGNAL_MARGIN_S
 from s2t2_dist.config import ConfigError
 
 #: stage name -> module with `main(argv: list[str]) -> int`: the user's stages of `s2t2 <stage>` (cli.COMMANDS, the one
@@ -70,8 +72,10 @@ class SlurmConfig:
     folder: str = "submitit/%j"
     #: how many time-outs are requeued before giving up (preemptions are always requeued)
     max_requeues: int = 20
-    #: seconds between the time-limit warning and the kill (time to write a checkpoint)
-    signal_delay_s: int = 120
+    #: seconds between the time-limit warning and the kill (time to write the final checkpoint); 0: derived from
+    #: the stage's checkpoint size at 0.5 GB/s per node x 1.5 + 120 s (s2t2_dist/cluster/layout.py), e.g. 180 s for
+    #: OLMo-1B stage 1 or 2, 300 s for OLMo-7B stage 2 on 2 nodes
+    signal_delay_s: int = 0
     #: extra sbatch options, e.g. {"exclusive": true, "reservation": "x"}
     additional: dict = field(default_factory=dict)
     #: shell lines run in the batch script before srun (module load ..., source venv/bin/activate)
@@ -232,7 +236,7 @@ def build_executor(cfg: SlurmConfig, cluster: str | None = None):
         for key in ("partition", "account", "qos", "mem", "constraint"):
             if getattr(cfg, key):
                 params[f"slurm_{key}"] = str(getattr(cfg, key))
-        params["slurm_signal_delay_s"] = cfg.signal_delay_s
+        params["slurm_signal_delay_s"] = cfg.signal_delay_s or SIGNAL_MARGIN_S  # 0 here: a probe, no checkpoint size
         params["slurm_setup"] = RENDEZVOUS_SETUP + list(cfg.setup)
         extra = {"requeue": True, **cfg.additional}
         params["slurm_additional_parameters"] = extra
@@ -326,22 +330,33 @@ def main(argv: list[str] | None = None) -> int:
     return run_main("s2t2 submit", lambda: _submit(args, stage_argv, flags))
 
 
-def check_stage_config(stage: str, argv: list[str]) -> None:
+def check_stage_config(stage: str, argv: list[str], cfg: SlurmConfig | None = None) -> None:
     """Parse the stage's own config here, before queueing, so that a mistake is one line now and not a job that
-    waits in the queue and then fails at start (ConfigError)."""
-    parse = getattr(importlib.import_module(STAGES[stage]), "parse_config", None)
-    if parse is not None:
-        parse(list(argv))
+    waits in the queue and then fails at start (ConfigError): the keys, and the batch layout on the ranks ``cfg``
+    asks for. Fills in cfg.signal_delay_s (0: auto) from the size of the stage's checkpoint."""
+    from s2t2_dist.cluster import layout
+
+    if stage not in layout.STAGE_NAMES:  # the probe: its own arguments
+        return
+    stage_cfg = layout.parse_stage_config(stage, argv)
+    if cfg is None:
+        return
+    world = cfg.nodes * cfg.ntasks_per_node
+    layout.check_layout(stage_cfg, world, f"slurm.nodes={cfg.nodes} x slurm.tasks_per_node={cfg.ntasks_per_node} "
+                                          f"= {world} ranks")
+    if not cfg.signal_delay_s:
+        cfg.signal_delay_s = layout.signal_lead_s(layout.checkpoint_bytes(stage, stage_cfg), cfg.nodes)
 
 
 def _submit(args, stage_argv: list[str], flags: dict) -> int:
     cfg, stage_argv = resolve_slurm_config(stage_argv, args.slurm_config, flags)
-    check_stage_config(args.stage, stage_argv)
+    check_stage_config(args.stage, stage_argv, cfg)
     if args.device == "cpu":
         cfg.env["S2T2_DEVICE"] = "cpu"
     job = submit_stage(args.stage, stage_argv, cfg, cluster=args.cluster)
     print(job.job_id, flush=True)
-    print(f"# {args.stage}: {cfg.nodes} node(s) x {cfg.ntasks_per_node} task(s), logs in "
+    print(f"# {args.stage}: {cfg.nodes} node(s) x {cfg.ntasks_per_node} task(s), time-limit signal "
+          f"{cfg.signal_delay_s} s ahead, logs in "
           f"{job.paths.stdout.parent}; stage arguments: {shlex.join(stage_argv)}", file=sys.stderr, flush=True)
     if not args.wait:
         return 0

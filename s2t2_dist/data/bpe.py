@@ -221,22 +221,39 @@ def save_tokenizer_dir(tok, output_dir: str | os.PathLike, *, context_len: int =
     return out
 
 
-def sample_for_tokenizer(split_dir: str | os.PathLike, *, max_records: int | None, seed: int = 0) -> Iterator[str]:
-    """A deterministic sample of about ``max_records`` train texts (by a hash of the id, not the first N)."""
+#: measured peak memory of char-level BPE training per character of its sample (bench/bench_bpe_memory.py: 60-72
+#: bytes on /work/shared/data/protein at 5,000-100,000 records; BENCHMARKS.md #20)
+BPE_BYTES_PER_CHAR = 64
+
+
+def sample_for_tokenizer(split_dir: str | os.PathLike, *, max_records: int | None, seed: int = 0,
+                         max_chars: int | None = None) -> Iterator[str]:
+    """A deterministic sample of about ``max_records`` train texts (by a hash of the id, not the first N), and of
+    at most ``max_chars`` characters: BPE training holds ~BPE_BYTES_PER_CHAR bytes per character, so this bounds
+    its memory. The sampling fraction aims at the smaller budget; the character budget is also a hard stop."""
     from .split import iter_split_docs, load_split, split_hash_u64
 
     m = load_split(split_dir)
-    n = m["records"]["train"]
-    frac = 1.0 if (max_records is None or max_records >= n) else max_records / n
+    n, chars = m["records"]["train"], m["chars"]["train"]
+    frac = 1.0
+    if max_records is not None and max_records < n:
+        frac = max_records / n
+    if max_chars is not None and max_chars < chars:
+        frac = min(frac, max_chars / chars)
     limit = frac * 2.0**64
+    taken = 0
     for _, rid, text in iter_split_docs(split_dir, "train"):
         if frac >= 1.0 or split_hash_u64(rid, seed + 7919) < limit:
+            taken += len(text)
+            if max_chars is not None and taken > max_chars:
+                return
             yield text
 
 
 def train_tokenizer(*, split_dir: str | os.PathLike, output_dir: str | os.PathLike, vocab_size: int = 512,
                     kind: str = "char", alphabet: str | None = None, min_frequency: int = 2,
-                    max_records: int | None = 500_000, seed: int = 0, context_len: int = 512,
+                    max_records: int | None = 500_000, max_chars: int | None = None, seed: int = 0,
+                    context_len: int = 512,
                     compare_with: dict[str, str] | None = None, report_max_records: int = 20_000,
                     progress: bool = True) -> dict:
     """Train the BPE on (a deterministic sample of) the train split of step 1 and save it to ``output_dir``.
@@ -251,6 +268,8 @@ def train_tokenizer(*, split_dir: str | os.PathLike, output_dir: str | os.PathLi
     params = {"vocab_size": vocab_size, "kind": kind, "alphabet": alphabet, "min_frequency": min_frequency,
               "max_records": max_records, "seed": seed, "context_len": context_len,
               "split_hash": split_manifest_hash(split_dir)}
+    if max_chars is not None:  # absent when unbounded: tokenizers trained before the key existed still match
+        params["max_chars"] = max_chars
     out = Path(output_dir)
     info_file = out / "bpe_training.json"
     if info_file.is_file() and (out / "tokenizer.json").is_file():
@@ -265,7 +284,7 @@ def train_tokenizer(*, split_dir: str | os.PathLike, output_dir: str | os.PathLi
     count = [0, 0]
 
     def texts():
-        it = sample_for_tokenizer(split_dir, max_records=max_records, seed=seed)
+        it = sample_for_tokenizer(split_dir, max_records=max_records, seed=seed, max_chars=max_chars)
         if progress:
             from tqdm.auto import tqdm
 
@@ -279,7 +298,8 @@ def train_tokenizer(*, split_dir: str | os.PathLike, output_dir: str | os.PathLi
                               min_frequency=min_frequency)
     if count[0] == 0:
         raise DataError(f"{split_dir}: the train split is empty; nothing to train a tokenizer on")
-    report = {"params": params, "trained_on": {"records": count[0], "chars": count[1]},
+    report = {"params": params, "trained_on": {"records": count[0], "chars": count[1],
+                                               "est_peak_bytes": BPE_BYTES_PER_CHAR * count[1]},
               "vocab_size": tok.get_vocab_size(with_added_tokens=True)}
     save_tokenizer_dir(tok, out, context_len=context_len, extra=report)
     return _finish_report(report, split_dir, out, compare_with, report_max_records)

@@ -73,8 +73,11 @@ class DataConfig:
     source_tokenizer: str | None = None
     #: use this tokenizer (an earlier run's BPE, a model's own) instead of training one
     tokenizer_path: str | None = None
-    #: deterministic sample of the train split for BPE training
+    #: deterministic sample of the train split for BPE training (at most this many records; see tokenizer_max_chars)
     tokenizer_max_records: int | None = 500_000
+    #: memory bound of BPE training: the sample stops at this many characters. Training holds ~60 bytes per character
+    #: sampled (protein, char-level: ~29 KB per UniRef50 record of ~480 residues); 50M ~ 3 GB peak, ~100k records
+    tokenizer_max_chars: int | None = 50_000_000
     # -- shards ------------------------------------------------------------------------------------------------
     #: tokens per packed train block (the training context length)
     context_len: int = 512
@@ -147,6 +150,8 @@ class DataConfig:
             raise bad("tokenizer_path", f"{tp!r} is neither a local tokenizer file/directory nor a hub id owner/name")
         if self.tokenizer_max_records is not None and self.tokenizer_max_records < 1:
             raise bad("tokenizer_max_records", "must be >= 1 or null (use the whole train split)")
+        if self.tokenizer_max_chars is not None and self.tokenizer_max_chars < 1:
+            raise bad("tokenizer_max_chars", "must be >= 1 or null (no memory bound)")
         if self.context_len < 2:
             raise bad("context_len", f"must be >= 2, got {self.context_len}")
         if self.shard_size < 1:

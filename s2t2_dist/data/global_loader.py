@@ -99,7 +99,8 @@ class GlobalTrainLoader:
 
     def __init__(self, shards, *, global_batch_size: int, micro_batch_size: int, rank: int = 0, world_size: int = 1,
                  num_workers: int = 0, seed: int = 0, shuffle_window: int = 4096, return_index: bool = False,
-                 check_files: bool = True, prefetch_factor: int = 4, multiprocessing_context: str | None = None):
+                 check_files: bool = True, prefetch_factor: int = 4, multiprocessing_context: str | None = None,
+                 pin_memory: bool = False):
         if not 0 <= rank < world_size:
             raise DataError(f"rank {rank} is not in [0, world_size={world_size})")
         if micro_batch_size < 1 or shuffle_window < 1 or num_workers < 0:
@@ -115,6 +116,9 @@ class GlobalTrainLoader:
         self.global_batch_size, self.micro_batch_size = global_batch_size, micro_batch_size
         self.seed, self.shuffle_window = seed, shuffle_window
         self.prefetch_factor, self.mp_context = prefetch_factor, multiprocessing_context
+        #: page-locked batches (set it when training on CUDA): a .to(device, non_blocking=True) copy of a pageable
+        #: tensor blocks the host until it is done
+        self.pin_memory = pin_memory
         self._stream = _GlobalStream(self.manifest, rank=rank, world_size=world_size,
                                      global_batch_size=global_batch_size, micro_batch_size=micro_batch_size,
                                      seed=seed, shuffle_window=shuffle_window, return_index=return_index)
@@ -188,7 +192,7 @@ class GlobalTrainLoader:
             for b in source:
                 pending[b.pop("_batch")] = b
                 while self.batch in pending:
-                    out = _to_torch(pending.pop(self.batch), False)
+                    out = _to_torch(pending.pop(self.batch), self.pin_memory)
                     self.batch += 1
                     yield out
         finally:

@@ -106,6 +106,7 @@ def prepare(cfg: DataConfig, *, progress: bool = True, steps: tuple[str, ...] = 
                 rep = train_tokenizer(split_dir=split_dir, output_dir=tok_dir, vocab_size=cfg.vocab_size,
                                       kind=cfg.resolved_tokenizer_kind(), alphabet=tokenizer_alphabet(cfg),
                                       min_frequency=cfg.min_frequency, max_records=cfg.tokenizer_max_records,
+                                      max_chars=cfg.tokenizer_max_chars,
                                       seed=cfg.seed, context_len=cfg.context_len, compare_with=compare,
                                       progress=progress)
         summary["tokenizer"] = {"dir": str(tok_dir), "hash": rep.get("tokenizer_hash"),

@@ -4,14 +4,14 @@ Rank r holds the columns ``[col_start, col_end)`` of C (v x u_r) and the matchin
 replicated. Column projections are local. A row projection needs every rank's part of each row; two ways:
 
 * ``method="threshold"`` (default): the pure :class:`~s2t2_dist.ot.simplex.SimplexProjector` with a
-  :class:`GroupComm`: each rank all-gathers its per-row top-k candidates (k + 1 values per row), every rank computes
-  the same candidate threshold (a lower bound) and checks that no rank has a non-candidate above it; rows that fail
-  use all-reduced per-row (sum, min) for the full-support test, then per-row (sum, count) partials of Michelot's
-  fixed point or a second candidate round. Warm starts (remembered candidate positions) need one masked max pass.
-  The backward pass of a row projection needs one all-reduce of per-row sums over the support (v values).
+  :class:`GroupComm`: all-reduced per-row sums and max-reduced per-row candidate bounds (each rank's top-k) give
+  every rank the same starting lower bound, then each of the fixed number of Newton passes all-reduces per-row
+  (sum, count) partials (2 v numbers). The backward pass of a row projection needs one all-reduce of per-row sums
+  over the support (v values). No host reads (the fallback's extra passes all-reduce their partials too).
 * ``method="alltoall"``: transpose by ``all_to_all_single`` (rank r receives whole rows ``[row_start_r,
-  row_end_r)``), project locally, all-gather the row thresholds and counts; each rank then takes its support by
-  one pass over its block. Same backward. Sends about ``(R-1)/R * v * u_r * 4`` bytes per row projection.
+  row_end_r)``), project locally, all-gather the row thresholds and counts; each rank then
+  takes its support mask by one pass over its block. Same backward. Sends about ``(R-1)/R * v * u_r * 4`` bytes
+  per row projection. No host reads either (every size comes from the shapes).
 
 Only collectives that gloo and NCCL both support are used: ``all_gather``, ``all_reduce`` (sum/min/max) and
 ``all_to_all_single``. :class:`CommStats` counts the bytes each rank SENDS under the usual ring algorithms
@@ -126,9 +126,8 @@ class AllToAllRowProjector(SimplexProjector):
     all-reduce of per-row sums.
     """
 
-    def __init__(self, scale: Tensor, n_total: int, col_sizes: List[int], comm: GroupComm, k: int = DEFAULT_ROW_K,
-                 sparse_density: float = 1.0 / 16):
-        super().__init__(scale, n_total=n_total, k=k, comm=comm, sparse_density=sparse_density)
+    def __init__(self, scale: Tensor, n_total: int, col_sizes: List[int], comm: GroupComm, k: int = DEFAULT_ROW_K):
+        super().__init__(scale, n_total=n_total, k=k, comm=comm)
         v = self.scale.numel()
         R = comm.world_size
         self.col_sizes = list(col_sizes)
@@ -136,10 +135,10 @@ class AllToAllRowProjector(SimplexProjector):
         r0, r1 = self.row_bounds[comm.rank]
         self.local = SimplexProjector(self.scale[r0:r1], n_total=n_total, k=k)
 
-    def threshold(self, z3: Tensor, inplace_ok: bool = False) -> Tuple[Tensor, Support]:
+    def threshold(self, z3: Tensor) -> Tuple[Tensor, Support]:
         v, n, _ = z3.shape
         comm = self.comm
-        R, me = comm.world_size, comm.rank
+        me = comm.rank
         z2 = z3.view(v, n)
         send = torch.cat([z2[a:b].reshape(-1) for a, b in self.row_bounds])
         r0, r1 = self.row_bounds[me]
@@ -151,26 +150,12 @@ class AllToAllRowProjector(SimplexProjector):
             off += (r1 - r0) * c
         rows = torch.cat(blocks, 1).contiguous()  # (r1 - r0, u): whole rows, global column order
         self.local.scale = self.scale[r0:r1]
-        tau_l, sup_l = self.local.threshold(rows.view(r1 - r0, -1, 1), inplace_ok=True)
+        tau_l, sup_l = self.local.threshold(rows.view(r1 - r0, -1, 1))
+        self.unproven = self.local.unproven
         both = torch.stack([tau_l.double(), sup_l.counts.double()], 1)
         allv = comm.all_gather_rows(both, [b - a for a, b in self.row_bounds])
         tau = allv[:, 0].to(z3.dtype)
-        counts = allv[:, 1]
-        self.stats = {"slices": v, "alltoall": True, "local": dict(self.local.stats)}
-        full = counts == self.n_total
-        counts_f = counts.to(z3.dtype)
-        if bool(full.all()):
-            return tau, Support("full", counts_f)
-        mask = z2 > tau.unsqueeze(1)
-        nf = ~full
-        nonfull_nnz = int(mask[nf].sum()) if bool(full.any()) else int(mask.sum())
-        if nonfull_nnz > self.sparse_density * z2.numel():
-            return tau, Support("mask", counts_f, mask=mask.view(z3.shape))
-        idx = (mask & nf.unsqueeze(1)).view(-1).nonzero().squeeze(1)
-        sid = idx // max(n, 1)
-        if bool(full.any()):
-            return tau, Support("mixed", counts_f, idx, sid, full=full)
-        return tau, Support("sparse", counts_f, idx, sid)
+        return tau, Support("mask", allv[:, 1].to(z3.dtype), z3 > tau.view(v, 1, 1))
 
 
 class ShardedSparseSinkhorn:

@@ -3,7 +3,6 @@ shard, e.g. the translator's C columns) or replicated (gradients averaged over r
 
 from __future__ import annotations
 
-import math
 import warnings
 from pathlib import Path
 from typing import Literal
@@ -34,7 +33,8 @@ class TorchEngine(Engine):
         self.trainable = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         if not self.trainable:
             raise ValueError("TorchEngine: the module has no trainable parameters")
-        self.optimizer = build_adamw([p for _, p in self.trainable], lr, weight_decay, betas, eps)
+        # fused: the kernel skips a non-finite step on the device (step_async), no host read
+        self.optimizer = build_adamw([p for _, p in self.trainable], lr, weight_decay, betas, eps, fused=True)
         self.scheduler = build_scheduler(self.optimizer, total_steps, warmup_frac, final_frac)
         self._warmup_frac, self._final_frac = warmup_frac, final_frac
         self.grad_clip = grad_clip
@@ -51,6 +51,14 @@ class TorchEngine(Engine):
         return [p.grad for _, p in self.trainable if p.grad is not None]
 
     def step(self) -> tuple[float, bool]:
+        norm, applied = self.step_async()
+        return float(norm), bool(applied)
+
+    def step_async(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`step` without a host sync: (grad norm, applied) as device tensors. A non-finite gradient (NaN or
+        inf anywhere, on any rank: the reduced squared norm is then non-finite on every rank) skips the update
+        inside the fused AdamW kernel (``found_inf``: parameters, moments and step count unchanged), the clipping is
+        a multiply by ``min(1, clip / norm)``: no branch reads a value back (DeepSpeed and FSDP read the norm)."""
         grads = self._grads()
         if self.params_kind == "replicated" and self.world > 1:
             for g in grads:
@@ -65,25 +73,22 @@ class TorchEngine(Engine):
             local_sq = torch.stack(torch._foreach_norm([g.detach() for g in grads])).double().pow(2).sum()
         if self.params_kind == "sharded" and self.world > 1:
             coll.all_reduce_(local_sq)
-        # A NaN anywhere makes the squared norm NaN on every rank after the reduction (of the gradients when
-        # replicated, of the norm when sharded), so all ranks agree. The one host sync of the step: the decision
-        # to apply it (DeepSpeed and FSDP make the same one).
-        sq = float(local_sq)
-        finite = math.isfinite(sq)
-        norm = math.sqrt(sq) if finite else sq
-        if not finite:
-            self.optimizer.zero_grad(set_to_none=True)
-            # The schedule still advances so a skipped step costs its lr slot, as in the uninterrupted run.
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)
-                self.scheduler.step()
-            return norm, False
-        if self.grad_clip and self.grad_clip > 0 and norm > self.grad_clip:
-            torch._foreach_mul_(grads, self.grad_clip / (norm + 1e-6))
-        self.optimizer.step()
+        norm = local_sq.sqrt()
+        finite = torch.isfinite(norm)
+        if grads and self.grad_clip and self.grad_clip > 0:
+            coef = (self.grad_clip / (norm + 1e-6)).clamp(max=1.0)
+            torch._foreach_mul_(grads, coef.to(grads[0].dtype))
+        if all(g.get("fused") for g in self.optimizer.param_groups):
+            self.optimizer.found_inf = (~finite).to(device=device, dtype=torch.float32)
+            self.optimizer.step()
+        elif bool(finite):  # an optimiser without found_inf: the decision is read on the host
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        return norm, True
+        # A skipped step still advances the schedule, so it costs its lr slot, as in the uninterrupted run.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            self.scheduler.step()
+        return norm, finite
 
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]

@@ -24,6 +24,25 @@ import torch.nn.functional as F
 
 from .hf import UnsupportedModel, freeze
 
+#: sdpa under a name without a mask builder: transformers then builds no mask (and skips its check of the
+#: position ids for packed sequences, a host sync per forward); sdpa without a mask is causal, as it is today
+_CAUSAL_SDPA = "s2t2_causal_sdpa"
+
+
+def _maskless_causal(config) -> bool:
+    """Whether a forward without a mask may skip transformers' mask building: sdpa, and every layer fully causal
+    (no sliding window: its layers need the mask built for them)."""
+    if getattr(config, "_attn_implementation", None) != "sdpa" or getattr(config, "sliding_window", None):
+        return False
+    return all(t == "full_attention" for t in (getattr(config, "layer_types", None) or ["full_attention"]))
+
+
+def _register_causal_sdpa() -> None:
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    AttentionInterface.register(_CAUSAL_SDPA, sdpa_attention_forward)
+
 IGNORE_INDEX = -100
 
 EmbeddingsFn = Callable[[], tuple[torch.Tensor, torch.Tensor]]
@@ -147,13 +166,22 @@ class TranslatedLM(nn.Module):
         finally:
             if pad is not None:
                 emb.padding_idx = pad
-        out = body(
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=False,
-            return_dict=True,
-        )
+        cfg = body.config
+        swap = attention_mask is None and position_ids is None and _maskless_causal(cfg)
+        if swap:  # training on packed blocks: no padding, causal attention without building (or checking) a mask
+            _register_causal_sdpa()
+            cfg._attn_implementation = _CAUSAL_SDPA
+        try:
+            out = body(
+                inputs_embeds=inputs_embeds,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=False,
+                return_dict=True,
+            )
+        finally:
+            if swap:
+                cfg._attn_implementation = "sdpa"
         return out.last_hidden_state
 
     def logits(self, hidden: torch.Tensor, L_new: torch.Tensor) -> torch.Tensor:
@@ -177,9 +205,11 @@ class TranslatedLM(nn.Module):
         u = E_new.shape[0]
         # checked where it costs nothing: on a GPU it would be two host syncs per step (the stage checks its CPU
         # batches before moving them; an id out of range on the GPU fails in the embedding lookup)
-        if input_ids.device.type == "cpu" and input_ids.numel() and (int(input_ids.min()) < 0
-                                                                    or int(input_ids.max()) >= u):
-            raise ValueError(f"target ids must lie in [0, {u}); got [{int(input_ids.min())}, {int(input_ids.max())}]")
+        if input_ids.device.type == "cpu" and input_ids.numel():  # through numpy: a host read, no torch op
+            a = input_ids.numpy()
+            lo, hi = int(a.min()), int(a.max())
+            if lo < 0 or hi >= u:
+                raise ValueError(f"target ids must lie in [0, {u}); got [{lo}, {hi}]")
         h = self.hidden_states(input_ids, E_new, attention_mask)
         logits = self.logits(h, L_new)
         nll, n = shifted_nll(logits, input_ids if labels is None else labels, attention_mask)

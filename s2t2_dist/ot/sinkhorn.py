@@ -22,7 +22,7 @@ from typing import Callable, List, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .simplex import SimplexProjector, Support, _gather, compute_dtype, sparsemax
+from .simplex import SimplexProjector, Support, compute_dtype, sparsemax
 
 __all__ = [
     "dykstra",
@@ -36,8 +36,10 @@ __all__ = [
     "DEFAULT_COL_K",
 ]
 
-DEFAULT_ROW_K = 8
-DEFAULT_COL_K = 32
+# starting bounds from the maximum only: a top-k costs ~100 passes on CPU and saved no Newton pass at the S2T2
+# shapes (bench/bench_sinkhorn.py, issue 21)
+DEFAULT_ROW_K = 1
+DEFAULT_COL_K = 1
 
 Projection = Union[SimplexProjector, Callable[[Tensor], Tensor]]
 
@@ -137,143 +139,32 @@ def dykstra(C: Tensor, row_proj: Projection, col_proj: Projection, n_iter: int =
 # --------------------------------------------------------------------------------------------------------------
 
 
-class _Iterate:
-    """A projected iterate (Y_k or X_k): dense buffer, or sparse (flat idx, values)."""
-
-    __slots__ = ("dense", "idx", "vals")
-
-    def __init__(self, dense=None, idx=None, vals=None):
-        self.dense, self.idx, self.vals = dense, idx, vals
-
-    def add_into(self, buf: Tensor) -> Optional[Tensor]:
-        """buf += self; returns the dense buffer that is free afterwards (or None)."""
-        if self.dense is not None:
-            buf.add_(self.dense)
-            return self.dense
-        buf.view(-1).index_add_(0, self.idx, self.vals)
-        return None
-
-    def to_dense(self, like: Tensor) -> Tensor:
-        if self.dense is not None:
-            return self.dense
-        out = torch.zeros_like(like)
-        out.view(-1).index_copy_(0, self.idx, self.vals)
-        return out
-
-
-def _project_inplace(z: Tensor, shp3: Tuple[int, int, int], tau: Tensor, sup: Support,
-                     spare: Optional[Tensor]) -> Tuple[_Iterate, bool]:
-    """Output ``max(z - tau, 0)``; ``z`` becomes the correction ``z - output = min(z, tau)`` in place.
-
-    ``z`` is a contiguous buffer, seen as ``shp3`` = (O, n, I) with slices along dim 1. Returns (iterate, whether
-    the dense buffer ``spare`` (same shape as ``z``) was used for the output). Off the support ``z <= tau``
-    already, so only support entries of ``z`` change (to ``tau``).
-    """
+def _project_inplace(z: Tensor, shp3: Tuple[int, int, int], tau: Tensor, out: Optional[Tensor]) -> Tensor:
+    """Output ``max(z - tau, 0)`` (into ``out`` when given); ``z`` becomes the correction ``z - output =
+    min(z, tau)`` in place. ``z`` is a contiguous buffer seen as ``shp3`` = (O, n, I), slices along dim 1."""
     O, n, I = shp3
-    zf = z.view(-1)
-    if sup.kind == "sparse":
-        t = tau.index_select(0, sup.sid)
-        vals = zf.index_select(0, sup.idx) - t
-        zf.index_copy_(0, sup.idx, t)
-        return _Iterate(idx=sup.idx, vals=vals), False
     z3 = z.view(shp3)
     t = tau.view(O, 1, I)
-    out = spare if spare is not None else torch.empty_like(z)
-    out3 = out.view(shp3)
-    if sup.kind == "full":
-        torch.sub(z3, t, out=out3)
-        z3.copy_(t.expand_as(z3))
-    elif sup.kind == "mask":
-        torch.sub(z3, t, out=out3)
-        out3.clamp_(min=0)
-        z3.clamp_(max=t)
-    else:  # mixed: whole full slices + sparse entries of the others
-        f = sup.full.view(O, 1, I)
-        ff = f.to(z.dtype)
-        t_s = tau.index_select(0, sup.sid)
-        vals = zf.index_select(0, sup.idx) - t_s
-        torch.addcmul(-t * ff, z3, ff, out=out3)
-        torch.where(f, t, z3, out=z3)
-        out.view(-1).index_copy_(0, sup.idx, vals)
-        zf.index_copy_(0, sup.idx, t_s)
-    return _Iterate(dense=out), spare is not None
-
-
-def _slice_of(flat: Tensor, shp3: Tuple[int, int, int]) -> Tensor:
-    O, n, I = shp3
-    return (flat // (n * I)) * I + flat % I
+    out = torch.empty_like(z) if out is None else out
+    torch.sub(z3, t, out=out.view(shp3)).clamp_(min=0)
+    z3.clamp_(max=t)
+    return out
 
 
 def _bwd_step(gin: Tensor, gcorr: Optional[Tensor], sup: Support, proj: SimplexProjector,
-              shp3: Tuple[int, int, int], gin_nz: Optional[Tensor] = None) -> Tensor:
+              shp3: Tuple[int, int, int]) -> Tensor:
     """Adjoint of one projection + correction update: ``where(S, gin - m, gcorr)``, ``m = mean_S(gin - gcorr)``.
 
-    (``gcorr`` None means zero.) Writes into ``gcorr`` when given and returns it. ``gin_nz``: sorted unique flat
-    positions outside which ``gin`` is zero (then whole-slice sums of ``gin`` and its copy into full slices cost
-    O(nnz) instead of passes over the matrix).
+    (``gcorr`` None means zero.) Writes into ``gcorr`` when given and returns it.
     """
     O, n, I = shp3
-    cnt = sup.counts.clamp(min=1)
-    kind = sup.kind
     g3 = gin.view(shp3)
-    c3 = None if gcorr is None else gcorr.view(shp3)
-    if kind == "mixed" and gin_nz is not None:
-        gi = _gather(gin, sup.idx)
-        hv = gi if gcorr is None else gi - _gather(gcorr, sup.idx)
-        nz_s = _slice_of(gin_nz, shp3)
-        nz_v = gin.reshape(-1).index_select(0, gin_nz)
-        dense_sums = torch.zeros(O * I, dtype=gin.dtype, device=gin.device).index_add_(0, nz_s, nz_v)
-        if c3 is not None:
-            dense_sums = dense_sums - c3.sum(1).reshape(-1)
-        m = proj.slice_sums(shp3, sup, hvals=hv, dense_sums=dense_sums) / cnt
-        f = sup.full.view(O, 1, I)
-        mf = m.view(O, 1, I) * f
-        if gcorr is None:
-            gcorr = torch.where(f, -mf, 0).expand(shp3).contiguous().view(gin.shape)
-        else:
-            torch.where(f, -mf, c3, out=c3)
-        keep = sup.full.index_select(0, nz_s)  # gin's entries in full slices: gcorr = gin - m there
-        gcorr.view(-1).index_add_(0, gin_nz[keep], nz_v[keep])
-        gcorr.view(-1).index_copy_(0, sup.idx, gi - m.index_select(0, sup.sid))
-        return gcorr
-    if kind in ("sparse", "mixed"):
-        gi = _gather(gin, sup.idx)
-        hv = gi if gcorr is None else gi - _gather(gcorr, sup.idx)
-        dense_sums = None
-        if kind == "mixed":
-            dense_sums = g3.sum(1).reshape(-1)
-            if c3 is not None:
-                dense_sums = dense_sums - c3.sum(1).reshape(-1)
-        m = proj.slice_sums(shp3, sup, hvals=hv, dense_sums=dense_sums) / cnt
-        if kind == "sparse":
-            if gcorr is None:
-                gcorr = torch.zeros_like(gin)
-        else:
-            f = sup.full.view(O, 1, I)
-            mf = m.view(O, 1, I) * f
-            if gcorr is None:
-                gcorr = torch.addcmul(-mf, g3, f.to(gin.dtype)).view(gin.shape)
-            else:
-                torch.where(f, g3, c3, out=c3)
-                c3.sub_(mf)
-        gcorr.view(-1).index_copy_(0, sup.idx, gi - m.index_select(0, sup.sid))
-        return gcorr
-    if kind == "full":
-        s = g3.sum(1).reshape(-1)
-        if c3 is not None:
-            s = s - c3.sum(1).reshape(-1)
-        m = proj.comm.all_reduce(s, "sum") / cnt
-        if gcorr is None:
-            gcorr = torch.empty_like(gin)
-        torch.sub(g3, m.view(O, 1, I), out=gcorr.view(shp3))
-        return gcorr
-    h = g3.clone() if c3 is None else g3 - c3
-    h.mul_(sup.mask)
-    m = proj.comm.all_reduce(h.sum(1).reshape(-1), "sum") / cnt
+    h = torch.where(sup.mask, g3 if gcorr is None else g3 - gcorr.view(shp3), 0)  # (where: a float * bool
+    m = proj.comm.all_reduce(h.sum(1).reshape(-1), "sum") / sup.counts.clamp(min=1)  # product is ~20x slower)
     torch.sub(g3, m.view(O, 1, I), out=h)
     if gcorr is None:
-        return h.mul_(sup.mask).view(gin.shape)
-    torch.where(sup.mask, h, c3, out=c3)
+        return torch.where(sup.mask, h, h.new_zeros(()), out=h).view(gin.shape)
+    torch.where(sup.mask, h, gcorr.view(shp3), out=gcorr.view(shp3))
     return gcorr
 
 
@@ -281,8 +172,8 @@ class _ThresholdDykstra(torch.autograd.Function):
     """Dykstra with simplex projections, forward in place on three (v, u) buffers, backward in closed form.
 
     Forward buffers: ``P`` (holds A_k = X_k + P_k, then P_{k+1} = min(A_k, tau_row)), ``Q`` (B_k, then Q_{k+1}),
-    and the projected iterates (sparse index/value lists when the support is small). Saved for backward: only the
-    2 * n_iter supports (indices, a bool mask, or nothing when the support is full) and per-slice counts.
+    and the projected iterate. Saved for backward: only the 2 * n_iter supports (bool masks) and per-slice counts.
+    No host reads: the graph and every shape are the same whatever the data.
 
     Backward (adjoint of ``A = X + P; Y = R(A); P' = A - Y; B = Y + Q; X' = K(B); Q' = B - X'``, with R, K the
     symmetric Jacobians ``J h = S * (h - mean_S h)``)::
@@ -299,34 +190,22 @@ class _ThresholdDykstra(torch.autograd.Function):
         r3, c3 = (v, u, 1), (1, v, u)
         P = C.detach().to(cdt, copy=True).contiguous()  # A_0 = X_0 + P_0 = C
         Q: Optional[Tensor] = None
-        X: Optional[_Iterate] = None
-        spare: Optional[Tensor] = None
+        X: Optional[Tensor] = None
         sups: List[Support] = []
         for _ in range(n_iter):
             if X is not None:
-                freed = X.add_into(P)
-                spare = freed if freed is not None else spare
-            tau, sup = row_proj.threshold(P.view(r3), inplace_ok=True)
-            Y, used = _project_inplace(P, r3, tau, sup, spare)
-            if used:
-                spare = None
+                P.add_(X)
+            tau, sup = row_proj.threshold(P.view(r3))
             sups.append(sup)
             if Q is None:
-                if Y.dense is not None:
-                    Q = Y.dense
-                else:
-                    Q = torch.zeros_like(P)
-                    Q.view(-1).index_copy_(0, Y.idx, Y.vals)
+                Q = _project_inplace(P, r3, tau, None)  # B_0 = Y_0 (Q_0 = 0)
             else:
-                freed = Y.add_into(Q)
-                spare = freed if freed is not None else spare
-            tau, sup = col_proj.threshold(Q.view(c3), inplace_ok=True)
-            X, used = _project_inplace(Q, c3, tau, sup, spare)
-            if used:
-                spare = None
+                X = _project_inplace(P, r3, tau, X)  # Y_k, in X's buffer (X_k is in P now)
+                Q.add_(X)
+            tau, sup = col_proj.threshold(Q.view(c3))
             sups.append(sup)
-        out = X.to_dense(P).view(v, u)
-        del P, Q, spare
+            X = _project_inplace(Q, c3, tau, X)
+        del P, Q
         ctx.kinds = [s.kind for s in sups]
         ctx.row_proj, ctx.col_proj = row_proj, col_proj
         ctx.shape = (v, u)
@@ -335,29 +214,23 @@ class _ThresholdDykstra(torch.autograd.Function):
         for s in sups:
             flat += s.tensors()
         ctx.save_for_backward(*flat)
+        # (kind, nnz as a 0-d tensor) per projection: int() them on logging steps only (host reads)
         ctx.stats = [(s.kind, s.nnz()) for s in sups]
-        return out.to(C.dtype)
+        return X.view(v, u).to(C.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g: Tensor):
         saved = ctx.saved_tensors
-        sups = [Support(kind, *saved[5 * i: 5 * i + 5]) for i, kind in enumerate(ctx.kinds)]
+        sups = [Support(kind, *saved[2 * i: 2 * i + 2]) for i, kind in enumerate(ctx.kinds)]
         v, u = ctx.shape
         cdt = sups[0].counts.dtype
         gX = g.to(cdt).contiguous()
         gP: Optional[Tensor] = None
         gQ: Optional[Tensor] = None
-        gp_nz: Optional[Tensor] = None  # while every row support was sparse, gP is zero outside these positions
         for it in reversed(range(len(sups) // 2)):
-            gQ = _bwd_step(gX, gQ, sups[2 * it + 1], ctx.col_proj, (1, v, u), gp_nz if gP is not None else None)
-            rs = sups[2 * it]
-            first = gP is None
-            gP = _bwd_step(gQ, gP, rs, ctx.row_proj, (v, u, 1))
-            if rs.kind == "sparse" and (first or gp_nz is not None):
-                gp_nz = rs.idx if first else torch.unique(torch.cat([gp_nz, rs.idx]))
-            else:
-                gp_nz = None
+            gQ = _bwd_step(gX, gQ, sups[2 * it + 1], ctx.col_proj, (1, v, u))
+            gP = _bwd_step(gQ, gP, sups[2 * it], ctx.row_proj, (v, u, 1))
             gX = gP
         return gP.to(ctx.in_dtype), None, None, None
 
@@ -370,9 +243,9 @@ class _ThresholdDykstra(torch.autograd.Function):
 class SparseSinkhorn:
     """Sparse Sinkhorn with persistent projectors: call it every training step for warm starts.
 
-    The projectors remember the candidate positions, candidate count and full-support pattern of their last call;
-    the result never depends on that state (exact thresholds, supports in canonical order), only the time does.
-    ``P = SparseSinkhorn(mu, nu)(C, n_iter)``.
+    ``P = SparseSinkhorn(mu, nu)(C, n_iter)``. No host reads after the first call's validation; :meth:`unproven`
+    (read it on logging steps) counts the slices whose threshold the fixed iterations left a lower bound (0 unless
+    a pathological C defeats them).
     """
 
     def __init__(self, mu: Tensor, nu: Tensor, row_k: int = DEFAULT_ROW_K, col_k: int = DEFAULT_COL_K,
@@ -395,6 +268,11 @@ class SparseSinkhorn:
             if p.scale.dtype != cdt or p.scale.device != C.device:
                 p.scale = m.detach().to(device=C.device, dtype=cdt)
         return dykstra(C, self.rows, self.cols, n_iter)
+
+    def unproven(self) -> Optional[Tensor]:
+        """Slices (rows and columns, all calls so far) whose threshold was not proven exact: a device tensor."""
+        parts = [p.unproven for p in (self.rows, self.cols) if p.unproven is not None]
+        return sum(parts) if parts else None
 
 
 def sparse_sinkhorn(

@@ -1,6 +1,6 @@
 """Evaluate: perplexity per token and bits-per-byte on held-out documents, for every row of the paper's comparisons.
 
-    s2t2 evaluate --config configs/evaluate.yaml model.path=runs/finetune/final                        # (a)
+    s2t2 evaluate --config configs/evaluate_olmo1b.yaml model.path=runs/finetune/final                        # (a)
     s2t2 evaluate ... model.path=allenai/OLMo-1B-hf init.kind=translated init.p_file=runs/t1b/P.safetensors   # (b)
     s2t2 evaluate ... model.path=allenai/OLMo-7B-hf init.kind=translated init.p_file=runs/t1b/P.safetensors   # (c)
     deepspeed --num_gpus 8 launch/evaluate.py --ds_config configs/ds_zero3.json --config ...          # sharded 7B

@@ -176,7 +176,7 @@ def build(cfg: FinetuneConfig, rt: Runtime):
     plan = prepare_initial_model(cfg.init, cfg.model.path, cfg.data.tokenizer, init_dir, is_main=env.is_main,
                                  trust_remote_code=cfg.model.trust_remote_code)
     # the data position is global (a sample count): a checkpoint resumes on another number of ranks
-    cfg.train.grad_accum(env.world_size)  # the layout is possible (ConfigError naming the keys otherwise)
+    cfg.train.resolve_layout(env.world_size)  # auto -> a number; ConfigError naming the keys if impossible
     loader = GlobalTrainLoader(cfg.data.train, global_batch_size=cfg.train.batch_size,
                                micro_batch_size=cfg.train.micro_batch_size, rank=env.rank, world_size=env.world_size,
                                num_workers=cfg.data.num_workers, seed=cfg.train.seed,

@@ -171,14 +171,32 @@ class TranslateTask:
         dt = self.E.dtype
         return E_new.to(dt), L_new.to(dt)
 
-    def loss(self, batch):
-        ids = batch["input_ids"]
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= len(self.target_vocab)):  # on the CPU: free
-            raise ValueError(f"target ids must lie in [0, {len(self.target_vocab)}); got "
-                             f"[{int(ids.min())}, {int(ids.max())}]")
-        ids = ids.to(self.rt.device, non_blocking=True)
+    def before_step(self, steps_done: int, logging: bool) -> None:
+        """One plan per optimiser step: the recipe's phase, then P, E', L' (and H) computed once for all the
+        step's micro-batches (TokenTranslator.begin_step)."""
         if self.schedule is not None:  # the recipe's phase for the steps done (dense warm-up, annealing)
             self.schedule(self.engine.scheduler.last_epoch, self.engine)
+        self.translator.begin_step(self.E, self.L, self.src_ids, entropy=bool(self.alpha))
+        self._unsampled += 1
+
+    def after_backward(self, logging: bool) -> None:
+        """The step's one backward into C; on logging steps the gradient monitor samples C's final gradient (on
+        the device: read in report())."""
+        self.translator.finish_step()
+        if logging:
+            self.translator.end_step(self._unsampled)
+            self._unsampled = 0
+
+    _unsampled = 0  # optimiser steps since the gradient monitor's last sample
+
+    def loss(self, batch):
+        ids = batch["input_ids"]
+        if ids.numel() and ids.device.type == "cpu":  # the host batch, read through numpy: no torch op, no sync
+            a = ids.numpy()
+            lo, hi = int(a.min()), int(a.max())
+            if lo < 0 or hi >= len(self.target_vocab):
+                raise ValueError(f"target ids must lie in [0, {len(self.target_vocab)}); got [{lo}, {hi}]")
+        ids = ids.to(self.rt.device, non_blocking=True)
         E_new, L_new = self.embeddings()
         with torch.autocast(self.rt.device.type, dtype=torch.bfloat16, enabled=self.rt.dtype == torch.bfloat16):
             out = self.lm(ids, E_new=E_new, L_new=L_new)
@@ -324,11 +342,12 @@ def build(cfg: TranslateConfig, rt: Runtime):
                          total_steps=cfg.train.steps, warmup_frac=o.warmup_frac, final_frac=o.final_lr_frac,
                          grad_clip=o.grad_clip, params="sharded")
     # The data position is global (a sample count), so that a checkpoint resumes on any number of ranks
-    cfg.train.grad_accum(env.world_size)  # the layout is possible (ConfigError naming the keys otherwise)
+    cfg.train.resolve_layout(env.world_size)  # auto -> a number; ConfigError naming the keys if impossible
     loader = GlobalTrainLoader(cfg.data.train, global_batch_size=cfg.train.batch_size,
                                micro_batch_size=cfg.train.micro_batch_size, rank=env.rank, world_size=env.world_size,
                                num_workers=cfg.data.num_workers, seed=cfg.train.seed,
-                               shuffle_window=cfg.data.shuffle_window, return_index=True)
+                               shuffle_window=cfg.data.shuffle_window, return_index=True,
+                               pin_memory=rt.device.type == "cuda")
     if loader.dropped_per_epoch and env.is_main:
         log.info("data: %d blocks of each epoch (fewer than one global batch of %d) are left out of that epoch; "
                  "the order changes every epoch", loader.dropped_per_epoch, cfg.train.batch_size)
@@ -451,7 +470,7 @@ def run(cfg: TranslateConfig) -> dict:
     ck.check_resumable()
     record_config(rt, cfg)
     task, engine, loader, hashes = build(cfg, rt)
-    result = train(cfg.train, task, engine, loader, ck, rt.logger, on_step=lambda s, _: task.translator.end_step())
+    result = train(cfg.train, task, engine, loader, ck, rt.logger)
     summary = {"step": result.step, "finished": result.finished, "preempted": result.preempted,
                "bad_steps": result.bad_steps, "final_loss": result.final_loss,
                "lm_param_fraction_per_rank": task.lm_param_fraction,

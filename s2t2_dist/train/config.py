@@ -44,8 +44,11 @@ class TrainConfig:
     steps: int = 2000
     #: global batch in sequences per optimiser step (paper: 16), split over ranks and accumulation steps
     batch_size: int = 16
-    #: sequences per rank per forward pass
-    micro_batch_size: int = 16
+    #: sequences per rank per forward pass; auto: the largest divisor of batch_size / ranks whose
+    #: micro_batch_size x context_len fits max_micro_tokens (so one config runs on any rank count dividing batch_size)
+    micro_batch_size: int | Literal["auto"] = 16
+    #: with micro_batch_size auto: the most tokens per rank per forward pass (activation memory grows with it)
+    max_micro_tokens: int = 4096
     #: tokens per training sequence (must equal the shards' context_len)
     context_len: int = 512
     #: seed of model initialisation and data order
@@ -68,8 +71,8 @@ class TrainConfig:
     stop_after: int = 0
 
     def validate(self) -> None:
-        for k in ("steps", "batch_size", "micro_batch_size", "context_len"):
-            if getattr(self, k) <= 0:
+        for k in ("steps", "batch_size", "micro_batch_size", "context_len", "max_micro_tokens"):
+            if getattr(self, k) != "auto" and getattr(self, k) <= 0:
                 raise ConfigError(f"{k}: must be > 0, got {getattr(self, k)}")
         if self.ckpt_every < 0 or self.log_every <= 0 or self.max_bad_steps < 0:
             raise ConfigError("ckpt_every must be >= 0, log_every > 0, max_bad_steps >= 0")
@@ -77,11 +80,29 @@ class TrainConfig:
             raise ConfigError(f"keep_checkpoints: must be >= 1 (the newest checkpoint is what a restart resumes "
                               f"from), got {self.keep_checkpoints}")
 
-    def grad_accum(self, world_size: int) -> int:
-        per_step = self.micro_batch_size * world_size
-        if self.batch_size % per_step:
+    def micro_for(self, world_size: int, ranks: str = "") -> int:
+        """The micro-batch on ``world_size`` ranks (auto resolved); ConfigError naming the keys if the layout is
+        impossible. ``ranks``: how the rank count came about, for the message (e.g. "slurm.nodes=2 x ...")."""
+        if self.batch_size % world_size:
+            raise ConfigError(f"train.batch_size={self.batch_size} is not a multiple of the ranks "
+                              f"({ranks or f'{world_size} ranks'}), "
+                              "whatever train.micro_batch_size: impossible layout; change train.batch_size or the "
+                              "number of ranks")
+        per_rank = self.batch_size // world_size
+        if self.micro_batch_size == "auto":
+            fits = max(self.max_micro_tokens // self.context_len, 1)
+            return max(m for m in range(1, min(per_rank, fits) + 1) if per_rank % m == 0)
+        if per_rank % self.micro_batch_size:
             raise ConfigError(
                 f"train.batch_size={self.batch_size} is not a multiple of micro_batch_size x ranks = "
-                f"{self.micro_batch_size} x {world_size}; impossible layout"
-            )
-        return self.batch_size // per_step
+                f"{self.micro_batch_size} x {world_size}{f' ({ranks})' if ranks else ''}: impossible layout; "
+                "set train.micro_batch_size=auto or a divisor of batch_size / ranks")
+        return self.micro_batch_size
+
+    def grad_accum(self, world_size: int) -> int:
+        return self.batch_size // (self.micro_for(world_size) * world_size)
+
+    def resolve_layout(self, world_size: int) -> int:
+        """Fix micro_batch_size for ``world_size`` ranks (auto becomes a number); returns the accumulation steps."""
+        self.micro_batch_size = self.micro_for(world_size)
+        return self.grad_accum(world_size)

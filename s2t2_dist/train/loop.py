@@ -9,6 +9,7 @@ SIGTERM/SIGUSR1 (what SLURM sends before preemption or a time limit).
 from __future__ import annotations
 
 import math
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -35,11 +36,21 @@ class Task(Protocol):
     def evaluate(self) -> dict[str, float]:
         """Held-out metrics (collective)."""
 
+    # Optional (called when the task defines them):
+    # before_step(steps_done: int, logging: bool) -> None: before the step's first micro-batch
+    # after_backward(logging: bool) -> None: after its last backward, before engine.step() (the gradient must be
+    #     final here: the engine's clipping and non-finite check read it); ``logging``: this step logs (the only
+    #     steps on which a task may read values back to the host)
+
 
 class ResumableLoader(Protocol):
     def __iter__(self) -> Iterator[dict]: ...
     def state_dict(self) -> dict: ...
     def load_state_dict(self, state: dict) -> None: ...
+
+
+#: environment variable: torch.cuda.set_sync_debug_mode for the steps that read nothing back (see train())
+SYNC_DEBUG_ENV = "S2T2_SYNC_DEBUG"
 
 
 class TooManyBadSteps(RuntimeError):
@@ -100,7 +111,7 @@ def train(
     *,
     tokens_per_micro_batch: int | None = None,
     progress: bool = True,
-    on_step: Callable[[int, float], None] | None = None,
+    on_step: Callable[[int, torch.Tensor], None] | None = None,
 ) -> LoopResult:
     rank, world = _world()
     accum = cfg.grad_accum(world)
@@ -140,11 +151,61 @@ def train(
     data = iter(loader)
     steps_this_run = 0
     t_last, toks_since, wait_since = time.perf_counter(), 0, 0.0
+    before_step = getattr(task, "before_step", None)
+    after_backward = getattr(task, "after_backward", None)
+    step_async = getattr(engine, "step_async", None)
+    tracing = bool(os.environ.get(faults.TRACE_ENV))  # the fault tests' trace records every step's loss
+    # S2T2_SYNC_DEBUG=error|warn (bench/gpu_smoke.py): on CUDA, a step that neither logs, checkpoints nor stops
+    # runs under torch.cuda.set_sync_debug_mode, so any host sync in it raises (or warns) where it happens
+    sync_debug = os.environ.get(SYNC_DEBUG_ENV) if torch.cuda.is_available() else None
+    # Steps not yet read back: (step, this rank's summed micro-batch losses, applied, grad norm), device values.
+    # Nothing is read to the host on a step that does not log, checkpoint or stop (a GPU keeps running ahead).
+    pending: list[tuple[int, Any, Any, Any]] = []
+    last = {"norm": float("nan"), "tok_total": 0.0}
+
+    def flush(stop_flag: float) -> bool:
+        """Read the pending steps back (one device->host copy) and reduce them over the ranks with the tokens
+        and the stop flag in ONE collective; counts bad steps. Returns whether some rank asked to stop."""
+        nonlocal bad_steps
+        k = len(pending)
+        host = []
+        if k:  # one copy: each step's loss sum, applied flag (the same on every rank: the engine's decision), norm
+            dev = pending[0][1].device
+            host = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=dev).reshape(())
+                                for _, *vals in pending for v in vals]).cpu().reshape(k, 3).tolist()
+        sums = _sum_across([h[0] for h in host] + [float(toks_since), stop_flag])
+        for (at, _, _, _), (_, ok, norm), total in zip(pending, host, sums[:k]):
+            mean_loss = total / accum / world
+            if ok != 1.0 or not math.isfinite(mean_loss):
+                bad_steps += 1
+                logger.scalars(at, {"train/bad_steps": bad_steps})
+                if bad_steps > cfg.max_bad_steps:
+                    raise TooManyBadSteps(
+                        f"{bad_steps} steps had non-finite loss or gradients (limit train.max_bad_steps="
+                        f"{cfg.max_bad_steps}); last at step {at}. The parameters were not updated by them."
+                    )
+            result.losses.append((at, mean_loss))
+            result.final_loss = mean_loss
+            faults.record_step(at, mean_loss, bool(ok))
+            last["norm"] = norm
+        if bar is not None and k:
+            bar.set_postfix(loss=f"{result.final_loss:.4f}")
+        pending.clear()
+        last["tok_total"] = sums[k]
+        return sums[k + 1] > 0
+
     try:
         while step < cfg.steps:
+            logging_step = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps
+            budget_hit = cfg.stop_after and steps_this_run + 1 >= cfg.stop_after
+            ckpt_step = (cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0) or step + 1 == cfg.steps or budget_hit
+            quiet = not (logging_step or ckpt_step or tracing)  # nothing is read back in this step
+            if sync_debug and quiet:
+                torch.cuda.set_sync_debug_mode(sync_debug)
+            if before_step is not None:
+                before_step(step, logging_step)
             # The micro-batch losses are summed on the device: reading one (float()) would stall the host until
-            # its forward has run, before the backward is even queued. The sum is read once, after engine.step()
-            # has synchronised anyway (its finite-gradient decision).
+            # its forward has run, before the backward is even queued.
             loss_sum, extra = None, {}
             for _ in range(accum):
                 t0 = time.perf_counter()
@@ -160,40 +221,39 @@ def train(
                 engine.backward(loss / accum)
                 loss_sum = loss.detach().double() if loss_sum is None else loss_sum + loss.detach().double()
                 toks_since += tokens_per_micro_batch or batch["input_ids"].numel()
-            grad_norm, applied = engine.step()
+            if after_backward is not None:
+                after_backward(logging_step)
+            # device tensors where the engine can decide without a host read (TorchEngine), else host values
+            grad_norm, applied = engine.step_async() if step_async is not None else engine.step()
             step += 1
             steps_this_run += 1
-            (mean_loss,) = _sum_across([float(loss_sum) / accum])
-            mean_loss /= world
-            if not applied or not math.isfinite(mean_loss):
-                bad_steps += 1
-                logger.scalars(step, {"train/bad_steps": bad_steps})
-                if bad_steps > cfg.max_bad_steps:
-                    raise TooManyBadSteps(
-                        f"{bad_steps} steps had non-finite loss or gradients (limit train.max_bad_steps="
-                        f"{cfg.max_bad_steps}); last at step {step}. The parameters were not updated by them."
-                    )
-            result.losses.append((step, mean_loss))
-            result.final_loss = mean_loss
-            faults.record_step(step, mean_loss, applied)
+            pending.append((step, loss_sum, applied, grad_norm))
             faults.point("loop.step_end", step)
             if on_step is not None:
-                on_step(step, mean_loss)
+                on_step(step, loss_sum / accum)  # this rank's loss, a device tensor: reading it is a host sync
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{mean_loss:.4f}")
-            if step % cfg.log_every == 0 or step == cfg.steps:
+            if sync_debug and quiet:
+                torch.cuda.set_sync_debug_mode(0)
+            stop_flag = 1.0 if stop.requested is not None else 0.0
+            if not quiet:
+                stop_now = flush(stop_flag)
+            else:
+                # only the stop flag, a host value over the host (gloo) group: no device sync
+                (stop_now,) = _sum_across([stop_flag])
+                if stop_now:
+                    flush(stop_flag)
+            if logging_step:
                 now = time.perf_counter()
                 dt = now - t_last
-                (tok_total,) = _sum_across([float(toks_since)])
                 logger.scalars(
                     step,
                     {
-                        "train/loss": mean_loss,
-                        "train/perplexity": math.exp(min(mean_loss, 50.0)),
+                        "train/loss": result.final_loss,
+                        "train/perplexity": math.exp(min(result.final_loss, 50.0)),
                         "train/lr": engine.lr(),
-                        "train/grad_norm": grad_norm,
-                        "train/tokens_per_s": tok_total / max(dt, 1e-9),
+                        "train/grad_norm": float(last["norm"]),
+                        "train/tokens_per_s": last["tok_total"] / max(dt, 1e-9),
                         **{f"train/{k}": float(v) for k, v in extra.items()},  # tensors read here only
                     },
                 )
@@ -207,10 +267,7 @@ def train(
                 engine.eval()
                 logger.scalars(step, {f"eval/{k}": v for k, v in task.evaluate().items()})
                 engine.train()
-            # a CPU-only collective (gloo): no device sync; checked after the step's faults and evaluation
-            (stop_now,) = _sum_across([1.0 if stop.requested is not None else 0.0])
-            budget_hit = cfg.stop_after and steps_this_run >= cfg.stop_after
-            if (cfg.ckpt_every and step % cfg.ckpt_every == 0) or step == cfg.steps or stop_now or budget_hit:
+            if ckpt_step or stop_now:
                 save(step)
             if stop_now or (budget_hit and step < cfg.steps):
                 result.preempted = True

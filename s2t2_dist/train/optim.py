@@ -39,12 +39,15 @@ def param_groups(params: Iterable[torch.nn.Parameter], weight_decay: float) -> l
     return groups
 
 
-def build_adamw(params, lr: float, weight_decay: float, betas, eps: float):
-    """torch AdamW over `params` (parameters, grouped by param_groups(), or ready-made groups)."""
+def build_adamw(params, lr: float, weight_decay: float, betas, eps: float, fused: bool = False):
+    """torch AdamW over `params` (parameters, grouped by param_groups(), or ready-made groups); ``fused``: the
+    fused kernel (one launch; it can skip a step flagged by ``optimizer.found_inf`` on the device)."""
     params = list(params)
     groups = params if params and isinstance(params[0], dict) else param_groups(params, weight_decay)
     # foreach=None: torch's default, the multi-tensor kernels for CUDA parameters (a handful of launches instead of
     # ~10 per tensor) and the per-tensor loop on CPU (the same arithmetic as before there)
+    if fused:
+        return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=True)
     return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, foreach=None)
 
 

@@ -32,23 +32,23 @@ from s2t2_dist.dist.sharded_sinkhorn import (
     DEFAULT_COL_K,
     DEFAULT_ROW_K,
     GroupComm,
-    ShardedSparseSinkhorn,
     all_reduce_sum_mean_grad,
     gather_rows_mean_grad,
     shard_bounds,
-    sharded_softmax_sinkhorn,
     world_of,
 )
 from s2t2_dist.ot.entropy import entropy as _entropy
-from s2t2_dist.ot.sinkhorn import SparseSinkhorn, softmax_sinkhorn, unconstrained_plan, validate_plan_inputs
+from s2t2_dist.ot.sinkhorn import validate_plan_inputs
 from s2t2_dist.pfile import sparsity_summary
+from s2t2_dist.translator.kinds import REGISTRY, Kind, _safe_inv
 
 __all__ = ["TokenTranslator", "KINDS", "NORMALIZATIONS", "translated_rows", "translation_weights"]
 
 #: a step counts as frozen when fewer than this fraction of the target columns receive any gradient on C
 FREEZE_LIVE_COLS = 0.05
 
-KINDS = ("sparse", "softmax", "unconstrained")
+#: the translator kinds (translator/kinds.py)
+KINDS = tuple(REGISTRY)
 NORMALIZATIONS = ("convex", "paper")
 
 
@@ -56,11 +56,6 @@ def _no_autocast(t: Tensor):
     """The translator computes in C's dtype (float32) even inside a bf16 autocast region: the Sinkhorn's marginals
     and P's small entries (about 1/v) are lost in bf16's 8 mantissa bits, and autocast would run P^T @ E in bf16."""
     return torch.autocast(t.device.type, enabled=False)
-
-
-def _safe_inv(x: Tensor) -> Tensor:
-    """1/x where x > 0, 0 elsewhere (a zero marginal has an all-zero row/column of P)."""
-    return torch.where(x > 0, 1.0 / x.clamp(min=torch.finfo(x.dtype).tiny), torch.zeros_like(x))
 
 
 def translation_weights(P: Tensor, mu: Tensor, nu: Tensor, normalization: str, part: str = "head") -> Tensor:
@@ -135,7 +130,7 @@ class TokenTranslator(nn.Module):
         if v < 1 or u < 1:
             raise ValueError(f"v and u must be >= 1, got v={v}, u={u}")
         self.v, self.u = int(v), int(u)
-        self.kind, self.n_iter, self.normalization = kind, int(n_iter), normalization
+        self.n_iter, self.normalization = int(n_iter), normalization
         self.sharded_method, self.row_k, self.col_k = sharded_method, int(row_k), int(col_k)
         self.group = group
         self.rank, self.world_size = world_of(group) if group is not None else (0, 1)
@@ -154,11 +149,12 @@ class TokenTranslator(nn.Module):
                                          device=device))
         #: P is computed from C / temperature (1: the plain plan; > 1 while annealing from dense to sparse)
         self.temperature = 1.0
-        self._solver = None
-        self._solver_key = None
+        self._kinds: Dict[str, Kind] = {}  # one object per kind used (the sparse one keeps its warm start)
+        self.kind = kind
         self._comm = None
         self._cache_grad: Optional[Tuple[int, Tensor]] = None
         self._cache_val: Optional[Tuple[int, Tensor]] = None
+        self._step = None  # begin_step's (outputs, leaves, inputs) until finish_step
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -185,15 +181,32 @@ class TokenTranslator(nn.Module):
         if tuple(P.shape) != (self.v, self.u):
             raise ValueError(f"P must be {self.v} x {self.u}, got {tuple(P.shape)}")
         Pl = P[:, self.col_start: self.col_end].to(device=self.C.device, dtype=torch.float64)
-        if self.kind == "sparse":
-            C = Pl
-        elif self.kind == "softmax":
-            C = Pl.clamp(min=1e-30).log()
-        else:
-            C = Pl * _safe_inv(self.nu_local.double()).unsqueeze(0)
-        self.C.copy_(C.to(self.C.dtype))
+        C = self.plan_kind.init_from_plan(Pl).to(self.C.dtype)
+        if not bool(torch.isfinite(C).all()):  # the solvers run unchecked (kinds.py): C is checked where it is set
+            raise ValueError("init_from_dense: P gives a non-finite C (P must be finite, and >= 0 for a plan)")
+        self.C.copy_(C)
+        self.invalidate()
 
     # ------------------------------------------------------------------ plumbing
+    @property
+    def kind(self) -> str:
+        """The kind's name; setting it switches how P is computed (e.g. the dense warm-up of translator/schedule.py)."""
+        return self._kind_name
+
+    @kind.setter
+    def kind(self, name: str) -> None:
+        if name not in REGISTRY:
+            raise ValueError(f"kind must be one of {KINDS}, got {name!r}")
+        if name not in self._kinds:
+            self._kinds[name] = REGISTRY[name](self)
+        self._kind_name = name
+        self.invalidate()
+
+    @property
+    def plan_kind(self) -> Kind:
+        """The kind object (translator/kinds.py) that computes P from C."""
+        return self._kinds[self._kind_name]
+
     @property
     def nu_local(self) -> Tensor:
         return self.nu[self.col_start: self.col_end]
@@ -212,22 +225,12 @@ class TokenTranslator(nn.Module):
             self._comm = GroupComm(self.group)
         return self._comm
 
-    def _sparse_solver(self):
-        key = (self.C.device, self.C.dtype)
-        if self._solver is None or self._solver_key != key:
-            if self.sharded:
-                self._solver = ShardedSparseSinkhorn(self.mu, self.nu_local, self.u, self.group, self.sharded_method,
-                                                     self.row_k, self.col_k)
-            else:
-                self._solver = SparseSinkhorn(self.mu, self.nu, self.row_k, self.col_k)
-            self._solver_key = key
-        return self._solver
-
     def _on_P_grad(self, g: Tensor) -> None:
-        self._drop_grad_cache()
+        self.invalidate()
 
-    def _drop_grad_cache(self) -> None:
-        # after backward the step's P is no longer needed (and C is about to change): free it, values included
+    def invalidate(self) -> None:
+        """Forget the cached P (values included): after backward the step's P is no longer needed, and a change of
+        kind or of C made outside an optimiser step would otherwise go unseen."""
         self._cache_grad = None
         self._cache_val = None
 
@@ -238,13 +241,7 @@ class TokenTranslator(nn.Module):
     def _compute_P_fp32(self) -> Tensor:
         # temperature > 1 (annealing): the plan of C / T, denser than C's (see StepRecipe)
         C = self.C if self.temperature == 1.0 else self.C / self.temperature
-        if self.kind == "sparse":
-            return self._sparse_solver()(C, self.n_iter)
-        if self.kind == "softmax":
-            if self.sharded:
-                return sharded_softmax_sinkhorn(C, self.mu, self.nu_local, n_iter=self.n_iter, comm=self.comm())
-            return softmax_sinkhorn(C, self.mu, self.nu, self.n_iter)
-        return unconstrained_plan(C, self.nu_local)
+        return self.plan_kind.plan(C)
 
     # ------------------------------------------------------------------ the plan
     def P(self) -> Tensor:
@@ -286,8 +283,48 @@ class TokenTranslator(nn.Module):
         ``src_ids`` (v): the rows of E/L that are the v source tokens (e.g. OLMo's 50280 real tokens of its 50304
         padded rows); None: E has exactly v rows. Computed in float32 (or C's dtype), also inside a bf16 autocast
         region; cast as needed."""
+        st = self._step
+        if st is not None and st["inputs"] == (id(E), id(L), id(src_ids)):
+            leaves = st["leaves"]
+            return leaves[0], leaves[1]
         with _no_autocast(self.C):
             return self._embed_and_head(E, L, src_ids)
+
+    # ------------------------------------------------------------------ one plan per optimiser step
+    def begin_step(self, E: Tensor, L: Optional[Tensor] = None, src_ids: Optional[Tensor] = None,
+                   entropy: bool = False) -> None:
+        """Compute this step's E', L' (and, with ``entropy``, this rank's entropy share) ONCE for all its
+        micro-batches: until :meth:`finish_step`, :meth:`embed_and_head` with the same arguments and
+        :meth:`entropy_local` return detached leaf copies that accumulate their gradients over the micro-batches;
+        :meth:`finish_step` then sends the accumulated gradients back through E', L' and the Sinkhorn into C in one
+        backward. By linearity the gradient on C equals the sum of the per-micro-batch backwards. The source rows
+        are cast to C's dtype once per step. Collective when sharded (every rank calls both)."""
+        self._step = None
+        self.invalidate()  # C changed since the last step: P, E', L' are this step's
+        with _no_autocast(self.C):
+            E_new, L_new = self._embed_and_head(E, L, src_ids)
+        tied = L_new is E_new
+        H = _entropy(self.P()) if entropy else None
+        outs = [E_new, None if tied else L_new, H]  # E', L' (None: tied, L' is E'), this rank's entropy share
+        leaves = [None if o is None else o.detach().requires_grad_(o.requires_grad) for o in outs]
+        if tied:
+            leaves[1] = leaves[0]
+        self._step = {"outs": outs, "leaves": leaves, "inputs": (id(E), id(L), id(src_ids))}
+
+    def finish_step(self) -> None:
+        """Backpropagate the step's accumulated gradients of E', L' (and H) into C, once; ends the step."""
+        st, self._step = self._step, None
+        if st is None:
+            return
+        outs, grads = [], []
+        for o, leaf in zip(st["outs"], st["leaves"]):
+            if o is None or not o.requires_grad:
+                continue
+            outs.append(o)
+            # a missing gradient as zeros: every rank must run the same backward (the gather's is collective)
+            grads.append(leaf.grad if leaf.grad is not None else torch.zeros_like(o))
+        if outs:
+            torch.autograd.backward(outs, grads)
 
     def _embed_and_head(self, E: Tensor, L: Optional[Tensor], src_ids: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         tied = L is None or L is E
@@ -319,6 +356,10 @@ class TokenTranslator(nn.Module):
     # ------------------------------------------------------------------ regularisers and statistics
     def entropy_local(self) -> Tensor:
         """This rank's share ``-sum_{local block} P log P`` (differentiable; the shares sum to H over ranks)."""
+        if self._step is not None and torch.is_grad_enabled():
+            if self._step["leaves"][2] is None:
+                raise RuntimeError("entropy_local inside a step: call begin_step(..., entropy=True)")
+            return self._step["leaves"][2]
         return _entropy(self.P())
 
     def entropy(self) -> Tensor:
@@ -369,45 +410,51 @@ class TokenTranslator(nn.Module):
 
     # ------------------------------------------------------------------ gradient monitor (freeze detection)
     def watch_grad(self) -> None:
-        """Count, after every backward, the entries of this rank's C with a non-zero gradient (a hook on C after
-        accumulation: the last call of a step sees the step's whole gradient). :meth:`grad_stats` reads them."""
-        if getattr(self, "_grad_hook", None) is None:
-            self._grad_live, self._grad_live_cols, self._grad_zero_run, self._grad_seen = 0, 0, 0, 0
-            self._grad_hook = self.C.register_post_accumulate_grad_hook(self._count_grad)
+        """Turn the gradient monitor on. It SAMPLES: :meth:`end_step` reads C's gradient when called (the training
+        stage calls it on logging steps only, after the step's backward and before the optimiser step, so that no
+        other step reads anything), on the device, without a host sync; :meth:`grad_stats` reads the counts."""
+        if not self._watching:
+            z = torch.zeros((), dtype=torch.float64, device=self.C.device)
+            self._grad_live, self._grad_live_cols, self._grad_zero_run = z, z.clone(), z.clone()
+            self._watching = True
 
-    def _count_grad(self, p: Tensor) -> None:
-        g = p.grad
-        live = (g != 0) if g is not None else None
-        self._grad_live = int(live.sum()) if live is not None else 0
-        # columns (target tokens) whose gradient is not all zero
-        self._grad_live_cols = int(live.any(0).sum()) if live is not None and live.numel() else 0
+    _watching = False
 
-    def end_step(self) -> None:
-        """Close a step of the gradient monitor (call once per optimiser step, before the gradient is zeroed or
-        after: only the count recorded by the hook is used)."""
-        if getattr(self, "_grad_hook", None) is None:
+    @torch.no_grad()
+    def end_step(self, steps: int = 1) -> None:
+        """Sample the gradient of C now (call after backward, before the gradient is zeroed); ``steps``: the
+        optimiser steps this sample stands for (those since the previous sample). A freeze is then detected on the
+        sampled steps: the run of frozen steps grows by ``steps`` per frozen sample, so it may be counted up to
+        ``steps - 1`` steps early or late, never missed (a frozen C stays frozen)."""
+        if not self._watching:
             return
-        self._grad_seen += 1
+        g = self.C.grad
+        if g is None or not g.numel():
+            live = cols = torch.zeros((), dtype=torch.float64, device=self.C.device)
+        else:
+            nz = g != 0
+            live, cols = nz.sum().double(), nz.any(0).sum().double()
+        self._grad_live, self._grad_live_cols = live, cols
         # frozen: (almost) no target column still receives gradient (exactly zero, or a few tied entries left)
-        stalled = self._grad_live_cols < FREEZE_LIVE_COLS * max(self.C.shape[1], 1)
-        self._grad_zero_run = self._grad_zero_run + 1 if stalled else 0
+        stalled = cols < FREEZE_LIVE_COLS * max(self.C.shape[1], 1)
+        self._grad_zero_run = torch.where(stalled, self._grad_zero_run + steps, torch.zeros_like(self._grad_zero_run))
 
     @torch.no_grad()
     def grad_stats(self) -> Dict[str, float]:
-        """Global gradient-monitor statistics (collective when sharded): ``grad_live_frac``, the fraction of all
-        v x u entries of C whose gradient was non-zero on the last step; ``grad_frozen_steps``, the number of
-        consecutive steps, ending now, on which fewer than ``FREEZE_LIVE_COLS`` of the target columns received any
-        gradient (exactly zero, or a few tied entries left: a frozen C), the minimum over ranks of each rank's own
-        run."""
-        if getattr(self, "_grad_hook", None) is None:
+        """Global gradient-monitor statistics (collective when sharded; one host read): ``grad_live_frac``, the
+        fraction of all v x u entries of C whose gradient was non-zero at the last sample; ``grad_frozen_steps``,
+        the number of consecutive (sampled) steps, ending now, on which fewer than ``FREEZE_LIVE_COLS`` of the target
+        columns received any gradient (exactly zero, or a few tied entries left: a frozen C), the minimum over ranks
+        of each rank's own run."""
+        if not self._watching:
             raise RuntimeError("grad_stats: call watch_grad() first")
-        live = torch.tensor([float(self._grad_live)], dtype=torch.float64, device=self.C.device)
-        run = torch.tensor([float(self._grad_zero_run)], dtype=torch.float64, device=self.C.device)
+        live, run = self._grad_live.reshape(1), self._grad_zero_run.reshape(1)
         if self.sharded:
             c = self.comm()
             live = c.all_reduce(live, "sum")
             run = c.all_reduce(run, "min")
-        return {"grad_live_frac": float(live) / float(self.v * self.u), "grad_frozen_steps": float(run)}
+        live, run = torch.cat([live, run]).tolist()
+        return {"grad_live_frac": live / float(self.v * self.u), "grad_frozen_steps": run}
 
     @torch.no_grad()
     def marginal_errors(self, P: Optional[Tensor] = None) -> Dict[str, float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from s2t2_dist.translator.kinds import REGISTRY
 from s2t2_dist.translator.module import KINDS, TokenTranslator  # noqa: F401  (TokenTranslator: annotations)
 
 RECIPES = ("default", "paper")
@@ -24,7 +25,7 @@ def step_unit(kind: str, v: int) -> float:
     weights (C = W starts at 1/v); 1 for the softmax plan (C are logits: only differences of O(1) matter)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-    return 1.0 if kind == "softmax" else 1.0 / v
+    return REGISTRY[kind].natural_scale(v)
 
 
 class StepRecipe:
@@ -72,6 +73,7 @@ class StepRecipe:
                 tr.C.add_(z * self.noise * step_unit(tr.kind, tr.v))
         final_kind = tr.kind
         first = [True]
+        engine_phase = {}  # the phase last set on each engine (by id): set_phase once per phase
 
         def schedule(step: int, engine=None) -> None:
             tr.temperature = self.temperature(step)
@@ -79,7 +81,7 @@ class StepRecipe:
                 return
             if first:  # C after `step` steps is the warm-up's (logits) up to and including step == dense_steps
                 tr.kind = "softmax" if step <= self.dense_steps else final_kind
-                tr._drop_grad_cache()
+                tr.invalidate()
                 first.clear()
             want = "softmax" if step < self.dense_steps else final_kind
             switched = tr.kind != want
@@ -92,16 +94,16 @@ class StepRecipe:
                         if tr.sharded:
                             P = tr.comm().all_gather_rows(P.t().contiguous(), tr.col_sizes).t()
                     tr.kind = final_kind
-                    tr._drop_grad_cache()
+                    tr.invalidate()
                     tr.init_from_dense(P)
-                tr._drop_grad_cache()
-            if engine is not None and getattr(engine, "_s2t2_phase", None) != want:
+                tr.invalidate()
+            if engine is not None and engine_phase.get(id(engine)) != want:
                 # each phase on its own schedule (warm-up, cosine); a fresh AdamW state at a switch (a resumed
                 # engine keeps its loaded state)
                 a, b = (0, self.dense_steps) if want == "softmax" else (self.dense_steps, self.steps)
                 engine.set_phase(self.dense_lr if want == "softmax" else self.lr, a, b,
                                  reset_state=switched and (step == 0 or want == final_kind))
-                engine._s2t2_phase = want
+                engine_phase[id(engine)] = want
 
         return schedule
 

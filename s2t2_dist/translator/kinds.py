@@ -1,0 +1,122 @@
+"""Translator kinds: how C becomes P. One small class per kind behind one interface; a new kind is a class here
+(or in its own file) and one entry in :data:`REGISTRY`.
+
+A kind is built per translator (``REGISTRY[name](tr)``) so it can keep per-run state (the sparse solver's warm
+start) and read the translator's shape, marginals and process group.
+"""
+from __future__ import annotations
+
+from typing import Dict, Type
+
+import torch
+from torch import Tensor
+
+from s2t2_dist.dist.sharded_sinkhorn import ShardedSparseSinkhorn, sharded_softmax_sinkhorn
+from s2t2_dist.ot.sinkhorn import SparseSinkhorn, softmax_sinkhorn, unconstrained_plan
+
+
+def _safe_inv(x: Tensor) -> Tensor:
+    """1/x where x > 0, 0 elsewhere (a zero marginal has an all-zero row/column of P)."""
+    return torch.where(x > 0, 1.0 / x.clamp(min=torch.finfo(x.dtype).tiny), torch.zeros_like(x))
+
+
+class Kind:
+    """The interface. The solvers run unchecked (a check reads values back: a host sync in the step): the translator
+    checks mu and nu when built and C where it is set from outside (init_from_dense); a C that turns non-finite
+    in training makes the loss non-finite, which the loop's bad-step check catches. ``tr`` is the :class:`~s2t2_dist.translator.module.TokenTranslator` (its ``mu``, ``nu_local``,
+    ``n_iter``, ``group``, ``sharded``, ``comm()``)."""
+
+    #: the registry name
+    name = ""
+    #: P is a transport plan (non-negative, marginals mu and nu); False: signed weights scaled by nu
+    is_probability = True
+
+    def __init__(self, tr):
+        self.tr = tr
+
+    @staticmethod
+    def natural_scale(v: int) -> float:
+        """The scale of C's entries (step sizes are given in this unit; see translator/schedule.py)."""
+        raise NotImplementedError
+
+    def plan(self, C: Tensor) -> Tensor:
+        """This rank's block of P (v x u_local) from its block of C (differentiable)."""
+        raise NotImplementedError
+
+    def init_from_plan(self, P: Tensor) -> Tensor:
+        """A block of C (float64) whose plan is (approximately) the given feasible block of P (float64)."""
+        raise NotImplementedError
+
+
+class SparseKind(Kind):
+    """The paper's S2T2: sparse Sinkhorn (Dykstra with sparsemax projections). C lives at P's scale, 1/v."""
+
+    name = "sparse"
+
+    def __init__(self, tr):
+        super().__init__(tr)
+        self._solver, self._key = None, None
+
+    @staticmethod
+    def natural_scale(v: int) -> float:
+        # the row projections act at the 1/v scale of mu: AdamW moves every entry by ~lr, so lr is a fraction of 1/v
+        return 1.0 / v
+
+    def solver(self):
+        """The Sinkhorn solver for C's device and dtype: one per run, it keeps the warm start between steps."""
+        tr = self.tr
+        key = (tr.C.device, tr.C.dtype)
+        if self._solver is None or self._key != key:
+            if tr.sharded:
+                self._solver = ShardedSparseSinkhorn(tr.mu, tr.nu_local, tr.u, tr.group, tr.sharded_method,
+                                                     tr.row_k, tr.col_k, validate=False)
+            else:
+                self._solver = SparseSinkhorn(tr.mu, tr.nu, tr.row_k, tr.col_k, validate=False)
+            self._key = key
+        return self._solver
+
+    def plan(self, C: Tensor) -> Tensor:
+        return self.solver()(C, self.tr.n_iter)
+
+    def init_from_plan(self, P: Tensor) -> Tensor:
+        return P  # a feasible P is its own projection
+
+
+class SoftmaxKind(Kind):
+    """The dense Sinkhorn baseline (softmax projections). C are logits: only differences of O(1) matter."""
+
+    name = "softmax"
+
+    @staticmethod
+    def natural_scale(v: int) -> float:
+        return 1.0
+
+    def plan(self, C: Tensor) -> Tensor:
+        tr = self.tr
+        if tr.sharded:
+            return sharded_softmax_sinkhorn(C, tr.mu, tr.nu_local, n_iter=tr.n_iter, comm=tr.comm())
+        return softmax_sinkhorn(C, tr.mu, tr.nu, tr.n_iter, validate=False)
+
+    def init_from_plan(self, P: Tensor) -> Tensor:
+        return P.clamp(min=1e-30).log()
+
+
+class UnconstrainedKind(Kind):
+    """No transport: ``P = C * nu``, so the weights ``P / nu`` are C itself (signed, any scale; starts at 1/v)."""
+
+    name = "unconstrained"
+    is_probability = False
+
+    @staticmethod
+    def natural_scale(v: int) -> float:
+        return 1.0 / v
+
+    def plan(self, C: Tensor) -> Tensor:
+        return unconstrained_plan(C, self.tr.nu_local)
+
+    def init_from_plan(self, P: Tensor) -> Tensor:
+        return P * _safe_inv(self.tr.nu_local.double()).unsqueeze(0)
+
+
+#: name -> kind class; the names are translator.kind's values
+REGISTRY: Dict[str, Type[Kind]] = {k.name: k for k in (SparseKind, SoftmaxKind, UnconstrainedKind)}
