@@ -89,6 +89,11 @@ def test_submitit_time_limit_and_preemption_lose_nothing(cluster, translate_refe
         assert h["starts"][1][1] in h["complete"] or r == 1
         assert h["losses"] == ref_hist[r]["losses"], (r, rng.seed_value)
         assert h["batches"] == ref_hist[r]["batches"], (r, rng.seed_value)
+    # one run per directory (#22): each requeued attempt took run_dir's lock after the previous attempt died; the
+    # lock file names the last holder, attempt 3's rank 0 (rank 1 on the other node never held it)
+    holder = json.loads((run / ".s2t2.lock").read_text())
+    starts = faults.effective_history(faults.read_trace(trace, 0))["starts"]
+    assert holder["slurm_job"] == job.job_id and holder["pid"] == starts[-1][0] and holder["stage"] == "translate"
     a, b = load_p(ref_run / "P.safetensors"), load_p(run / "P.safetensors")
     assert a.indices.equal(b.indices) and a.values.equal(b.values)
     ledger("translate under SLURM+submitit: time-limit signal (USR2), checkpoint, submitit requeue", step=first)
