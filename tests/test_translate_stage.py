@@ -2,7 +2,6 @@
 
 import json
 import logging
-import sys
 
 import pytest
 import torch
@@ -11,7 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from s2t2_dist.config import load_config
 from s2t2_dist.pfile import PFileError, load_p
 from s2t2_dist.stages.translate import TranslateConfig, run
-from stage_fixtures import NCCL_LIKE, REPO, prepare_small, tiny_olmo, torchrun
+from stage_fixtures import NCCL_LIKE, REPO, prepare_small, torchrun
 
 
 @pytest.fixture(scope="module")
