@@ -166,7 +166,7 @@ class Checkpointer:
         if _local_rank() == 0:
             try:
                 _syncfs(partial)
-            except BaseException as e:  # noqa: BLE001
+            except BaseException as e:  # noqa: BLE001 - re-raised on every rank after the barrier
                 err = e
         if not _all_ok(err is None):
             if rank == 0:
@@ -185,7 +185,7 @@ class Checkpointer:
                 partial.rename(final)
                 fsync_dir(self.root)
                 faults.point("checkpoint.after_rename", step)
-            except BaseException as e:  # noqa: BLE001
+            except BaseException as e:  # noqa: BLE001 - re-raised on every rank after the barrier
                 err = e
                 hint = _space_hint(partial, e, previous)
                 shutil.rmtree(partial, ignore_errors=True)

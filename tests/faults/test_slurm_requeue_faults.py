@@ -66,7 +66,7 @@ def test_submitit_time_limit_and_preemption_lose_nothing(cluster, translate_refe
                       signal_delay_s=30, env={"S2T2_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "S2T2_LOG_LEVEL": "WARNING",
                                               "TOKENIZERS_PARALLELISM": "false", faults.TRACE_ENV: str(trace)})
     job = submit_stage("translate", translate_args(tiny_data, stories, run, f"train.steps={TRANSLATE_STEPS}"), cfg)
-    n_starts = lambda: sum(e["ev"] == "start" for e in faults.read_trace(trace, 0))  # noqa: E731
+    n_starts = lambda: sum(e["ev"] == "start" for e in faults.read_trace(trace, 0))  # noqa: E731 - a one-line closure
 
     # attempt 1: the time-limit warning (submitit's USR2) at a random step
     first = rng.randint(3, 9)
