@@ -26,8 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from s2t2_dist.data.global_loader import GlobalTrainLoader  # noqa: E402
-
+from s2t2_dist.data.global_loader import GlobalTrainLoader
 STEP_S = 6 * 1.18e9 * 16 * 512 / (0.40 * 989e12)
 
 

@@ -113,7 +113,7 @@ def main(argv=None) -> int:
         clock = time.perf_counter
     torch.set_num_threads(a.threads)
 
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from s2t2_dist.engines.torch_engine import TorchEngine
     from s2t2_dist.models.hf import get_embedding_and_head

@@ -35,12 +35,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from s2t2_dist.data.bpe import train_tokenizer  # noqa: E402
-from s2t2_dist.data.fasta import read_fasta  # noqa: E402
-from s2t2_dist.data.records import RecordPolicy  # noqa: E402
-from s2t2_dist.data.shards import write_shards  # noqa: E402
-from s2t2_dist.data.split import split_dataset  # noqa: E402
-
+from s2t2_dist.data.bpe import train_tokenizer
+from s2t2_dist.data.fasta import read_fasta
+from s2t2_dist.data.records import RecordPolicy
+from s2t2_dist.data.shards import write_shards
+from s2t2_dist.data.split import split_dataset
 AA = "ACDEFGHIKLMNPQRSTVWY"
 EXTRA = "UXBZO"
 

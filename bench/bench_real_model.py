@@ -258,7 +258,7 @@ class Bench:
         res["setup"] = {"steps": a.steps, "ft_steps": a.ft_steps, "batch": [8, a.context_len], "ft_lr": a.ft_lr,
                         "docs": a.docs, "split": summary.get("split")}
         only = set(a.only.split(",")) if a.only else None
-        want = lambda n: only is None or n in only  # noqa: E731
+        want = lambda n: only is None or n in only  # noqa: E731 - a one-line closure
         for regime in a.regimes.split(","):
             r = res.setdefault(regime, {})
             self.random_bpb = None
@@ -369,7 +369,7 @@ def table(res: dict) -> str:
                   "max weight | col. entropy |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for name, row in r["rows"].items():
             label = LABELS.get(name.split("@")[0].split("~")[0], name) + (f" ({name.split('@', 1)[1]})" if "@" in name else "")
-            f = lambda x, fmt=".3f": "" if x is None else format(x, fmt)  # noqa: E731
+            f = lambda x, fmt=".3f": "" if x is None else format(x, fmt)  # noqa: E731 - a one-line closure
             sh = f"{row['self_']}/{row['shared']}" if "shared" in row else ""
             lines.append(f"| {label} | {f(row.get('lr'), 'g')} | {f(row.get('init_weight'), 'g')} | "
                          f"{f(row.get('p_only'))} | {f(row.get('finetuned'))} | {sh} | {f(row.get('density'), '.1%')} | "

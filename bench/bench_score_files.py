@@ -21,10 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from s2t2_dist.data.raw_eval import format_records, tokenize_files  # noqa: E402
-from s2t2_dist.models.hf import asset_path  # noqa: E402
-from s2t2_dist.utils.io import sha256_file  # noqa: E402
-
+from s2t2_dist.data.raw_eval import format_records, tokenize_files
+from s2t2_dist.models.hf import asset_path
+from s2t2_dist.utils.io import sha256_file
 SHARED = Path(os.environ.get("S2T2_SHARED_DATA", "/work/shared/data"))
 FILES = [SHARED / "english" / "tinyshakespeare_input.txt",
          SHARED / "protein" / "bio_embeddings_disprot_disordercdhit.fasta"]

@@ -25,9 +25,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.distributed import run_distributed  # noqa: E402
-
-
+from tests.distributed import run_distributed
 def _status(key):
     return int(re.search(rf"{key}:\s+(\d+)", open("/proc/self/status").read()).group(1)) * 1024
 

@@ -7,8 +7,10 @@ its dotted path and a suggestion instead of being ignored. Each section validate
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -36,12 +38,73 @@ _Loader.add_implicit_resolver(
     list("-+0123456789."))
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping gives the same key twice (YAML lets the last one win silently; a config must not)."""
+
+    def __init__(self, key, line: int, first: int):
+        super().__init__(f"key {key!r} given twice (first at line {first}); remove one")
+        self.key, self.line, self.first = key, line, first
+
+
+def _construct_mapping(self, node, deep=False):
+    if isinstance(node, yaml.MappingNode):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` then overriding a key is meant
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:  # an unhashable key: the base constructor reports it
+                continue
+            if first != key_node.start_mark.line + 1:
+                raise DuplicateKeyError(key, key_node.start_mark.line + 1, first)
+    return yaml.SafeLoader.construct_mapping(self, node, deep)
+
+
+_Loader.construct_mapping = _construct_mapping
+
+
 def yaml_load(text: str):
     return yaml.load(text, Loader=_Loader)
 
 
+class _CliValue(str):
+    """A value typed on the command line, kept as the user wrote it: only keys of a non-string type parse it
+    (as YAML), so `run_dir="runs/exp #2"`, `0010`, `2024_01_05` and `0x1F` stay the strings they are."""
+
+
+def _from_cli(raw: str, tp: Any) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        if raw in ("null", "~") and len(rest) < len(args):
+            return None
+        if rest == [str]:
+            return str(raw)
+    if tp is str or (origin is typing.Literal and all(isinstance(a, str) for a in args)):
+        return str(raw)
+    if origin in (list, tuple) and not raw.startswith("["):  # a,b,c: split (and each item coerced) by _coerce
+        return str(raw)
+    if raw == "":
+        return ""
+    try:
+        return yaml_load(raw)
+    except yaml.YAMLError:
+        return str(raw)
+
+
 class ConfigError(ValueError):
     """A config key or value is wrong; the message names the dotted key (and the file, when there is one)."""
+
+
+def _plain(value: Any) -> Any:
+    """Command-line values inside an untyped mapping parsed as YAML (they are stored, not checked)."""
+    if isinstance(value, _CliValue):
+        return _from_cli(value, Any)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def _type_name(tp: Any) -> str:
@@ -51,8 +114,10 @@ def _type_name(tp: Any) -> str:
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
+    if isinstance(value, _CliValue):
+        value = _from_cli(value, tp)
     if tp is Any:
-        return value
+        return _plain(value)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -86,7 +151,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-        return dict(value)
+        return _plain(dict(value))
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -109,13 +174,16 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is float:
         if isinstance(value, bool):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
+        number = None
         if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
+            number = float(value)
+        elif isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                number = float(value)
+        if number is not None and not math.isfinite(number):  # nan and inf are never a setting (lr=inf: uniform P)
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+        if number is not None:
+            return number
         raise ConfigError(f"{key}: expected a number, got {value!r}")
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
@@ -162,12 +230,8 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
             raise ConfigError(f"override {item!r} is not of the form dotted.key=value")
         key, raw = item.split("=", 1)
         key = key.strip().lstrip("-")
-        # YAML parsing gives numbers, booleans, null and lists their types; the dataclass coercion checks them.
-        try:
-            value = yaml_load(raw) if raw != "" else ""
-        except yaml.YAMLError:
-            value = raw
-        out.append((key, value))
+        # kept literally; the dataclass coercion parses it (as YAML) only for a key of a non-string type
+        out.append((key, _CliValue(raw)))
     return out
 
 
@@ -201,16 +265,25 @@ def read_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml_load(path.read_text()) or {}
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[:e.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte {e.object[e.start]:#04x}); save the config as "
+                          "UTF-8") from None
+    try:
+        data = yaml_load(text) or {}
+    except DuplicateKeyError as e:
+        raise ConfigError(f"{path}:{e.line}: {e}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     return data
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Apply dotted `key=value` overrides to a config tree in place (values parsed as YAML); returns it."""
+    """Apply dotted `key=value` overrides to a config tree in place; returns it. Values stay the text typed until
+    the dataclass coercion parses those of non-string keys (`_CliValue`)."""
     for key, value in parse_overrides(overrides):
         _set_dotted(data, key, value)
     return data

@@ -19,16 +19,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-
-from engines_tiny import tiny_olmo, tiny_olmo_config  # noqa: E402
-from s2t2_dist.engines.launcher import parse_launcher_args  # noqa: E402
-from s2t2_dist.train.checkpoint import Checkpointer  # noqa: E402
-from s2t2_dist.train.config import OptimConfig, TrainConfig  # noqa: E402
-from s2t2_dist.train.loop import train  # noqa: E402
-from s2t2_dist.train.metrics import MetricsLogger  # noqa: E402
-
-
+import torch
+from engines_tiny import tiny_olmo, tiny_olmo_config
+from s2t2_dist.engines.launcher import parse_launcher_args
+from s2t2_dist.train.checkpoint import Checkpointer
+from s2t2_dist.train.config import OptimConfig, TrainConfig
+from s2t2_dist.train.loop import train
+from s2t2_dist.train.metrics import MetricsLogger
 class BlockLoader:
     """A fixed pool of random token blocks over a small alphabet (so a few steps visibly lower the loss), this
     rank's share, in order; resumable by position."""

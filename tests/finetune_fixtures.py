@@ -118,9 +118,7 @@ def write_p(path: Path, model_dir: Path, tokenizer_dir: Path, *, v: int = 96, ki
 # ----------------------------------------------------------------------------------------------------------------
 # one prepared "world" shared by every finetune / evaluate test module (built once per session, on disk)
 
-import pytest  # noqa: E402
-
-
+import pytest
 class World:
     def __init__(self, root: Path):
         self.root = root
@@ -163,10 +161,9 @@ def world(tmp_path_factory) -> World:
 # ----------------------------------------------------------------------------------------------------------------
 # real launchers (deepspeed, torchrun) started as subprocesses
 
-import socket  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-
+import socket
+import subprocess
+import sys
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 

@@ -66,7 +66,7 @@ def test_translate_stage_in_bf16_follows_float32(tmp_path):
     assert f32[1:] != b16[1:]
 
 
-def test_finetune_stage_in_bf16_follows_float32(world, tmp_path):  # noqa: F811
+def test_finetune_stage_in_bf16_follows_float32(world, tmp_path):
     """The real stage 2 (plain engine, float32 master weights, forward/backward under bf16 autocast) against
     float32: the same loss curve to bf16 precision, and it learns."""
     from s2t2_dist.stages.finetune import FinetuneConfig, run

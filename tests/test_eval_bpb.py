@@ -22,7 +22,9 @@ def test_bpb_of_uniform_byte_model_is_8_bits():
     byte with exactly 8 bits, whatever the text and the context length."""
     texts = ["MKTAYIAKQR", "hello, world", "Once upon a time"]
     docs = [{"input_ids": torch.tensor([0] + list(t.encode())), "n_bytes": len(t.encode())} for t in texts]
-    uniform = lambda ids: torch.zeros(ids.shape[0], ids.shape[1], 256)
+    def uniform(ids):
+        return torch.zeros(ids.shape[0], ids.shape[1], 256)
+
     tot = score_documents(uniform, docs, context_len=4)
     m = tot.metrics(vocab_size=256)
     assert tot.tokens == tot.bytes == sum(len(t) for t in texts)

@@ -19,7 +19,7 @@ import math
 
 import pytest
 
-from finetune_fixtures import CTX, NEW_VOCAB, check_export_plain, deepspeed, torchrun, world  # noqa: F401
+from finetune_fixtures import CTX, NEW_VOCAB, check_export_plain, deepspeed, torchrun, world  # noqa: F401 - the session fixtures
 from s2t2_dist.config import load_config
 from s2t2_dist.stages.evaluate import EvaluateConfig, run as evaluate
 

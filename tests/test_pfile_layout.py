@@ -13,6 +13,7 @@ def _p(density: float, v: int = 300, u: int = 200, seed: int = 0) -> SparseP:
     g = torch.Generator().manual_seed(seed)
     D = torch.rand(v, u, generator=g) * (torch.rand(v, u, generator=g) < density)
     D[0, :] += 1e-3  # no empty column
+    D = D / D.sum(0, keepdim=True) / u  # columns sum to nu = 1/u: a plan that load_p's marginal check accepts
     idx = (D != 0).nonzero().t().contiguous()
     return SparseP(idx, D[idx[0], idx[1]], torch.full((v,), 1.0 / v), torch.full((u,), 1.0 / u),
                    torch.arange(v) + 3, "src", "tgt")

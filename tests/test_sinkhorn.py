@@ -167,8 +167,8 @@ def test_softmax_sinkhorn_learns_from_C():
 
 def test_softmax_sinkhorn_zero_marginals_stay_finite():
     C, mu, nu = _problem(30, 8, 0.5, seed=2, nonuniform=True)
-    mu = mu.clone(); nu = nu.clone()
-    mu[3] = 0; nu[5] = 0
+    mu, nu = mu.clone(), nu.clone()
+    mu[3], nu[5] = 0, 0
     mu, nu = mu / mu.sum(), nu / nu.sum()
     P = softmax_sinkhorn(C, mu, nu, 3)
     assert torch.isfinite(P).all() and float(P[3].abs().max()) < 1e-300 and float(P[:, 5].abs().max()) < 1e-300

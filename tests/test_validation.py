@@ -83,7 +83,7 @@ def test_prepare_rerun_with_another_vocab_size_keeps_everything(inputs, tmp_path
     line = _one_line_error(capsys, rc)
     assert "tokenizer" in line and "vocab_size" in line, line
     after = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
-    assert after == before
+    assert {p: after.get(p) for p in before} == before  # (the run lock and marker are added: bookkeeping)
 
 
 # -- 3. the documented `slurm:` section of a stage YAML ---------------------------------------------------------
@@ -314,3 +314,262 @@ def test_prepare_after_fixing_a_bad_input_continues_in_the_same_output_dir(tmp_p
     assert "input.fasta:2" in line, line
     good.write_text(text + ">extra\nMKV\n")  # fixed (another size: the split parameters changed)
     assert prepare_stage.main(args) == 0, capsys.readouterr().err[-2000:]
+
+
+# -- issue #22: nothing lost, nothing silent (locks, literal values, checked values) ------------------------------
+
+
+def test_command_line_values_of_string_keys_are_taken_literally():
+    from s2t2_dist.config import load_config
+    from s2t2_dist.stages.translate import TranslateConfig
+
+    need = ["model.path=m", "data.train=t", "data.tokenizer=k"]
+    for raw in ("runs/exp #2", "0010", "2024_01_05", "0x1F", "1e3", "true", "null"):
+        cfg = load_config(TranslateConfig, None, [f"run_dir={raw}", *need])
+        assert cfg.run_dir == raw  # before: 'runs/exp', '8', '20240105', '31', '1000.0', 'True', ...
+    cfg = load_config(TranslateConfig, None, ["train.steps=0x10", "optim.lr=1e-3", "translator.heatmap=[4,8]",
+                                              "train.keep_checkpoints=3", *need])
+    assert (cfg.train.steps, cfg.optim.lr, cfg.translator.heatmap, cfg.train.keep_checkpoints) == (16, 1e-3, [4, 8], 3)
+
+
+@pytest.mark.parametrize("text,line,key", [("run_dir: a\nrun_dir: b\n", 2, "run_dir"),
+                                           ("train:\n  steps: 3\nmodel:\n  path: x\ntrain:\n  steps: 4\n", 5, "train"),
+                                           ("train:\n  steps: 3\n  seed: 1\n  steps: 4\n", 4, "steps")])
+def test_duplicate_yaml_keys_and_sections_are_refused_naming_file_and_line(tmp_path, text, line, key):
+    from s2t2_dist.config import ConfigError, load_config
+    from s2t2_dist.stages.translate import TranslateConfig
+
+    f = tmp_path / "dup.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=rf"^{f}:{line}: key '{key}' given twice"):
+        load_config(TranslateConfig, f, validate=False)
+
+
+def test_config_not_utf8_is_one_line_and_a_bom_is_accepted(tmp_path):
+    from s2t2_dist.config import ConfigError, read_yaml
+
+    f = tmp_path / "latin1.yaml"
+    f.write_bytes(b"model:\n  path: caf\xe9\n")
+    with pytest.raises(ConfigError, match=rf"^{f}:2: not UTF-8 text \(byte 0xe9\)"):
+        read_yaml(f)
+    f.write_bytes(b"\xef\xbb\xbfrun_dir: x\n")
+    assert read_yaml(f) == {"run_dir": "x"}
+
+
+@pytest.mark.parametrize("override,match", [("optim.lr=nan", "optim.lr: expected a finite number"),
+                                            ("optim.lr=inf", "optim.lr: expected a finite number"),
+                                            ("optim.lr=-1", "lr: must be >= 0"),
+                                            ("train.keep_checkpoints=0", "keep_checkpoints: must be >= 1"),
+                                            ("train.keep_checkpoints=-2", "keep_checkpoints: must be >= 1")])
+def test_learning_rates_finite_and_keep_checkpoints_at_least_one(override, match):
+    from s2t2_dist.config import ConfigError, load_config
+    from s2t2_dist.stages.translate import TranslateConfig
+
+    with pytest.raises(ConfigError, match=match):
+        load_config(TranslateConfig, None, [override, "model.path=m", "data.train=t", "data.tokenizer=k"])
+
+
+def _p_file(path, values=None, meta=None, kind="sparse"):
+    import torch
+    from safetensors.torch import save_file
+
+    from s2t2_dist.pfile import FORMAT
+
+    v, u = 3, 4
+    mu, nu = torch.full((v,), 1 / v), torch.full((u,), 1 / u)
+    P = mu[:, None] * nu[None, :]  # the independent plan: exact marginals
+    idx = P.nonzero().T.contiguous()
+    vals = P[idx[0], idx[1]] if values is None else values(P[idx[0], idx[1]])
+    m = {"format": FORMAT, "shape": json.dumps([v, u]), "source_tokenizer_hash": "s", "target_tokenizer_hash": "t",
+         "kind": kind, "normalization": "convex", **(meta or {})}
+    save_file({"indices": idx, "values": vals.contiguous(), "mu": mu, "nu": nu, "source_ids": torch.arange(v)},
+              str(path), metadata={k: x for k, x in m.items() if x is not None})
+    return path
+
+
+@pytest.mark.parametrize("values,meta,match", [
+    (lambda x: x * float("nan"), None, "12 of 12 values are NaN or infinite"),
+    (lambda x: x.index_fill(0, __import__("torch").tensor([0]), float("inf")), None, "1 of 12 values are NaN"),
+    (lambda x: x * 0, None, "every value of P is zero"),
+    (lambda x: -x, None, "negative values"),
+    (lambda x: x * 3, None, "marginals are far from the file's own mu and nu"),
+    (None, {"shape": "[3, 4"}, "damaged metadata: shape '\\[3, 4' is not"),
+    (None, {"shape": None}, "damaged metadata: shape None"),
+    (None, {"target_tokenizer_hash": None}, "damaged metadata: target_tokenizer_hash is missing"),
+    (None, {"kind": "magic"}, "damaged metadata: kind 'magic'"),
+])
+def test_p_file_values_and_metadata_are_checked_at_load(tmp_path, values, meta, match):
+    from s2t2_dist.pfile import PFileError, load_p
+
+    f = _p_file(tmp_path / "P.safetensors", values, meta)
+    with pytest.raises(PFileError, match=match):
+        load_p(f)
+
+
+def test_a_good_p_file_loads_and_a_signed_unconstrained_one_too(tmp_path):
+    from s2t2_dist.pfile import load_p
+
+    assert load_p(_p_file(tmp_path / "a.safetensors")).shape == (3, 4)
+    assert load_p(_p_file(tmp_path / "b.safetensors", lambda x: -x, kind="unconstrained")).kind == "unconstrained"
+
+
+def test_fasta_with_bom_and_cr_only_line_endings_reads_like_lf(tmp_path):
+    from s2t2_dist.data.fasta import read_fasta
+
+    lf = tmp_path / "lf.fasta"
+    lf.write_bytes(b">a one\nACDE\nFG\n>b\nKLM\n")
+    want = [(r.id, r.text, r.pos) for r in read_fasta(lf)]
+    for name, data in (("bom", b"\xef\xbb\xbf" + lf.read_bytes()), ("cr", lf.read_bytes().replace(b"\n", b"\r")),
+                       ("bom_crlf", b"\xef\xbb\xbf" + lf.read_bytes().replace(b"\n", b"\r\n"))):
+        f = tmp_path / f"{name}.fasta"
+        f.write_bytes(data)
+        assert [(r.id, r.text, r.pos) for r in read_fasta(f)] == want == [("a", "ACDEFG", 1), ("b", "KLM", 4)]
+
+
+def test_the_same_input_twice_or_through_a_symlink_is_refused(tmp_path):
+    from s2t2_dist.config import ConfigError
+    from s2t2_dist.stages.checks import distinct_inputs
+
+    a = tmp_path / "a.fasta"
+    a.write_text(">x\nACD\n")
+    (tmp_path / "link.fasta").symlink_to(a)
+    (tmp_path / "copy.fasta").write_text(">x\nACD\n")
+    (tmp_path / "other.fasta").write_text(">y\nKLM\n")
+    assert len(distinct_inputs([str(a), str(tmp_path / "other.fasta")])) == 2
+    with pytest.raises(ConfigError, match="link.fasta is the same file as .*a.fasta"):
+        distinct_inputs([str(a), str(tmp_path / "link.fasta")])
+    with pytest.raises(ConfigError, match="a.fasta is the same file as"):
+        distinct_inputs([str(a), str(a)])
+    with pytest.raises(ConfigError, match="copy.fasta has the same content as"):
+        distinct_inputs([str(a), str(tmp_path / "copy.fasta")])
+
+
+_HOLD = """
+import sys, time
+from s2t2_dist.utils.rundir import claim
+claim(sys.argv[1], "prepare")
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_second_run_on_a_locked_directory_is_refused_naming_the_holder_until_it_dies(tmp_path, inputs, capsys):
+    """Real processes: one holds the run directory's lock; a real `prepare` into it is refused in one line naming
+    the holder's pid; after SIGKILL of the holder (no clean-up at all) the lock is free again."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from s2t2_dist.stages import prepare as prepare_stage
+    from stage_fixtures import protein_fasta
+
+    out = tmp_path / "data"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(out)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        argv = [f"inputs=[{protein_fasta()}]", "vocab_size=40", f"output_dir={out}", "--no-progress"]
+        line = _one_line_error(capsys, prepare_stage.main(argv))
+        assert "is in use by another run (s2t2 prepare on host" in line and f"pid {holder.pid}," in line, line
+        assert not (out / "splits").exists()  # refused before any work
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    from s2t2_dist.utils.rundir import lock, release
+
+    lock(out, "prepare")  # the OS dropped the dead holder's lock
+    release(out)
+
+
+def test_a_run_directory_of_another_stage_or_linked_out_is_refused(tmp_path):
+    from s2t2_dist.config import ConfigError
+    from s2t2_dist.utils.rundir import check_owner, claim, release
+
+    run = tmp_path / "t"
+    claim(run, "translate")
+    release(run)
+    check_owner(run, "translate")  # the same stage resumes
+    with pytest.raises(ConfigError, match=r"run_dir: .*/t belongs to a translate run \(run [0-9a-f]{12} of"):
+        check_owner(run, "evaluate")
+    legacy = tmp_path / "old_translate"  # from before markers: told by its files
+    legacy.mkdir()
+    (legacy / "P.safetensors").write_bytes(b"x")
+    with pytest.raises(ConfigError, match="belongs to a translate run \\(files from before run markers\\)"):
+        check_owner(legacy, "finetune")
+    (tmp_path / "elsewhere").mkdir()
+    (run / "result.json").symlink_to(tmp_path / "elsewhere" / "result.json")
+    with pytest.raises(ConfigError, match="result.json is a symbolic link to .*out of the run directory"):
+        check_owner(run, "translate")
+
+
+def test_export_dir_of_another_run_is_refused_before_training(tmp_path):
+    from s2t2_dist.config import ConfigError
+    from s2t2_dist.stages.checks import export_dir
+    from s2t2_dist.utils.rundir import claim, release, run_id
+
+    a, b = tmp_path / "ft_a", tmp_path / "ft_b"
+    for d in (a, b):
+        claim(d, "finetune")
+        release(d)
+    exp = tmp_path / "export"
+    exp.mkdir()
+    (exp / "model.safetensors").write_bytes(b"weights of a")
+    (exp / "s2t2_export.json").write_text(json.dumps({"run_id": run_id(a)}))
+    export_dir(str(exp), str(a))  # its own export: re-exported
+    with pytest.raises(ConfigError, match=f"export.dir: {exp} already holds an export of run {run_id(a)}"):
+        export_dir(str(exp), str(b))
+    export_dir(str(b / "final"), str(b))  # inside its own run directory
+    export_dir(str(tmp_path / "new_export"), str(b))  # new
+
+
+def test_metrics_logger_writes_no_event_file_until_the_first_value(tmp_path):
+    from s2t2_dist.train.metrics import MetricsLogger
+
+    log = MetricsLogger(tmp_path / "tb", rank=0, node_rank=0, local_rank=0)
+    assert not (tmp_path / "tb").exists()  # a run refused after setup leaves no empty event files
+    log.scalars(1, {"x": 1.0})
+    log.close()
+    assert list((tmp_path / "tb" / "global").iterdir())
+
+
+def test_unwritable_output_dirs_are_refused_before_any_work_for_an_unprivileged_user():
+    """PermissionError from an unwritable run, export or cache directory was a traceback (for export.dir only after
+    every training step). Through the real command, without root's privileges (root may write anywhere: the
+    command runs with every capability dropped, `setpriv`, on a directory owned by nobody)."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root (to make a directory another user owns) and setpriv")
+    base = Path(tempfile.mkdtemp(prefix="s2t2_perm_"))
+    try:
+        (base / "ro").mkdir(mode=0o755)
+        os.chown(base / "ro", 65534, 65534)  # nobody's: without capabilities, root may not write here
+        fa = base / "x.fasta"
+        fa.write_text(">a\nACDE\n")
+
+        def run(*args):
+            cmd = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--", sys.executable, "-m", "s2t2_dist.cli",
+                   *map(str, args)]
+            env = {**os.environ, "PYTHONPATH": str(REPO), "S2T2_DEVICE": "cpu"}
+            return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=base, timeout=300)
+
+        common = ["model.path=m", "data.train=t", "data.tokenizer=k"]
+        for stage, args, key in (
+                ("translate", [f"run_dir={base / 'ro' / 'run'}", *common], "run_dir"),
+                ("finetune", [f"run_dir={base / 'ft'}", f"export.dir={base / 'ro' / 'export'}", "init.p_file=p",
+                              *common], "export.dir"),
+                ("evaluate", [f"run_dir={base / 'ev'}", "model.path=m", "init.kind=as_is", f"data.files=[{fa}]",
+                              f"data.cache_dir={base / 'ro' / 'cache'}"], "data.cache_dir"),
+                ("prepare", [f"inputs=[{fa}]", f"output_dir={base / 'ro' / 'data'}"], "output_dir")):
+            p = run(stage, *args)
+            err = [ln for ln in p.stderr.splitlines() if ": error: " in ln]
+            assert p.returncode == 2 and len(err) == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+            assert f"{key}: cannot write into {base / 'ro'} (permission denied)" in err[0], err[0]
+        assert not any((base / "ro").iterdir())
+        assert sorted(p.name for p in base.iterdir()) == ["ro", "x.fasta"]  # nothing written anywhere
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -79,6 +79,30 @@ def compressed_error(path, line: int, exc: BaseException) -> DataFormatError:
     return DataFormatError(path, line, msg, reason="truncated_file")
 
 
+def lines(f: BinaryIO, chunk: int = 1 << 16) -> Iterator[bytes]:
+    """The lines of a binary stream, each ending in b"\\n" (the last may not), whatever the line endings: LF,
+    CRLF, or the CR alone of old Mac editors (which `for line in f` would read as one line). A UTF-8 byte-order
+    mark at the start is dropped."""
+    buf = f.read(3)
+    if buf == b"\xef\xbb\xbf":
+        buf = b""
+    buf += f.read(chunk)
+    while buf:
+        more = f.read(chunk)
+        if buf.endswith(b"\r") and more:  # a CRLF may be cut between two chunks
+            buf, more = buf[:-1], b"\r" + more
+        if b"\r" in buf:
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        parts = buf.split(b"\n")
+        for p in parts[:-1]:
+            yield p + b"\n"
+        buf = parts[-1] + more
+        if not more:
+            if buf:
+                yield buf
+            return
+
+
 def _disallowed_re(allowed: str | None) -> re.Pattern | None:
     if allowed is None:
         return None
@@ -119,7 +143,7 @@ def read_fasta(path: str | Path, *, allowed: str | None = None, uppercase: bool 
     f = open_binary(path)
     try:
         try:
-            for raw in f:
+            for raw in lines(f):
                 lineno += 1
                 if raw[:1] == b">":
                     if header is not None:

@@ -200,7 +200,7 @@ def read_parquet(path: str | Path, *, id_column: str | None, text_column: str, b
     src = str(path)
     try:
         pf = pq.ParquetFile(src)
-    except Exception as e:  # pyarrow raises ArrowInvalid/OSError for corrupt files
+    except Exception as e:  # noqa: BLE001 - pyarrow raises ArrowInvalid/OSError/... for corrupt files
         raise DataFormatError(src, None, f"not a readable parquet file ({type(e).__name__}: {e})") from None
     _check_columns(src, pf.schema_arrow.names, id_column, text_column)
     cols = [text_column] + ([id_column] if id_column else [])
@@ -232,7 +232,7 @@ def read_hf_disk(path: str | Path, *, id_column: str | None, text_column: str, s
     src = str(path)
     try:
         ds = datasets.load_from_disk(src)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - datasets raises many types for a damaged directory
         raise DataFormatError(src, None, f"not a dataset saved with save_to_disk ({type(e).__name__}: {e})") from None
     if isinstance(ds, datasets.DatasetDict):
         if split not in ds:

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from s2t2_dist.utils.io import (
-    AtomicFile, append_json_line, atomic_write_json, json_sha256, load_json, read_json_lines, write_json_lines)
+    AtomicFile, append_json_line, atomic_write_json, json_sha256, load_json, read_json_lines, sha256_file,
+    write_json_lines)
 
 from .errors import ManifestError
 from .records import RecordFilter, RecordPolicy, read_raw, resolve_inputs
@@ -98,7 +99,8 @@ def split_dataset(
     out = Path(output_dir)
     params = {
         "inputs": [[p, f] for p, f in resolve_inputs(inputs, format)],
-        "input_sizes": [os.path.getsize(p) if os.path.isfile(p) else None for p, _ in resolve_inputs(inputs, format)],
+        # by content, not size: an input rewritten with the same size is another input
+        "input_sha256": [sha256_file(p) if os.path.isfile(p) else None for p, _ in resolve_inputs(inputs, format)],
         "id_column": id_column, "text_column": text_column, "hf_split": hf_split, "text_mode": text_mode,
         "policy": policy.to_dict(), "eval_fraction": eval_fraction, "split_by": split_by, "seed": seed,
         "chunk_records": chunk_records,

@@ -166,7 +166,7 @@ def _read(directory: Path, rank: int) -> dict:
         raise FileNotFoundError(f"checkpoint {directory}: no engine state for rank {rank} ({f.name})")
     try:
         return torch.load(f, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - torch raises several types for a damaged file; re-raised with its name
         raise RuntimeError(f"checkpoint {directory}: {f.name} is unreadable ({type(e).__name__}: {e})") from e
 
 

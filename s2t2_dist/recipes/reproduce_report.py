@@ -273,8 +273,8 @@ def table1_markdown(results: dict) -> str:
     head = "| | " + " | ".join(f"**{COLUMN_NAMES[k]}**" for k in COLUMNS) + " |"
     sep = "|---|" + "---:|" * len(COLUMNS)
     paper = {k: PAPER_TABLE1.get(k, (None, None)) for k in COLUMNS}  # FVT: not in the paper
-    rows = [f"| **Perp.** | " + " | ".join(_pm(t.get(k, {}).get("perplexity"), ".2f") for k in COLUMNS) + " |",
-            f"| **BpB** | " + " | ".join(_pm(t.get(k, {}).get("bpb"), ".3f") for k in COLUMNS) + " |",
+    rows = ["| **Perp.** | " + " | ".join(_pm(t.get(k, {}).get("perplexity"), ".2f") for k in COLUMNS) + " |",
+            "| **BpB** | " + " | ".join(_pm(t.get(k, {}).get("bpb"), ".3f") for k in COLUMNS) + " |",
             "| *paper perp.* | " + " | ".join(f"*{paper[k][0]:.2f}*" if paper[k][0] else "—" for k in COLUMNS)
             + " |",
             "| *paper BpB* | " + " | ".join(f"*{paper[k][1]:.2f}*" if paper[k][1] else "—" for k in COLUMNS) + " |"]

@@ -90,6 +90,38 @@ def context_fits(directory: Path | None, context_len: int, key: str, model_key: 
                           f"for ({model_key}, config.json max_position_embeddings); use at most {n}")
 
 
+def source_vocab(rule: str, directory: Path | None, key: str = "model.source_vocab") -> None:
+    """A source-token id file: there, one integer id a line, each a real token of the model's tokenizer (read
+    from tokenizer.json, no weights), before the model is loaded."""
+    if rule in ("all", "single_char", "single_byte"):
+        return
+    from s2t2_dist.models.hf import read_id_file
+
+    path = rule[len("file:"):] if rule.startswith("file:") else rule
+    if not Path(path).is_file():
+        raise ConfigError(f"{key}: {rule!r} is neither 'all', 'single_char', 'single_byte' nor an id file that "
+                          "exists")
+    valid = None
+    if directory is not None and (directory / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        valid = Tokenizer.from_file(str(directory / "tokenizer.json")).get_vocab(with_added_tokens=True).values()
+    try:
+        read_id_file(path, valid=valid)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{key}: {e}") from None
+
+
+def raw_files_scored(raw: dict | None, files: list[str], key: str = "data.files") -> None:
+    """Raw eval files that yield no document to score (empty, or every record left out) are a user error naming
+    the files and why, not a division by zero later."""
+    if raw is None or raw["records"]["scored"]:
+        return
+    from s2t2_dist.data.raw_eval import format_records
+
+    raise ConfigError(f"{key}: {', '.join(files)} holds no document to score ({format_records(raw['records'])})")
+
+
 def tokenizer(path: str, key: str = "data.tokenizer"):
     from s2t2_dist.data.bpe import load_tokenizer
     from s2t2_dist.data.errors import DataError
@@ -152,8 +184,8 @@ def context_matches_shards(m: dict, context_len: int, key: str, ctx_key: str = "
                           f"{m.get('context_len')} tokens; use {ctx_key}={m.get('context_len')} or re-run prepare")
 
 
-def run_dir(path: str, key: str = "run_dir") -> None:
-    """The run directory must be a directory (or not exist yet) in a place this process may write."""
+def writable_dir(path: str, key: str) -> None:
+    """A directory a stage will write must be a directory (or not exist yet) in a place this process may write."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise ConfigError(f"{key}: {path} exists and is not a directory")
@@ -162,6 +194,87 @@ def run_dir(path: str, key: str = "run_dir") -> None:
         parent = parent.parent
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"{key}: cannot write into {parent} (permission denied)")
+
+
+def writable_dirs(dirs: dict[str, str]) -> None:
+    """Each given directory (empty: the default, inside the run directory) is writable, before any work."""
+    for key, path in dirs.items():
+        if path:
+            writable_dir(path, key)
+
+
+def run_dir(path: str, key: str = "run_dir", stage: str | None = None) -> None:
+    """The run directory: writable, and (given the stage) not another stage's run nor linked out of itself."""
+    writable_dir(path, key)
+    if stage is not None:
+        from s2t2_dist.utils.rundir import check_owner
+
+        check_owner(path, stage, key)
+
+
+def claim_run_dir(path: str | Path, stage: str, is_main: bool, key: str = "run_dir") -> None:
+    """The job's rank 0 takes the directory's lock (`utils.rundir`); every rank learns whether it did, so the other
+    ranks of a refused job stop too (and no rank of the holding job is refused by its own lock)."""
+    from s2t2_dist.dist import collectives as coll
+    from s2t2_dist.utils.rundir import RunDirError, claim
+
+    err = None
+    if is_main:
+        try:
+            claim(path, stage, key)
+        except RunDirError as e:
+            err = e
+    failed = coll.any_rank(err is not None) if coll.distributed() else err is not None
+    if err is not None:
+        raise err
+    if failed:
+        raise RunDirError(f"{key}: rank 0 could not take {path} (its error says why)")
+
+
+def export_dir(path: str, run_dir: str, key: str = "export.dir") -> None:
+    """An export directory outside the run directory must be this run's own export (its export info names this
+    run's id) or new: another run's exported model is never replaced."""
+    from s2t2_dist.utils.rundir import run_id
+
+    if not path:
+        return
+    writable_dir(path, key)
+    out, rd = Path(path), Path(run_dir)
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if rd.resolve() in out.resolve().parents:  # inside its own run directory (RUN_DIR/final)
+        return
+    try:
+        info = json.loads((out / "s2t2_export.json").read_text())
+    except (OSError, ValueError):
+        info = {}
+    mine = run_id(rd)
+    if not info.get("run_id") or info.get("run_id") != mine:
+        who = f"run {info['run_id']}" if info.get("run_id") else "another run or not s2t2"
+        raise ConfigError(f"{key}: {path} already holds an export of {who}; this run ({run_dir}) would replace "
+                          "it; choose another export.dir")
+
+
+def distinct_inputs(paths: list[str], key: str = "inputs", format: str = "auto") -> list[str]:
+    """Every input file identified by its content (sha256): the same file listed twice, or by a path and a symbolic
+    link to it, or two copies of the same content, is refused (its records would be read and counted twice).
+    Returns the hashes, in input order."""
+    from s2t2_dist.data.records import resolve_inputs
+    from s2t2_dist.utils.io import sha256_file
+
+    seen: dict[str, str] = {}
+    hashes = []
+    for p, _ in resolve_inputs(paths, format):
+        if not os.path.isfile(p):
+            continue
+        h = sha256_file(p)
+        if h in seen:
+            same = "is the same file as" if os.path.samefile(p, seen[h]) else "has the same content as"
+            raise ConfigError(f"{key}: {p} {same} {seen[h]} (sha256 {h[:12]}); its records would be read twice; "
+                              "list each input once")
+        seen[h] = p
+        hashes.append(h)
+    return hashes
 
 
 def training_layout(train, eval_dir: str) -> None:

@@ -77,8 +77,10 @@ def setup(run_dir: str, precision: str, cfg, seed: int, *, record: bool = True) 
         device = torch.device("cpu")
     torch.manual_seed(seed)
     rd = Path(run_dir)
+    from s2t2_dist.stages.checks import claim_run_dir  # one run per directory (lock + owner marker)
+
+    claim_run_dir(rd, type(cfg).__name__.removesuffix("Config").lower(), env.is_main)
     if env.is_main:
-        rd.mkdir(parents=True, exist_ok=True)
         if record:
             save_config(cfg, rd / "config.yaml")
     logger = MetricsLogger(rd / "tb", rank=env.rank, node_rank=env.node_rank, local_rank=env.local_rank)
@@ -129,6 +131,9 @@ def run_stage(cfg, work: Callable[[Any, Runtime], dict], *, preflight: Callable[
 
 def teardown() -> None:
     from s2t2_dist.dist import collectives as coll
+    from s2t2_dist.utils.rundir import release_all
+
+    release_all()  # the run's outputs are written: its directory is free for the next run
 
     if coll.initialized():
         from s2t2_dist.dist.exit import destroy_process_group
@@ -163,6 +168,8 @@ def run_main(prog: str, fn: Callable[[], Any]) -> int:
     that the check imports nothing) is printed as one line (`report_user_error`) and gives exit code 2; anything
     else (a bug) keeps its traceback. S2T2_TRACEBACK=1 shows the traceback of every error. The exit code is fn's
     when it returns an int, else 0."""
+    from s2t2_dist.utils.rundir import release_all
+
     try:
         rc = fn()
     except KeyboardInterrupt:  # Ctrl-C outside the training loop (which checkpoints on the first one), or twice
@@ -176,4 +183,6 @@ def run_main(prog: str, fn: Callable[[], Any]) -> int:
         if os.environ.get("S2T2_TRACEBACK") or not is_user_error(e):
             raise
         return report_user_error(prog, e)
+    finally:
+        release_all()  # an entry point run in-process (tests, recipes) leaves no directory locked behind
     return rc if isinstance(rc, int) and not isinstance(rc, bool) else 0

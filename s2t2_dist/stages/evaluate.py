@@ -137,7 +137,13 @@ def build_eval_model(cfg: EvaluateConfig, plan: InitPlan, rt):
 def preflight(cfg: EvaluateConfig) -> None:
     """Before any weight is read: the model directory, its tokenizer against its embedding rows, its positions
     against eval.context_len, the eval shards (not empty; against data.tokenizer when it is given)."""
-    checks.run_dir(cfg.run_dir)
+    checks.run_dir(cfg.run_dir, stage="evaluate")
+    if cfg.data.files:  # the cache of tokenized files, default included ($S2T2_CACHE_DIR or ~/.cache/s2t2)
+        from s2t2_dist.data.raw_eval import default_cache_dir
+
+        checks.writable_dirs({"data.cache_dir": cfg.data.cache_dir or str(default_cache_dir())})
+    checks.writable_dirs({"init.dir": cfg.init.dir,
+                          "output": str(Path(cfg.output).parent) if cfg.output else ""})
     mdir = checks.model_dir(cfg.model.path)
     checks.model_tokenizer_fits(mdir)
     checks.context_fits(mdir, cfg.eval.context_len, "eval.context_len")
@@ -173,6 +179,7 @@ def _evaluate(cfg: EvaluateConfig, rt) -> dict:
     plan = prepare_initial_model(cfg.init, cfg.model.path, cfg.data.tokenizer, init_dir, is_main=rt.env.is_main,
                                  trust_remote_code=cfg.model.trust_remote_code)
     raw = _tokenize_raw_files(cfg, plan, rt.env.is_main) if cfg.data.files else None
+    checks.raw_files_scored(raw, list(cfg.data.files))
     eval_dir = raw["eval_dir"] if raw else cfg.data.eval
     docs = EvalDocs(eval_dir, rank=rt.env.rank, world_size=rt.env.world_size)
     check_shards(docs.manifest, plan, "data.eval")

@@ -238,7 +238,9 @@ def probe_logits(task: FinetuneTask, n_tokens: int = 32, seed: int = 1234) -> di
 def preflight(cfg: FinetuneConfig) -> None:
     """What can be checked from files before any weight is read (see translate.preflight); the shards against the
     tokenizer the model will speak are checked by `build` (check_shards), before the model is loaded."""
-    checks.run_dir(cfg.run_dir)
+    checks.run_dir(cfg.run_dir, stage="finetune")
+    checks.export_dir(cfg.export.dir, cfg.run_dir)
+    checks.writable_dirs({"init.dir": cfg.init.dir})
     checks.training_layout(cfg.train, cfg.data.eval)
     mdir = checks.model_dir(cfg.model.path)
     checks.model_tokenizer_fits(mdir)
@@ -275,12 +277,14 @@ def _train(cfg: FinetuneConfig, rt: Runtime) -> dict:
     from s2t2_dist.stages.init_model import resolve_plan
     from s2t2_dist.train.checkpoint import Checkpointer
     from s2t2_dist.train.loop import train
+    from s2t2_dist.utils.rundir import run_id
 
     # the checkpoint is checked against this config before the initial model is written or loaded
     plan, _ = resolve_plan(cfg.init, cfg.model.path, cfg.data.tokenizer, cfg.init.dir or str(rt.run_dir / "init"))
     fp = fingerprint(**config_part(cfg, "model", "init"), data=cfg.data.train, tokenizer=plan.tokenizer_hash,
                      engine=cfg.engine.kind, train=[cfg.train.batch_size, cfg.train.context_len, cfg.train.seed])
     fp["optim"] = cfg.optim.fingerprint()  # by value: a refusal names the changed setting
+    fp["train.steps"] = cfg.train.steps  # the lr schedule's length: a change is refused, never silently applied
     # elastic: a checkpoint resumes on another number of ranks -- FSDP2 through torch DCP (which re-splits the
     # parameters and Adam moments over the new mesh), DeepSpeed through a universal checkpoint, the plain engine
     # from rank 0's replica
@@ -307,7 +311,8 @@ def _train(cfg: FinetuneConfig, rt: Runtime) -> dict:
         dtype = torch.float32 if cfg.export.dtype == "float32" else torch.bfloat16
         out = Path(cfg.export.dir or rt.run_dir / "final")
         probe = probe_logits(task)
-        export_model(engine, plan, out, dtype=dtype, extra={"step": result.step, "eval": summary.get("eval")})
+        export_model(engine, plan, out, dtype=dtype,
+                     extra={"step": result.step, "eval": summary.get("eval"), "run_id": run_id(rt.run_dir)})
         summary["export"] = str(out)
         if rt.env.is_main:
             torch.save(probe, rt.run_dir / "export_probe.pt")

@@ -31,7 +31,11 @@ def _flags(p) -> None:
 
 def run(cfg: DataConfig, *, progress: bool = True) -> dict:
     from s2t2_dist.data.pipeline import format_summary, prepare
+    from s2t2_dist.stages import checks
 
+    checks.run_dir(cfg.output_dir, "output_dir", stage="prepare")
+    checks.distinct_inputs(list(cfg.inputs), format=cfg.format)
+    checks.claim_run_dir(cfg.output_dir, "prepare", True, key="output_dir")  # rank 0 only runs prepare
     summary = prepare(cfg, progress=progress)
     save_config(cfg, os.path.join(cfg.output_dir, "prepare_config.yaml"))  # the config these outputs came from
     print(format_summary(summary), flush=True)

@@ -103,6 +103,8 @@ class TranslatorConfig:
             raise ConfigError(f"dense_lr: must be >= 0 (0: the recipe's default), got {self.dense_lr}")
         if self.freeze_steps < 0:
             raise ConfigError(f"freeze_steps: must be >= 0, got {self.freeze_steps}")
+        if len(self.heatmap) != 2 or min(self.heatmap) < 1:
+            raise ConfigError(f"heatmap: need [rows, columns], two numbers >= 1, got {self.heatmap}")
 
     def resolved_alpha(self) -> float:
         if self.alpha >= 0:
@@ -451,10 +453,11 @@ def preflight(cfg: TranslateConfig) -> None:
     """Everything checkable from files before any weight is read: the model directory, its tokenizer against its
     embedding rows and its positions against train.context_len, the shards against data.tokenizer and the
     context length, the eval split (not empty)."""
-    checks.run_dir(cfg.run_dir)
+    checks.run_dir(cfg.run_dir, stage="translate")
     checks.training_layout(cfg.train, cfg.data.eval)
     mdir = checks.model_dir(cfg.model.path)
     checks.model_tokenizer_fits(mdir)
+    checks.source_vocab(cfg.model.source_vocab, mdir)
     checks.context_fits(mdir, cfg.train.context_len, "train.context_len")
     tok = checks.tokenizer(cfg.data.tokenizer)
     train_m = checks.shards(cfg.data.train, "data.train", "packed")
@@ -494,6 +497,7 @@ def _train(cfg: TranslateConfig, rt: Runtime) -> dict:
     fp = fingerprint(**config_part(cfg, "model", "translator"), data=cfg.data.train,
                      tokenizers=hashes, train=[cfg.train.batch_size, cfg.train.seed])
     fp["optim"] = cfg.optim.fingerprint()  # by value: a refusal names the changed setting
+    fp["train.steps"] = cfg.train.steps  # the lr schedule's length: a change is refused, never silently applied
     ck = Checkpointer(rt.run_dir, keep=cfg.train.keep_checkpoints, fingerprint=fp, elastic=True)
     ck.check_resumable()
     record_config(rt, cfg)

@@ -99,6 +99,8 @@ def _space_hint(directory: Path, err: BaseException | None, previous: Path | Non
 class Checkpointer:
     def __init__(self, run_dir: str | Path, keep: int = 2, fingerprint: dict | None = None, elastic: bool = False):
         self.root = Path(run_dir) / "checkpoints"
+        if keep < 1:  # 0 would delete every checkpoint as soon as it is written
+            raise CheckpointError(f"train.keep_checkpoints must be >= 1, got {keep}")
         self.keep = keep
         # What must match for a checkpoint to be resumable (config hash, world size, shapes); checked at load.
         self.fingerprint = fingerprint or {}
@@ -164,7 +166,7 @@ class Checkpointer:
         if _local_rank() == 0:
             try:
                 _syncfs(partial)
-            except BaseException as e:  # noqa: BLE001
+            except BaseException as e:  # noqa: BLE001 - re-raised on every rank after the barrier
                 err = e
         if not _all_ok(err is None):
             if rank == 0:
@@ -183,7 +185,7 @@ class Checkpointer:
                 partial.rename(final)
                 fsync_dir(self.root)
                 faults.point("checkpoint.after_rename", step)
-            except BaseException as e:  # noqa: BLE001
+            except BaseException as e:  # noqa: BLE001 - re-raised on every rank after the barrier
                 err = e
                 hint = _space_hint(partial, e, previous)
                 shutil.rmtree(partial, ignore_errors=True)
@@ -290,8 +292,10 @@ class Checkpointer:
         None when there is none. A damaged one is set aside as step_N.corrupt (after every rank agreed) and the one
         before it is used; one of another configuration or rank count is refused (CheckpointError). Collective."""
         rank, _ = _rank_world()
-        for step in reversed(self.complete_steps()):
-            d = self.root / f"step_{step:08d}"
+        steps = self.complete_steps()
+        damaged: list[str] = []
+        for i in range(len(steps) - 1, -1, -1):
+            d = self.root / f"step_{steps[i]:08d}"
             err: BaseException | None = None
             try:
                 meta = self.check_compatible(d)
@@ -312,6 +316,9 @@ class Checkpointer:
                     log.warning("resuming %s, written by %s ranks, on %d ranks", d, meta.get("world_size"),
                                 _rank_world()[1])
                 engine.load(d)
+                if damaged and rank == 0:  # said once more where it matters: the steps since are recomputed
+                    log.warning("resuming from the older checkpoint %s (step %d), not the newest (%s damaged): "
+                                "the steps after it are computed again", d.name, steps[i], ", ".join(damaged))
                 return d, state
             if err is not None:
                 log.error("rank %d: %s", rank, err)
@@ -323,7 +330,13 @@ class Checkpointer:
                     bad, n = d.with_name(f"{d.name}.corrupt{n}"), n + 1
                 d.rename(bad)
                 fsync_dir(self.root)
-                log.error("checkpoint %s is damaged (%s); moved to %s, resuming from the one before it",
-                          d, err or "on another rank", bad.name)
+                before = (f"trying the one before it, {self.root.name}/step_{steps[i - 1]:08d}" if i else
+                          "no checkpoint is left: the run starts from step 0")
+                log.error("checkpoint %s is damaged (%s); moved to %s; %s", d, err or "on another rank", bad.name,
+                          before)
+            damaged.append(d.name)
             _barrier()
+        if damaged and rank == 0:
+            log.warning("every checkpoint in %s was damaged (%s, set aside as *.corrupt): starting from step 0, "
+                        "not resuming", self.root, ", ".join(damaged))
         return None

@@ -104,6 +104,9 @@ class TrainConfig:
                 raise ConfigError(f"{k}: must be > 0, got {getattr(self, k)}")
         if self.ckpt_every < 0 or self.log_every <= 0 or self.max_bad_steps < 0:
             raise ConfigError("ckpt_every must be >= 0, log_every > 0, max_bad_steps >= 0")
+        if self.keep_checkpoints < 1:  # 0 deleted every checkpoint as soon as it was written
+            raise ConfigError(f"keep_checkpoints: must be >= 1 (the newest checkpoint is what a restart resumes "
+                              f"from), got {self.keep_checkpoints}")
 
     def micro_for(self, world_size: int, ranks: str = "") -> int:
         """The micro-batch on ``world_size`` ranks (auto resolved); ConfigError naming the keys if the layout is

@@ -22,14 +22,29 @@ class MetricsLogger:
         self.log_dir = Path(log_dir)
         self.is_global = enabled and rank == 0
         self.is_node = enabled and local_rank == 0
-        self._global = self._node = None
-        if self.is_global or self.is_node:
+        self._writers: dict = {}
+        self._closed = False
+        self._dirs = {"global": "global", "node": f"node_{node_rank:03d}"}
+        self._flush_secs = flush_secs
+
+    def _writer(self, scope: str):
+        """Created at the first write: a run refused by its checks (a resume of another configuration) leaves no
+        empty event files behind."""
+        if self._closed or not (self.is_global if scope == "global" else self.is_node):
+            return None
+        if scope not in self._writers:
             from torch.utils.tensorboard import SummaryWriter
 
-            if self.is_global:
-                self._global = SummaryWriter(str(self.log_dir / "global"), flush_secs=flush_secs)
-            if self.is_node:
-                self._node = SummaryWriter(str(self.log_dir / f"node_{node_rank:03d}"), flush_secs=flush_secs)
+            self._writers[scope] = SummaryWriter(str(self.log_dir / self._dirs[scope]), flush_secs=self._flush_secs)
+        return self._writers[scope]
+
+    @property
+    def _global(self):
+        return self._writer("global")
+
+    @property
+    def _node(self):
+        return self._writer("node")
 
     def scalars(self, step: int, values: dict[str, float], scope: str = "global") -> None:
         if scope not in ("global", "node"):
@@ -65,15 +80,14 @@ class MetricsLogger:
             self._global.add_histogram(tag, values.detach().float().cpu(), step)
 
     def flush(self) -> None:
-        for w in (self._global, self._node):
-            if w is not None:
-                w.flush()
+        for w in self._writers.values():
+            w.flush()
 
     def close(self) -> None:
-        for w in (self._global, self._node):
-            if w is not None:
-                w.close()
-        self._global = self._node = None
+        for w in self._writers.values():
+            w.close()
+        self._writers.clear()
+        self._closed = True  # later writes are dropped, as before
 
 
 def heatmap_image(matrix: torch.Tensor, max_pixels: int = 512, scale: int = 0):

@@ -19,10 +19,8 @@ TESTS = Path(__file__).resolve().parents[1]
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
-from stage_fixtures import REPO, protein_fasta  # noqa: E402
-
-from s2t2_dist import faults  # noqa: E402
-
+from stage_fixtures import REPO, protein_fasta
+from s2t2_dist import faults
 #: every injection made by the suite is appended here (one JSON line each) when set: docs/reliability.md counts
 LEDGER_ENV = "S2T2_FAULTS_LEDGER"
 

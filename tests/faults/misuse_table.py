@@ -2,16 +2,27 @@
 `s2t2` command in a fresh process on real files (the shipped protein FASTA, the shipped stories260K model).
 
     PYTHONPATH=. python tests/faults/misuse_table.py [WORKDIR] > /tmp/misuse.md
+    PYTHONPATH=. python tests/faults/misuse_table.py --write     # regenerate the table in docs/reliability.md
 
 For each case: the message shown (the error line, or the warnings of a run that goes on), the exit code, and what
 was kept (files that existed before the command, compared byte for byte afterwards; or that nothing was written).
+
+Cases run through `s2t2_dist.cli.main` -- the function the `s2t2` command calls -- in this process (a fresh
+interpreter per case would cost minutes of imports); Ctrl-C runs a fresh `python -m s2t2_dist.cli` process, and the
+lock cases run beside a separate live process that holds the locks. What varies
+from run to run (the work directory, run ids, pids, host names, times) is replaced by W, RUNID, PID, HOST, TIME,
+so the table is the same on every machine: tests/faults/test_misuse_table.py regenerates it and compares.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
+import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -31,9 +42,69 @@ def s2t2(*args, env=None, timeout=600):
                           text=True, env={**ENV, **(env or {})}, timeout=timeout)
 
 
+class _Captured:
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+class _LogCapture(logging.Handler):
+    """The s2t2 loggers' warnings of an in-process case (the stages' own basicConfig is then a no-op)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        if record.name.startswith("s2t2"):
+            self.lines.append(f"WARNING: {record.getMessage()}")
+
+
+def s2t2_inproc(*args, env=None):
+    """`s2t2 ARGS` through the command's own function in this process: its stdout, stderr and warnings captured."""
+    from s2t2_dist.cli import main as cli_main
+
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update({k: str(v) for k, v in (env or {}).items()})
+    out, err, cap = io.StringIO(), io.StringIO(), _LogCapture()
+    root = logging.getLogger()
+    root.addHandler(cap)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = cli_main([str(a) for a in args])
+            except SystemExit as e:  # argparse
+                rc = e.code if isinstance(e.code, int) else 2
+            except Exception as e:  # noqa: BLE001 - a bug: shown as the traceback's last line would be
+                print(f"Traceback (most recent call last): {type(e).__name__}: {e}", file=sys.stderr)
+                rc = 1
+    finally:
+        root.removeHandler(cap)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return _Captured(rc, out.getvalue(), err.getvalue() + "\n".join(cap.lines))
+
+
+_VARYING = [(re.compile(r"(?<=run )[0-9a-f]{12}\b"), "RUNID"),
+            (re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d"), "TIME"),
+            (re.compile(r"pid \d+"), "pid PID"), (re.compile(r"on host [^,]+,"), "on host HOST,")]
+
+
+def normalise(msg: str, work: Path) -> str:
+    msg = msg.replace(str(work), "W").replace(str(REPO), "REPO")
+    for rx, sub in _VARYING:
+        msg = rx.sub(sub, msg)
+    return msg
+
+
 def snapshot(d: Path) -> dict:
+    # the run lock names its current holder and is rewritten by every run that takes it: not an output
+    if d.is_file():
+        return {d.name: hashlib.sha256(d.read_bytes()).hexdigest()}
     return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.rglob("*"))
-            if p.is_file()} if d.exists() else {}
+            if p.is_file() and p.name != ".s2t2.lock"} if d.exists() else {}
 
 
 def kept(before: dict, d: Path, fresh: bool = False) -> str:
@@ -50,10 +121,11 @@ def kept(before: dict, d: Path, fresh: bool = False) -> str:
 
 
 def message(proc) -> str:
-    lines = [ln for ln in proc.stderr.splitlines() if ": error: " in ln]
+    lines = [ln for ln in proc.stderr.splitlines() if ": error: " in ln or ln.startswith("Traceback")]
     if lines:
         return lines[-1]
     warn = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if "WARNING:" in ln]
+    warn = list(dict.fromkeys(w[w.index("WARNING:"):] for w in warn))  # printed and logged: once
     return " / ".join(warn) if warn else "(no error)"
 
 
@@ -69,10 +141,12 @@ def fasta(path: Path, n: int = 160, edit=None, double=False) -> Path:
     return path
 
 
-def main() -> None:
-    work = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="s2t2_misuse_"))
+def generate(work: Path) -> str:
+    """Run every case in the (empty or cached) work directory; returns the markdown table."""
     work.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(REPO))
+    os.environ.update({k: ENV[k] for k in ("OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "S2T2_DEVICE",
+                                           "DS_ACCELERATOR")})
     from s2t2_dist.recipes.llama2c import save_hf
 
     model = save_hf(work / "stories260k")
@@ -82,14 +156,17 @@ def main() -> None:
     base_fa = fasta(work / "sample.fasta")
     for out, v in ((data, 64), (other, 96)):
         if not (out / "prepare_summary.json").exists():
-            assert s2t2("prepare", f"inputs=[{base_fa}]", f"output_dir={out}", f"vocab_size={v}", *prep).returncode == 0
+            assert s2t2_inproc("prepare", f"inputs=[{base_fa}]", f"output_dir={out}", f"vocab_size={v}",
+                               *prep).returncode == 0
     rows: list[tuple[str, str, str, int, str]] = []
 
-    def case(stage, what, args, watch: Path, fresh=False, env=None, prepare_fn=None):
+    def case(stage, what, args, watch: Path, fresh=False, env=None, prepare_fn=None, proc=False):
         if prepare_fn:
             prepare_fn()
+        if fresh and watch.exists() and watch != work / "submitit":
+            shutil.rmtree(watch)
         before = snapshot(watch)
-        p = s2t2(stage, *args, env=env)
+        p = (s2t2 if proc else s2t2_inproc)(stage, *args, env=env)
         rows.append((stage, what, message(p), p.returncode, kept(before, watch, fresh)))
         print(f"{stage}: {what}: rc {p.returncode}", file=sys.stderr, flush=True)
         return p
@@ -190,11 +267,11 @@ def main() -> None:
     y["slurm"]["nodez"] = 2
     (work / "bad_slurm.yaml").write_text(yaml.safe_dump(y))
     shutil.rmtree(run, ignore_errors=True)
-    s2t2("translate", *targs, *ok, f"run_dir={run}", "train.stop_after=2")
+    s2t2_inproc("translate", *targs, *ok, f"run_dir={run}", "train.stop_after=2")
     t("resume (checkpoint at step 2) with optim.lr changed", "optim.lr=0.5", fresh=False)
-    s2t2("translate", *targs, *ok, f"run_dir={run}")
+    s2t2_inproc("translate", *targs, *ok, f"run_dir={run}")
     res = json.loads((run / "result.json").read_text())["final_loss"]
-    p = t("re-run a finished run", fresh=False)
+    t("re-run a finished run", fresh=False)
     again = json.loads((run / "result.json").read_text())["final_loss"]
     rows[-1] = rows[-1][:2] + (f"(no error) final_loss {res:.4f} -> {again:.4f}",) + rows[-1][3:]
     # Ctrl-C: SIGINT to the process group at a step boundary
@@ -214,9 +291,12 @@ def main() -> None:
     out, err = proc.communicate(timeout=300)
     r = json.loads((run / "result.json").read_text())
     ck = sorted(p.name for p in (run / "checkpoints").iterdir())
+    stopped_at = "step_%08d" % r["step"]
     rows.append(("translate", "Ctrl-C (SIGINT to the process group) during training",
                  [ln for ln in err.splitlines() if "interrupted" in ln][-1], proc.returncode,
-                 f"checkpoint {ck} at step {r['step']} (preempted: {r['preempted']}); the next launch resumes there"))
+                 # the step it stops at depends on timing: said without the number, so the table is reproducible
+                 f"a checkpoint at the step it stopped ({'yes' if ck == [stopped_at] else ck}; "
+                 f"preempted: {r['preempted']}); the next launch resumes there"))
 
     # ---------------------------------------------------------------- evaluate
     ev = work / "ev"
@@ -253,11 +333,271 @@ def main() -> None:
     case("submit", "a mistyped key in the YAML's slurm: section",
          ["translate", "--config", work / "bad_slurm.yaml", "--cluster", "local"], work / "submitit", fresh=True)
 
-    print("| stage | case | message shown | exit | kept |")
-    print("|---|---|---|---:|---|")
+    new_cases(work, case, rows, model, data, other, base_fa, prep, targs, ok)
+    out = ["| stage | case | message shown | exit | kept |", "|---|---|---|---:|---|"]
     for stage, what, msg, rc, k in rows:
-        msg = msg.replace(str(work), "W").replace("|", "\\|").replace("`", "'")
-        print(f"| {stage} | {what} | `{msg}` | {rc} | {k} |")
+        msg = normalise(msg, work).replace("|", "\\|").replace("`", "'")
+        out.append(f"| {stage} | {what} | `{msg}` | {rc} | {normalise(k, work)} |")
+    return "\n".join(out) + "\n"
+
+
+def _rewrite_p(src: Path, dst: Path, values=None, meta=None) -> Path:
+    """A copy of a real P file with its values or metadata changed (safetensors: no code)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(src), framework="pt") as f:
+        m = dict(f.metadata())
+        t = {k: f.get_tensor(k) for k in f.keys()}
+    if values is not None:
+        t["values"] = values(t["values"]).contiguous()
+    for k, v in (meta or {}).items():
+        if v is None:
+            m.pop(k, None)
+        else:
+            m[k] = v
+    save_file(t, str(dst), metadata=m)
+    return dst
+
+
+_HOLDER = ("import sys, time\nfrom s2t2_dist.utils.rundir import claim\n"
+           "for a in sys.argv[1:]: claim(*a.split('=', 1)[::-1])\nprint('held', flush=True)\ntime.sleep(600)\n")
+
+
+def new_cases(work, case, rows, model, data, other, base_fa, prep, targs, ok) -> None:
+    """Issue #22: locks, owners, literal values, checked values, resumes that tell the truth."""
+    import torch
+
+    ok_run = [*targs, *ok]
+    fr = work / "fresh"  # the run directory of cases refused before any work (nothing may appear in it)
+
+    def t(what, *extra, run=None, fresh=True, proc=False, watch=None):
+        r = run or fr
+        return case("translate", what, [*ok_run, f"run_dir={r}", *extra], watch or r, fresh=fresh, proc=proc)
+
+    # a finished translate run: its P file is the start of the damaged ones
+    tp = work / "tp"
+    if not (tp / "P.safetensors").exists():
+        assert s2t2_inproc("translate", *ok_run, f"run_dir={tp}", "train.steps=2").returncode == 0
+    good_p = tp / "P.safetensors"
+    bad = work / "bad_p"
+    bad.mkdir(exist_ok=True)
+    bad_ps = {
+        "NaN values": _rewrite_p(good_p, bad / "nan.safetensors", values=lambda x: x * float("nan")),
+        "one inf value": _rewrite_p(good_p, bad / "inf.safetensors",
+                                    values=lambda x: x.index_fill(0, torch.tensor([0]), float("inf"))),
+        "all zeros": _rewrite_p(good_p, bad / "zero.safetensors", values=lambda x: x * 0),
+        "negative values": _rewrite_p(good_p, bad / "neg.safetensors", values=lambda x: -x),
+        "values scaled x3 (marginals off)": _rewrite_p(good_p, bad / "x3.safetensors", values=lambda x: x * 3),
+        "damaged shape metadata (not JSON)": _rewrite_p(good_p, bad / "shape.safetensors", meta={"shape": "[48, "}),
+        "shape metadata missing": _rewrite_p(good_p, bad / "noshape.safetensors", meta={"shape": None}),
+        "target tokenizer hash missing": _rewrite_p(good_p, bad / "nohash.safetensors",
+                                                    meta={"target_tokenizer_hash": None}),
+        "unknown kind in metadata": _rewrite_p(good_p, bad / "kind.safetensors", meta={"kind": "magic"}),
+    }
+    trunc = bad / "truncated.safetensors"
+    trunc.write_bytes(good_p.read_bytes()[:200])
+    bad_ps["truncated file"] = trunc
+    for what, f in bad_ps.items():
+        t(f"translator.init_p: a P file with {what}", f"translator.init_p={f}")
+
+    # ---- values validated where they enter
+    for ov, what in (("optim.lr=nan", "optim.lr=nan"), ("optim.lr=inf", "optim.lr=inf (trained to a uniform P)"),
+                     ("optim.lr=-1e-3", "a negative optim.lr"), ("train.keep_checkpoints=0",
+                     "train.keep_checkpoints=0 (deleted every checkpoint)"),
+                     ("train.keep_checkpoints=-1", "train.keep_checkpoints=-1"), ("train.steps=0", "train.steps=0"),
+                     ("translator.alpha=-1", "translator.alpha=-1"), ("translator.n_iter=0", "translator.n_iter=0"),
+                     ("translator.init_weight=2", "translator.init_weight=2"),
+                     ("translator.dense_frac=1.5", "translator.dense_frac=1.5"),
+                     ("translator.kind=dense", "translator.kind=dense (no such kind)"),
+                     ("train.precision=fp8", "train.precision=fp8"), ("data.num_workers=-1", "data.num_workers=-1"),
+                     ("train.micro_batch_size=0", "train.micro_batch_size=0"),
+                     ("model.trust_remote_code=maybe", "model.trust_remote_code=maybe"),
+                     ("train.steps=ten", "train.steps=ten"), ("train=3", "a whole section given a value (train=3)"),
+                     ("train.steps", "an override without '=' (train.steps)"),
+                     ("translator.heatmap=[8]", "translator.heatmap with one number"),
+                     ("optim.betas=[0.9,1.5]", "optim.betas=[0.9,1.5]")):
+        t(what, ov)
+    for what, name, text in (("an id beyond the vocabulary", "ids_big", "5\n99999\n"),
+                             ("a word in it", "ids_word", "5\nsix\n"), ("nothing in it", "ids_empty", ""),
+                             ("an id listed twice", "ids_dup", "5\n7\n5\n")):
+        t(f"model.source_vocab: an id file with {what}", "model.source_vocab=" + str(_text(work / name, text)))
+    t("model.source_vocab: neither a rule nor a file (single_bytes)", "model.source_vocab=single_bytes")
+    t("data.tokenizer does not exist", f"data.tokenizer={work / 'no_tokenizer'}")
+    # config files
+    cfg_text = (REPO / "configs" / "translate_olmo1b.yaml").read_text()
+    t("a YAML key given twice (train.steps)", "--config",
+      _text(work / "dup_key.yaml", cfg_text.replace("train:\n", "train:\n  steps: 7\n  steps: 9\n", 1)))
+    t("a YAML section given twice (optim:)", "--config",
+      _text(work / "dup_section.yaml", cfg_text + "optim:\n  lr: 1\n"))
+    t("a config file in Latin-1, not UTF-8", "--config", _bytes(work / "latin1.yaml", b"run_dir: caf\xe9\n"))
+    t("a config file with a UTF-8 byte-order mark (accepted)", "--config",
+      _bytes(work / "bom.yaml", b"\xef\xbb\xbf" + cfg_text.encode()), "train.steps=2")
+    t("a config file that is not valid YAML", "--config", _text(work / "broken.yaml", "train: [1, 2\n"))
+    t("a config file that does not exist", "--config", work / "no_such.yaml")
+    t("a config file whose top level is a list", "--config", _text(work / "list.yaml", "- a\n- b\n"))
+    # literal command-line strings
+    for name in ("exp #2", "0010", "2024_01_05", "0x1F"):
+        d = work / "lit" / name
+        t(f"run_dir=.../{name} on the command line (a string, taken literally)", "train.steps=2", run=d)
+        rows[-1] = rows[-1][:4] + (f"wrote {len(snapshot(d))} files into lit/{name}/ "
+                                   f"({'the directory named as typed' if d.is_dir() else 'NOT the directory typed'})",)
+
+    # ---- one run per directory, every output checked before work
+    held = [work / "held_t", work / "held_p"]
+    for d in held:
+        shutil.rmtree(d, ignore_errors=True)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, f"translate={held[0]}", f"prepare={held[1]}"],
+                              stdout=subprocess.PIPE,
+                              text=True, env=ENV, cwd=REPO)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        t("a second run on a run_dir a live run holds", run=held[0], fresh=False)
+        case("prepare", "a second prepare into an output_dir a live run holds",
+             [f"inputs=[{base_fa}]", f"output_dir={held[1]}", "vocab_size=40", *prep], held[1])
+        case("evaluate", "evaluate on a run_dir a live translate run holds",
+             [f"run_dir={held[0]}", f"data.eval={data}/shards/new/eval", "eval.context_len=64",
+              f"model.path={model}", "init.kind=as_is"], held[0])
+    finally:
+        holder.kill()
+        holder.wait()
+    t("the same run_dir after its holder was killed (SIGKILL: the OS dropped the lock)", "train.steps=2",
+      run=held[0], fresh=False)
+    t("run_dir set to a prepare output_dir", run=data, fresh=False)
+    t("run_dir is a file", run=base_fa, fresh=False)
+    link_run = work / "linked"
+    shutil.rmtree(link_run, ignore_errors=True)
+    link_run.mkdir()
+    (link_run / "result.json").symlink_to(work / "data" / "prepare_summary.json")
+    t("a file in run_dir is a symbolic link out of it (result.json -> another run's file)", run=link_run,
+      fresh=False)
+    ev_args = [f"data.eval={data}/shards/new/eval", "eval.context_len=64", f"model.path={model}", "init.kind=as_is"]
+    case("evaluate", "run_dir set to a translate run's directory", [f"run_dir={tp}", *ev_args], tp)
+    case("evaluate", "run_dir set to a prepare output_dir", [f"run_dir={data}", *ev_args], data)
+    case("prepare", "output_dir set to a translate run's directory",
+         [f"inputs=[{base_fa}]", f"output_dir={tp}", "vocab_size=40", *prep], tp)
+    case("prepare", "the same input listed twice", [f"inputs=[{base_fa},{base_fa}]", f"output_dir={work / 'pp1'}",
+                                                    "vocab_size=40", *prep], work / "pp1", fresh=True)
+    link_fa = work / "sample_link.fasta"
+    if not link_fa.is_symlink():
+        link_fa.symlink_to(base_fa)
+    case("prepare", "an input listed by its path and by a symbolic link", [f"inputs=[{base_fa},{link_fa}]",
+         f"output_dir={work / 'pp2'}", "vocab_size=40", *prep], work / "pp2", fresh=True)
+    copy_fa = work / "sample_copy.fasta"
+    shutil.copy(base_fa, copy_fa)
+    case("prepare", "two files of the same content", [f"inputs=[{base_fa},{copy_fa}]", f"output_dir={work / 'pp3'}",
+                                                       "vocab_size=40", *prep], work / "pp3", fresh=True)
+    case("prepare", "output_dir is a file", [f"inputs=[{base_fa}]", f"output_dir={base_fa}", "vocab_size=40", *prep],
+         work / "pp4", fresh=True)
+    bom = work / "bom.fasta"
+    bom.write_bytes(b"\xef\xbb\xbf" + base_fa.read_bytes())
+    case("prepare", "a FASTA with a UTF-8 byte-order mark (read as without)", [f"inputs=[{bom}]",
+         f"output_dir={work / 'pp5'}", "vocab_size=40", *prep], work / "pp5", fresh=True)
+    cr = work / "cr.fasta"
+    cr.write_bytes(base_fa.read_bytes().replace(b"\n", b"\r"))
+    case("prepare", "a FASTA with CR-only line endings (old Mac)", [f"inputs=[{cr}]", f"output_dir={work / 'pp6'}",
+                                                                   "vocab_size=40", *prep], work / "pp6", fresh=True)
+    case("prepare", "an input that does not exist", [f"inputs=[{work / 'none.fasta'}]", f"output_dir={work / 'pp7'}",
+                                                     *prep], work / "pp7", fresh=True)
+    case("prepare", "vocab_size=5", [f"inputs=[{base_fa}]", f"output_dir={work / 'pp8'}", "vocab_size=5", *prep],
+         work / "pp8", fresh=True)
+    case("prepare", "shard_size=0", [f"inputs=[{base_fa}]", f"output_dir={work / 'pp9'}", "shard_size=0",
+                                     "context_len=64", "--no-progress"], work / "pp9", fresh=True)
+    case("prepare", "format=xml (no such format)", [f"inputs=[{base_fa}]", f"output_dir={work / 'pp10'}",
+                                                    "format=xml", *prep], work / "pp10", fresh=True)
+    case("prepare", "a prepare config in Latin-1", ["--config", work / "latin1.yaml", f"inputs=[{base_fa}]"],
+         work / "pp11", fresh=True)
+
+    # ---- resume tells the truth
+    rr = work / "resume"
+    shutil.rmtree(rr, ignore_errors=True)
+    assert s2t2_inproc("translate", *ok_run, f"run_dir={rr}", "train.steps=4", "train.stop_after=2").returncode == 0
+    t("resume with train.steps changed (4 -> 8: another lr schedule)", "train.steps=8", run=rr, fresh=False)
+    t("resume with train.batch_size changed", "train.steps=4", "train.batch_size=4", run=rr, fresh=False)
+    t("resume with translator.kind changed", "train.steps=4", "translator.kind=softmax", run=rr, fresh=False)
+    t("resume with optim.warmup_frac changed", "train.steps=4", "optim.warmup_frac=0.5", run=rr, fresh=False)
+    newest = sorted((rr / "checkpoints").glob("step_*"))[-1]
+    eng = sorted(newest.glob("engine*"))[0]
+    eng.write_bytes(eng.read_bytes()[:64])
+    p = t("resume when the only checkpoint is damaged (truncated engine file)", "train.steps=4", run=rr, fresh=False)
+    rows[-1] = rows[-1][:2] + (" / ".join(ln.split("s2t2.checkpoint: ")[-1] for ln in p.stderr.splitlines()
+                                          if "checkpoint" in ln and ("damaged" in ln or "every" in ln)),) \
+        + rows[-1][3:]
+
+    # ---- evaluate
+    ev = work / "ev22"
+    empty = _text(work / "empty.fasta", "")
+    for what, files in (("one empty file", [empty]), ("a FASTA with a byte-order mark", [bom]),
+                        ("a FASTA with CR-only line endings", [cr]), ("a file that does not exist",
+                                                                      [work / "nope.fasta"])):
+        case("evaluate", f"data.files: {what}", [f"run_dir={ev}", f"model.path={model}", "init.kind=as_is",
+             "eval.context_len=64", f"data.files=[{','.join(map(str, files))}]"], ev, fresh=True)
+    case("evaluate", "both data.eval and data.files", [f"run_dir={ev}", *ev_args, f"data.files=[{bom}]"], ev,
+         fresh=True)
+    case("evaluate", "eval.context_len=4096", [f"run_dir={ev}", *ev_args, "eval.context_len=4096"], ev, fresh=True)
+    for what in ("NaN values", "all zeros", "damaged shape metadata (not JSON)"):
+        case("evaluate", f"init.kind=translated with a P file of {what}",
+             [f"run_dir={ev}", f"data.eval={data}/shards/new/eval", "eval.context_len=64", f"model.path={model}",
+              "init.kind=translated", f"init.p_file={bad_ps[what]}", f"data.tokenizer={data}/tokenizer"], ev,
+             fresh=True)
+
+    # ---- finetune
+    ft_args = [f"model.path={model}", f"data.tokenizer={data}/tokenizer", f"data.train={data}/shards/new/train",
+               "train.context_len=64", "train.steps=2", "train.batch_size=2", "train.micro_batch_size=2",
+               "engine.kind=plain", "init.kind=translated", f"init.p_file={good_p}"]
+    fa, fb = work / "ft_a", work / "ft_b"
+    if not (fa / "final").exists():
+        assert s2t2_inproc("finetune", f"run_dir={fa}", *ft_args).returncode == 0
+    case("finetune", "export.dir set to another finetune run's export", [f"run_dir={fb}", *ft_args,
+         f"export.dir={fa / 'final'}"], fa)
+    case("finetune", "run_dir set to a translate run's directory", [f"run_dir={tp}", *ft_args], tp)
+    for what in ("NaN values", "all zeros", "target tokenizer hash missing"):
+        case("finetune", f"init.p_file: a P file with {what}",
+             [f"run_dir={fb}", *ft_args[:-1], f"init.p_file={bad_ps[what]}"], fb, fresh=True)
+    for ov in ("optim.lr=nan", "train.keep_checkpoints=0", "export.dtype=fp8"):
+        case("finetune", ov, [f"run_dir={fb}", *ft_args, ov], fb, fresh=True)
+    case("finetune", "re-run of a finished run (its own export replaced by the same weights)",
+         [f"run_dir={fa}", *ft_args], fa / "final")
+    case("finetune", "resume a finished run with train.steps changed (2 -> 5)", [f"run_dir={fa}", *ft_args,
+         "train.steps=5"], fa)
+    case("submit", "a YAML key given twice, before queueing",
+         ["translate", "--config", work / "dup_key.yaml", "--cluster", "local"], work / "submitit", fresh=True)
+
+
+def _text(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+DOC = REPO / "docs" / "reliability.md"
+BEGIN, END = "<!-- misuse-table:begin (generated by tests/faults/misuse_table.py --write) -->", \
+    "<!-- misuse-table:end -->"
+
+
+def committed_table(doc: str | None = None) -> str:
+    doc = DOC.read_text() if doc is None else doc
+    return doc.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
+
+
+def write_table(table: str) -> None:
+    doc = DOC.read_text()
+    head, rest = doc.split(BEGIN, 1)
+    DOC.write_text(f"{head}{BEGIN}\n{table}{END}{rest.split(END, 1)[1]}")
+
+
+def main() -> None:
+    args = [a for a in sys.argv[1:] if a != "--write"]
+    work = Path(args[0]) if args else Path(tempfile.mkdtemp(prefix="s2t2_misuse_"))
+    table = generate(work)
+    if "--write" in sys.argv:
+        write_table(table)
+    else:
+        print(table, end="")
 
 
 if __name__ == "__main__":

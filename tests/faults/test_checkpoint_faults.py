@@ -57,7 +57,8 @@ def test_truncated_engine_file_falls_back_to_previous_checkpoint(tmp_path, refer
 
     with caplog.at_level("ERROR", logger="s2t2.checkpoint"):
         _resume_after_damage(tmp_path, truncate, reference)
-    assert "engine_rank00000.pt has 100 bytes" in caplog.text and "resuming from the one before" in caplog.text
+    assert "engine_rank00000.pt has 100 bytes" in caplog.text
+    assert "trying the one before it, checkpoints/step_00000006" in caplog.text
     ledger("checkpoint: engine file truncated after the checkpoint completed")
 
 
@@ -71,6 +72,21 @@ def test_garbled_loop_state_falls_back_to_previous_checkpoint(tmp_path, referenc
         _resume_after_damage(tmp_path, garble, reference)
     assert "loop_rank00000.pt is unreadable" in caplog.text
     ledger("checkpoint: loop state file overwritten with garbage (same size)")
+
+
+def test_fallback_to_an_older_checkpoint_or_to_step_0_is_said(tmp_path, caplog):
+    """Issue #22: both checkpoints damaged: the log said it resumed from the one before, then started at step 0
+    without a word. Now each fallback says where it goes, and a start from step 0 says so."""
+    _run(tmp_path, overrides=["stop_after=6"])  # checkpoints 3 and 6
+    for s in (3, 6):
+        f = tmp_path / "checkpoints" / f"step_{s:08d}" / "engine_rank00000.pt"
+        f.write_bytes(f.read_bytes()[:100])
+    with caplog.at_level("WARNING", logger="s2t2.checkpoint"):
+        res, _, _ = _run(tmp_path)
+    assert res.finished and res.losses[0][0] == 1  # from scratch
+    assert "trying the one before it, checkpoints/step_00000003" in caplog.text
+    assert "no checkpoint is left: the run starts from step 0" in caplog.text
+    assert "every checkpoint in" in caplog.text and "starting from step 0, not resuming" in caplog.text
 
 
 def test_deleted_file_falls_back_to_previous_checkpoint(tmp_path, reference):

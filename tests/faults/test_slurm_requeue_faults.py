@@ -66,7 +66,7 @@ def test_submitit_time_limit_and_preemption_lose_nothing(cluster, translate_refe
                       signal_delay_s=30, env={"S2T2_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "S2T2_LOG_LEVEL": "WARNING",
                                               "TOKENIZERS_PARALLELISM": "false", faults.TRACE_ENV: str(trace)})
     job = submit_stage("translate", translate_args(tiny_data, stories, run, f"train.steps={TRANSLATE_STEPS}"), cfg)
-    n_starts = lambda: sum(e["ev"] == "start" for e in faults.read_trace(trace, 0))  # noqa: E731
+    n_starts = lambda: sum(e["ev"] == "start" for e in faults.read_trace(trace, 0))  # noqa: E731 - a one-line closure
 
     # attempt 1: the time-limit warning (submitit's USR2) at a random step
     first = rng.randint(3, 9)
@@ -89,6 +89,11 @@ def test_submitit_time_limit_and_preemption_lose_nothing(cluster, translate_refe
         assert h["starts"][1][1] in h["complete"] or r == 1
         assert h["losses"] == ref_hist[r]["losses"], (r, rng.seed_value)
         assert h["batches"] == ref_hist[r]["batches"], (r, rng.seed_value)
+    # one run per directory (#22): each requeued attempt took run_dir's lock after the previous attempt died; the
+    # lock file names the last holder, attempt 3's rank 0 (rank 1 on the other node never held it)
+    holder = json.loads((run / ".s2t2.lock").read_text())
+    starts = faults.effective_history(faults.read_trace(trace, 0))["starts"]
+    assert holder["slurm_job"] == job.job_id and holder["pid"] == starts[-1][0] and holder["stage"] == "translate"
     a, b = load_p(ref_run / "P.safetensors"), load_p(run / "P.safetensors")
     assert a.indices.equal(b.indices) and a.values.equal(b.values)
     ledger("translate under SLURM+submitit: time-limit signal (USR2), checkpoint, submitit requeue", step=first)

@@ -56,8 +56,13 @@ def test_bad_steps_skipped_on_every_rank_then_the_run_stops(nan_run):
 
 
 def _in_process(monkeypatch, *args):
+    from s2t2_dist.utils.rundir import release_all
+
     monkeypatch.setenv("S2T2_DEVICE", "cpu")
-    return run(load_config(TranslateConfig, None, list(args)))
+    try:
+        return run(load_config(TranslateConfig, None, list(args)))
+    finally:  # a run that raised still holds run_dir's lock until its process ends (here: pytest's)
+        release_all()
 
 
 def test_checkpoint_of_two_ranks_resumed_by_one(nan_run, tiny_data, stories, monkeypatch, caplog):
@@ -73,12 +78,13 @@ def test_checkpoint_of_two_ranks_resumed_by_one(nan_run, tiny_data, stories, mon
 
 def test_checkpoint_of_one_rank_resumed_by_two_and_other_config_refused(stage1_p, tiny_data, stories, monkeypatch,
                                                                          tmp_path):
-    run_dir = tmp_path / "run"  # a copy of a finished 1-rank stage-1 run's checkpoints (steps 2 and 4)
+    run_dir = tmp_path / "run"  # a copy of a 1-rank stage-1 run's checkpoint at step 2 (of train.steps=4)
     shutil.copytree(stage1_p.parent / "checkpoints", run_dir / "checkpoints")
+    shutil.rmtree(run_dir / "checkpoints" / "step_00000004")  # (#22: train.steps cannot grow on resume)
     with pytest.raises(CheckpointError, match=r"belongs to another configuration \(translator: checkpoint="):
-        _in_process(monkeypatch, *translate_args(tiny_data, stories, run_dir, "train.steps=6", "translator.n_iter=2"))
+        _in_process(monkeypatch, *translate_args(tiny_data, stories, run_dir, "train.steps=4", "translator.n_iter=2"))
     ledger("bad input: a checkpoint of another configuration (refused)")
-    job = Job("translate.py", translate_args(tiny_data, stories, run_dir, "train.steps=6"), log=tmp_path / "j.log")
+    job = Job("translate.py", translate_args(tiny_data, stories, run_dir, "train.steps=4"), log=tmp_path / "j.log")
     out = job.expect(rc_ok=True)
-    assert "step_00000004, written by 1 ranks, on 2 ranks" in out
+    assert "step_00000002, written by 1 ranks, on 2 ranks" in out
     ledger("elastic: a checkpoint of 1 rank resumed by 2 (C and its Adam moments re-split)")

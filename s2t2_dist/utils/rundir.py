@@ -1,0 +1,145 @@
+"""One run per directory: the lock every stage holds on its output directory, and the marker naming the run that
+owns it.
+
+- The lock is `fcntl.flock` on RUN_DIR/.s2t2.lock, taken by the job's rank 0 only (one holder per job: the other
+  ranks of the same job are not refused by it) and held until the process exits; the OS drops it when the process
+  dies, so a crashed or requeued job never blocks the next one. The file names the holder (host, pid, start time,
+  stage, SLURM job) for the refusal of a second run. On a shared filesystem this is exactly as good as the
+  filesystem's flock: coherent across nodes on Lustre mounted with `flock`, GPFS and NFSv4; node-local with
+  Lustre `localflock` or NFS `local_lock=all`, where two jobs whose rank 0 run on different nodes are not seen.
+- The marker RUN_DIR/.s2t2_run.json records the stage and a run id at the directory's first use; a directory of
+  another stage (or one that holds another stage's outputs from before markers existed) is refused.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import json
+import os
+import socket
+import uuid
+from pathlib import Path
+
+from s2t2_dist.config import ConfigError
+
+LOCK = ".s2t2.lock"
+MARKER = ".s2t2_run.json"
+#: files that tell which stage wrote a directory that has no marker (written before markers existed)
+_SIGNS = {"prepare_summary.json": "prepare", "P.safetensors": "translate", "eval.json": "evaluate",
+          "final": "finetune", "export_probe.pt": "finetune"}
+
+_held: dict[str, int] = {}  # resolved directory -> open fd of its lock (kept open: the lock lives with the process)
+
+
+class RunDirError(ConfigError):
+    """The output directory is used by another run, owned by another run, or cannot be written."""
+
+
+def _holder(path: Path) -> str:
+    try:
+        h = json.loads(path.read_text())
+        return (f"s2t2 {h.get('stage')} on host {h.get('host')}, pid {h.get('pid')}, started {h.get('start')}"
+                + (f", SLURM job {h['slurm_job']}" if h.get("slurm_job") else ""))
+    except (OSError, ValueError, AttributeError):
+        return "another process (holder not recorded yet)"
+
+
+def lock(directory: str | Path, stage: str, key: str = "run_dir") -> Path:
+    """Take the run lock of `directory` (created if needed) or raise RunDirError naming the holder. Idempotent
+    within a process."""
+    d = Path(directory)
+    real = str(d.resolve())
+    if real in _held:
+        return d
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        fd = os.open(d / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except PermissionError:
+        raise RunDirError(f"{key}: cannot write into {d} (permission denied)") from None
+    except (FileExistsError, NotADirectoryError):
+        raise RunDirError(f"{key}: {d} exists and is not a directory") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RunDirError(f"{key}: {d} is in use by another run ({_holder(d / LOCK)}); wait for it to end, or "
+                          "choose another directory") from None
+    info = {"stage": stage, "host": socket.gethostname(), "pid": os.getpid(),
+            "start": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "slurm_job": os.environ.get("SLURM_JOB_ID")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+    _held[real] = fd
+    return d
+
+
+def release(directory: str | Path) -> None:
+    """Drop the lock early (tests, recipes that run several stages in one process); exiting drops it too."""
+    fd = _held.pop(str(Path(directory).resolve()), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def release_all() -> None:
+    """Drop every lock this process holds: a stage run in-process (tests, recipes) leaves its directory free."""
+    for d in list(_held):
+        os.close(_held.pop(d))
+
+
+def owner(directory: str | Path) -> dict | None:
+    """The marker of `directory` ({"stage", "run_id", "created"}), or None."""
+    try:
+        m = json.loads((Path(directory) / MARKER).read_text())
+        return m if isinstance(m, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _guess_stage(d: Path) -> str | None:
+    for name, stage in _SIGNS.items():
+        if (d / name).exists():
+            return stage
+    return None
+
+
+def check_owner(directory: str | Path, stage: str, key: str = "run_dir") -> None:
+    """Refuse a directory owned by a run of another stage, and one written through a symbolic link that leads out
+    of it. Reads only (every rank may call it)."""
+    d = Path(directory)
+    if d.exists() and not d.is_dir():
+        raise RunDirError(f"{key}: {d} exists and is not a directory")
+    if not d.is_dir():
+        return
+    m = owner(d)
+    theirs = m.get("stage") if m else _guess_stage(d)
+    if theirs is not None and theirs != stage:
+        what = f"run {m.get('run_id')} of {m.get('created')}" if m else "files from before run markers"
+        a = "an" if stage[0] in "aeiou" else "a"
+        raise RunDirError(f"{key}: {d} belongs to a {theirs} run ({what}); {a} {stage} run would overwrite its "
+                          f"files; choose another {key}")
+    root = d.resolve()
+    for p in d.iterdir():
+        if p.is_symlink() and root not in (p.resolve().parents if p.exists() else ()) and p.name != LOCK:
+            raise RunDirError(f"{key}: {p} is a symbolic link to {os.readlink(p)}, out of the run directory; "
+                              "a run writes only inside its own directory (remove the link)")
+
+
+def claim(directory: str | Path, stage: str, key: str = "run_dir") -> dict:
+    """Rank 0, before the first unit of work: check the owner, take the lock, write the marker on first use.
+    Returns the marker."""
+    check_owner(directory, stage, key)
+    d = lock(directory, stage, key)
+    m = owner(d)
+    if m is None:
+        m = {"stage": stage, "run_id": uuid.uuid4().hex[:12],
+             "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+        from s2t2_dist.utils.io import atomic_write_json
+
+        atomic_write_json(d / MARKER, m)
+    return m
+
+
+def run_id(directory: str | Path) -> str | None:
+    m = owner(directory)
+    return m.get("run_id") if m else None
