@@ -2,6 +2,7 @@
 
 import json
 import logging
+import sys
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from s2t2_dist.config import load_config
 from s2t2_dist.pfile import PFileError, load_p
 from s2t2_dist.stages.translate import TranslateConfig, run
-from stage_fixtures import NCCL_LIKE, REPO, prepare_small, torchrun
+from stage_fixtures import NCCL_LIKE, REPO, prepare_small, run_cmd, tiny_olmo, torchrun
 
 
 @pytest.fixture(scope="module")
@@ -110,22 +111,55 @@ def test_translate_torchrun_two_ranks_resume_is_identical(inputs, tmp_path):
 
 
 def test_translate_frozen_lm_partitioned_with_fsdp_matches_replicated(inputs, tmp_path):
-    """model.partition=fsdp shards the frozen LM's blocks over the 2 ranks; the learning is the same."""
+    """model.partition=fsdp shards the frozen LM's blocks over the 2 ranks; the learning is the same. Evaluation is
+    on: the ranks' documents take different numbers of windows, and the lock-step scorer keeps the blocks'
+    all-gathers paired (no hang). train.eval_max_docs=5 means the documents of global index < 5 at any rank count:
+    1 rank and 2 ranks (replicated or sharded) score the same 5 documents to the same BpB."""
     data, model = inputs
     script = str(REPO / "launch" / "translate.py")
     cfgfile = str(REPO / "configs" / "translate_olmo1b.yaml")
-    runs = {}
+    common = ["train.steps=4", "train.eval_max_docs=5", "eval.batch_size=3"]
+    one = run(load_config(TranslateConfig, REPO / "configs" / "translate_olmo1b.yaml",
+                          _overrides(data, model, tmp_path / "one", *common, "data.num_workers=0")))
+    runs, evals = {}, {}
     for part in ("none", "fsdp"):
-        torchrun(2, script, "--config", cfgfile, *_overrides(data, model, tmp_path / part, "train.steps=4",
-                                                              "data.eval=", f"model.partition={part}"))
+        torchrun(2, script, "--config", cfgfile, *_overrides(data, model, tmp_path / part, *common,
+                                                              f"model.partition={part}"), timeout=240)
         runs[part] = _losses(tmp_path / part)[1]
-        frac = json.loads((tmp_path / part / "result.json").read_text())["lm_param_fraction_per_rank"]
+        res = json.loads((tmp_path / part / "result.json").read_text())
+        frac, evals[part] = res["lm_param_fraction_per_rank"], res["eval"]
         assert frac == 1.0 if part == "none" else frac < 0.8  # the blocks (most of the LM) are halved
     assert [s for s, _ in runs["fsdp"]] == [2, 4]
     for (_, a), (_, b) in zip(runs["none"], runs["fsdp"]):
         assert a == pytest.approx(b, rel=1e-5)
     pa, pb = load_p(tmp_path / "none" / "P.safetensors"), load_p(tmp_path / "fsdp" / "P.safetensors")
     torch.testing.assert_close(pa.dense(), pb.dense(), atol=1e-6, rtol=1e-4)
+    for e in evals.values():
+        assert (e["docs"], e["tokens"], e["bytes"]) == (5, one["eval"]["tokens"], one["eval"]["bytes"]), (e, one)
+        assert e["bpb"] == pytest.approx(one["eval"]["bpb"], rel=1e-4)
+
+
+def test_translate_activation_checkpointing_lowers_peak_memory(inputs, tmp_path):
+    """model.activation_checkpointing=true recomputes the frozen blocks in backward: the peak memory of the real
+    command (one process, 64 x 64 tokens per micro-batch through an 8-block model) drops, and the loss is the
+    same (dropout stays off: only the blocks' own training flags are set)."""
+    data, _ = inputs
+    model = tiny_olmo(tmp_path / "olmo", n_layers=8, d_model=128, n_heads=4)
+    script = str(REPO / "launch" / "translate.py")
+    cfgfile = str(REPO / "configs" / "translate_olmo1b.yaml")
+    peak, loss = {}, {}
+    for ac in ("false", "true"):
+        run_cmd([sys.executable, script, "--config", cfgfile,
+                 *_overrides(data, model, tmp_path / ac, "train.steps=2", "train.batch_size=64",
+                             "train.micro_batch_size=64", "train.log_every=1", "data.eval=", "data.num_workers=0",
+                             f"model.activation_checkpointing={ac}")])
+        acc, losses = _losses(tmp_path / ac)
+        loss[ac] = [v for _, v in losses]
+        node = EventAccumulator(str(tmp_path / ac / "tb" / "node_000"))
+        node.Reload()
+        peak[ac] = max(e.value for e in node.Scalars("node/cpu_rss_max_gib"))
+    assert loss["true"] == pytest.approx(loss["false"], rel=1e-5)
+    assert peak["true"] < peak["false"] - 0.1, peak  # GiB: the 8 blocks' activations are not kept
 
 
 def test_translate_warns_and_flags_a_frozen_C(inputs, tmp_path, caplog):
@@ -173,3 +207,11 @@ def test_translate_fvt_start_maps_shared_tokens_to_themselves(inputs, tmp_path, 
     shared = [(j, row[b]) for j, b in tgt.items() if b and b in row]
     assert len(shared) >= 20  # the residue letters are letters of the English vocabulary too
     assert sum(top[j] == r for j, r in shared) == len(shared)
+
+
+@pytest.mark.parametrize("key", ["translator.init_weight=2", "translator.dense_frac=1.5", "translator.freeze_steps=-1"])
+def test_translator_settings_out_of_range_are_refused(key):
+    from s2t2_dist.config import ConfigError
+
+    with pytest.raises(ConfigError, match=key.split(".")[1].split("=")[0]):
+        load_config(TranslateConfig, REPO / "configs" / "translate_olmo1b.yaml", [key])

@@ -95,11 +95,6 @@ class TranslatorConfig:
             raise ConfigError(f"n_iter: must be >= 1, got {self.n_iter}")
         if self.alpha < 0 and self.alpha != -1:
             raise ConfigError(f"alpha: must be >= 0 or -1 (the recipe's), got {self.alpha}")
-
-    def resolved_alpha(self) -> float:
-        if self.alpha >= 0:
-            return self.alpha
-        return DEFAULT_ALPHA if self.kind == "sparse" and self.recipe == "default" else 0.0
         if not 0.0 <= self.init_weight <= 1.0:
             raise ConfigError(f"init_weight: must be in [0, 1], got {self.init_weight}")
         if not (self.dense_frac == -1.0 or 0 <= self.dense_frac < 1):
@@ -111,6 +106,11 @@ class TranslatorConfig:
         if len(self.heatmap) != 2 or min(self.heatmap) < 1:
             raise ConfigError(f"heatmap: need [rows, columns], two numbers >= 1, got {self.heatmap}")
 
+    def resolved_alpha(self) -> float:
+        if self.alpha >= 0:
+            return self.alpha
+        return DEFAULT_ALPHA if self.kind == "sparse" and self.recipe == "default" else 0.0
+
 
 @dataclass
 class TranslateOptimConfig(OptimConfig):
@@ -121,6 +121,17 @@ class TranslateOptimConfig(OptimConfig):
         if self.lr < 0:
             raise ConfigError(f"lr: must be >= 0 (0: the recipe's default), got {self.lr}")
         OptimConfig.validate(OptimConfig(**{**self.__dict__, "lr": self.lr or 1.0}))
+
+
+@dataclass
+class TranslateEvalConfig:
+    #: rolling windows scored per forward call (right-padded); the documents are those of global index <
+    #: train.eval_max_docs (0: all), the same set at any number of ranks
+    batch_size: int = 8
+
+    def validate(self) -> None:
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size: must be >= 1, got {self.batch_size}")
 
 
 @dataclass
@@ -137,6 +148,8 @@ class TranslateConfig:
     optim: TranslateOptimConfig = field(default_factory=lambda: TranslateOptimConfig(weight_decay=0.0))
     #: steps, batch layout, precision, logging, evaluation and checkpoint cadence
     train: TrainConfig = field(default_factory=TrainConfig)
+    #: held-out evaluation on data.eval (the documents: train.eval_max_docs)
+    eval: TranslateEvalConfig = field(default_factory=TranslateEvalConfig)
 
 
 class TranslateTask:
@@ -237,23 +250,35 @@ class TranslateTask:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        from s2t2_dist.eval.bpb import score_documents
+        """BpB of the current P on data.eval through the lock-step scorer of stage 2: the documents of global index
+        < train.eval_max_docs (the same set at any rank count), every rank making the same number of forward calls
+        (the blocks' all-gathers pair up when model.partition=fsdp). Collective."""
+        from s2t2_dist.eval.scoring import evaluate_documents
 
         if self.eval_docs is None:
             return {}
-        E_new, L_new = self.embeddings()
-        docs = self.eval_docs
-        if self.cfg.train.eval_max_docs:
-            docs = _take(docs, self.cfg.train.eval_max_docs // max(self.rt.env.world_size, 1) or 1)
-        totals = score_documents(self.lm.logits_fn(E_new, L_new), docs, self.cfg.train.context_len, self.rt.device)
-        return totals.all_reduce().metrics(vocab_size=len(self.target_vocab))
+        E_new, L_new = self.embeddings()  # a gather of C's columns: every rank
+        fn, device = self.lm.logits_fn(E_new, L_new), self.rt.device
+        metrics, _ = evaluate_documents(lambda ids: fn(ids.to(device)), self.eval_docs, self.cfg.train.context_len,
+                                        vocab_size=len(self.target_vocab), batch_size=self.cfg.eval.batch_size,
+                                        max_docs=self.cfg.train.eval_max_docs)
+        return metrics
 
 
-def _take(it, n):
-    for i, x in enumerate(it):
-        if i >= n:
-            return
-        yield x
+def checkpoint_frozen_blocks(model) -> int:
+    """Make HF activation checkpointing act on a frozen model kept in eval mode: transformers recomputes a block
+    only while that block's own `training` flag is set, so the flag is set on the blocks alone; their children
+    (attention, MLP, dropout modules) stay in eval mode, so dropout stays off whatever the config says. Returns the
+    number of blocks; 0 blocks that checkpoint is an error, not a silent no-op."""
+    from s2t2_dist.engines.fsdp_engine import transformer_blocks
+
+    blocks = [b for b in transformer_blocks(model) if getattr(b, "gradient_checkpointing", False)]
+    if not blocks:
+        raise ConfigError(f"model.activation_checkpointing: {type(model).__name__} has no transformers "
+                          "checkpointing blocks (GradientCheckpointingLayer)")
+    for b in blocks:
+        b.training = True  # not b.train(): that would switch its children (and their dropout) to training mode
+    return len(blocks)
 
 
 def _vocab_strings(tok, ids) -> list[str]:
@@ -323,6 +348,8 @@ def build(cfg: TranslateConfig, rt: Runtime):
         log.warning("translate: %s", warning)
     translator.watch_grad()
     lm = TranslatedLM(model, freeze_model=True, gradient_checkpointing=cfg.model.activation_checkpointing)
+    if cfg.model.activation_checkpointing:
+        checkpoint_frozen_blocks(model)
     from s2t2_dist.engines.torch_engine import TorchEngine
 
     engine = TorchEngine.build(translator, cfg.optim, cfg.train.steps, params="sharded", lr=step.lr)
