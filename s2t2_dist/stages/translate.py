@@ -24,6 +24,7 @@ from s2t2_dist.stages import checks
 from s2t2_dist.stages.common import (Runtime, config_part, fingerprint, parse_args, record_config, run_main,
                                      run_stage)
 from s2t2_dist.train.config import OptimConfig, TrainConfig
+from s2t2_dist.translator.kinds import REGISTRY as TRANSLATOR_KINDS
 
 log = logging.getLogger("s2t2.translate")
 
@@ -53,7 +54,7 @@ DEFAULT_ALPHA = 0.3
 @dataclass
 class TranslatorConfig:
     #: sparse: sparse Sinkhorn P (the paper's S2T2); softmax: dense Sinkhorn baseline; unconstrained: W = C, no OT
-    kind: Literal["sparse", "softmax", "unconstrained"] = "sparse"
+    kind: Literal[tuple(TRANSLATOR_KINDS)] = "sparse"  # type: ignore[valid-type]  (the registry in translator/kinds.py)
     #: full (row, column) Dykstra iterations: 3 = the paper's "iterating 3 times" (Algorithm 1's k = 0..n with n = 2)
     n_iter: int = 3
     #: convex: W_E = W_L = P / nu (E', L' are convex combinations of source rows); paper: the paper's literal
