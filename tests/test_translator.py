@@ -312,7 +312,7 @@ def _accumulated_grad(cfg, step_mode, group=None, rank=0, world=1, micro=3):
         tr.begin_step(E, Lm, ids, entropy=True)
     for m in range(micro):
         Ep, Lp = tr.embed_and_head(E, Lm, ids)
-        ((_loss(Ep, Lp, 100 * m + rank) + ALPHA * tr.entropy_local()) / micro).backward()
+        ((_loss(Ep, Lp, 100 * m + rank) + ALPHA * tr.entropy()) / micro).backward()
     if step_mode:
         tr.finish_step()
     return tr.C.grad.clone(), len(plans)

@@ -205,9 +205,8 @@ class TranslateTask:
             out = self.lm(ids, E_new=E_new, L_new=L_new)
         loss = out.loss.float()
         extra = {"ce": loss.detach()}  # a tensor: the loop reads it on logging steps only
-        if self.alpha:
-            H = self.translator.entropy_local()
-            loss = loss + self.alpha * H
+        if self.alpha:  # the global H on every rank: the loss (and what is logged) is the same at any rank count
+            loss = loss + self.alpha * self.translator.entropy()
         return loss, extra
 
     @torch.no_grad()

@@ -289,9 +289,9 @@ class TokenTranslator(nn.Module):
     # ------------------------------------------------------------------ one plan per optimiser step
     def begin_step(self, E: Tensor, L: Optional[Tensor] = None, src_ids: Optional[Tensor] = None,
                    entropy: bool = False) -> None:
-        """Compute this step's E', L' (and, with ``entropy``, this rank's entropy share) ONCE for all its
+        """Compute this step's E', L' (and, with ``entropy``, the global H(P)) ONCE for all its
         micro-batches: until :meth:`finish_step`, :meth:`embed_and_head` with the same arguments and
-        :meth:`entropy_local` return detached leaf copies that accumulate their gradients over the micro-batches;
+        :meth:`entropy` return detached leaf copies that accumulate their gradients over the micro-batches;
         :meth:`finish_step` then sends the accumulated gradients back through E', L' and the Sinkhorn into C in one
         backward. By linearity the gradient on C equals the sum of the per-micro-batch backwards. The source rows
         are cast to C's dtype once per step. Collective when sharded (every rank calls both)."""
@@ -300,8 +300,10 @@ class TokenTranslator(nn.Module):
         with _no_autocast(self.C):
             E_new, L_new = self._embed_and_head(E, L, src_ids)
         tied = L_new is E_new
-        H = _entropy(self.P()) if entropy else None
-        outs = [E_new, None if tied else L_new, H]  # E', L' (None: tied, L' is E'), this rank's entropy share
+        # the global H on every rank (one all-reduce of a scalar when sharded, mean-over-ranks gradient): a loss
+        # term that, unlike this rank's share, does not depend on the number of ranks (logged losses, resumes)
+        H = self._entropy_global() if entropy else None
+        outs = [E_new, None if tied else L_new, H]  # E', L' (None: tied, L' is E'), H
         leaves = [None if o is None else o.detach().requires_grad_(o.requires_grad) for o in outs]
         if tied:
             leaves[1] = leaves[0]
@@ -353,13 +355,19 @@ class TokenTranslator(nn.Module):
     def entropy_local(self) -> Tensor:
         """This rank's share ``-sum_{local block} P log P`` (differentiable; the shares sum to H over ranks)."""
         if self._step is not None and torch.is_grad_enabled():
-            if self._step["leaves"][2] is None:
-                raise RuntimeError("entropy_local inside a step: call begin_step(..., entropy=True)")
-            return self._step["leaves"][2]
+            raise RuntimeError("entropy_local inside a step: use entropy() (begin_step(..., entropy=True))")
         return _entropy(self.P())
 
     def entropy(self) -> Tensor:
-        """H(P) of the global P on every rank (differentiable, mean-over-ranks gradient convention)."""
+        """H(P) of the global P on every rank (differentiable, mean-over-ranks gradient convention). Inside a step
+        (:meth:`begin_step` with ``entropy=True``) the step's leaf copy, which accumulates its gradient."""
+        if self._step is not None and torch.is_grad_enabled():
+            if self._step["leaves"][2] is None:
+                raise RuntimeError("entropy inside a step: call begin_step(..., entropy=True)")
+            return self._step["leaves"][2]
+        return self._entropy_global()
+
+    def _entropy_global(self) -> Tensor:
         h = _entropy(self.P())
         return all_reduce_sum_mean_grad(h.reshape(1), self.comm()).reshape(()) if self.sharded else h
 
