@@ -75,7 +75,7 @@ class _CliValue(str):
 
 
 def _from_cli(raw: str, tp: Any) -> Any:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    origin, args = typing.get_origin(tp) or (tp if tp in (dict, list, tuple) else None), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
         rest = [a for a in args if a is not type(None)]
         if raw in ("null", "~") and len(rest) < len(args):
@@ -112,7 +112,7 @@ def _type_name(tp: Any) -> str:
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
-    origin = typing.get_origin(tp)
+    origin = typing.get_origin(tp) or (tp if tp in (dict, list, tuple) else None)  # bare `dict`: as dict[Any, Any]
     args = typing.get_args(tp)
     if isinstance(value, _CliValue):
         value = _from_cli(value, tp)
