@@ -349,8 +349,9 @@ def _rewrite_p(src: Path, dst: Path, values=None, meta=None) -> Path:
     with safe_open(str(src), framework="pt") as f:
         m = dict(f.metadata())
         t = {k: f.get_tensor(k) for k in f.keys()}
-    if values is not None:
-        t["values"] = values(t["values"]).contiguous()
+    if values is not None:  # the stored values: the non-zeros (csc, coo layouts) or the whole matrix (dense)
+        key = "values" if "values" in t else "dense"
+        t[key] = values(t[key]).contiguous()
     for k, v in (meta or {}).items():
         if v is None:
             m.pop(k, None)
@@ -406,7 +407,7 @@ def new_cases(work, case, rows, model, data, other, base_fa, prep, targs, ok) ->
                      ("optim.lr=-1e-3", "a negative optim.lr"), ("train.keep_checkpoints=0",
                      "train.keep_checkpoints=0 (deleted every checkpoint)"),
                      ("train.keep_checkpoints=-1", "train.keep_checkpoints=-1"), ("train.steps=0", "train.steps=0"),
-                     ("translator.alpha=-1", "translator.alpha=-1"), ("translator.n_iter=0", "translator.n_iter=0"),
+                     ("translator.alpha=-2", "translator.alpha=-2"), ("translator.n_iter=0", "translator.n_iter=0"),
                      ("translator.init_weight=2", "translator.init_weight=2"),
                      ("translator.dense_frac=1.5", "translator.dense_frac=1.5"),
                      ("translator.kind=dense", "translator.kind=dense (no such kind)"),
