@@ -141,10 +141,10 @@ def test_translate_frozen_lm_partitioned_with_fsdp_matches_replicated(inputs, tm
 
 def test_translate_activation_checkpointing_lowers_peak_memory(inputs, tmp_path):
     """model.activation_checkpointing=true recomputes the frozen blocks in backward: the peak memory of the real
-    command (one process, 64 x 64 tokens per micro-batch through an 8-block model) drops, and the loss is the
+    command (one process, 64 x 64 tokens per micro-batch through a 12-block, 256-wide model) drops, and the loss is the
     same (dropout stays off: only the blocks' own training flags are set)."""
     data, _ = inputs
-    model = tiny_olmo(tmp_path / "olmo", n_layers=8, d_model=128, n_heads=4)
+    model = tiny_olmo(tmp_path / "olmo", n_layers=12, d_model=256, n_heads=4)
     script = str(REPO / "launch" / "translate.py")
     cfgfile = str(REPO / "configs" / "translate_olmo1b.yaml")
     peak, loss = {}, {}
@@ -159,7 +159,9 @@ def test_translate_activation_checkpointing_lowers_peak_memory(inputs, tmp_path)
         node.Reload()
         peak[ac] = max(e.value for e in node.Scalars("node/cpu_rss_max_gib"))
     assert loss["true"] == pytest.approx(loss["false"], rel=1e-5)
-    assert peak["true"] < peak["false"] - 0.1, peak  # GiB: the 8 blocks' activations are not kept
+    # GiB: the 12 blocks' activations are not kept (measured 2.15 -> 1.28 GiB; at 8 x 128 the drop, ~0.07 GiB, was
+    # within the run's other peaks once the translator's per-step work joined them)
+    assert peak["true"] < peak["false"] - 0.4, peak
 
 
 def test_translate_warns_and_flags_a_frozen_C(inputs, tmp_path, caplog):
