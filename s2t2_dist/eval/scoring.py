@@ -14,13 +14,28 @@ that has run out makes a one-token dummy call whose result is discarded.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
 
+from s2t2_dist.config import ConfigError
 from s2t2_dist.dist import collectives as coll
 from s2t2_dist.eval.bpb import EvalTotals, rolling_windows
+
+
+@dataclass
+class ScoringConfig:
+    """The `eval:` section of translate and finetune: how the lock-step scorer batches its windows."""
+
+    #: rolling windows scored per forward call (right-padded); the documents are those of global index <
+    #: train.eval_max_docs (0: all), the same set at any number of ranks
+    batch_size: int = 8
+
+    def validate(self) -> None:
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size: must be >= 1, got {self.batch_size}")
 
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]
 

@@ -26,6 +26,7 @@ from typing import Literal
 import torch
 
 from s2t2_dist.config import ConfigError
+from s2t2_dist.eval.scoring import ScoringConfig
 from s2t2_dist.data.config import DataPaths
 from s2t2_dist.engines.build import EngineConfig, build_model_and_engine, engine_kind
 from s2t2_dist.models.hf import ModelPathConfig
@@ -38,16 +39,6 @@ from s2t2_dist.train.config import OptimConfig, TrainConfig
 log = logging.getLogger("s2t2.finetune")
 
 EXPORT_INFO = "s2t2_export.json"
-
-
-@dataclass
-class FinetuneEvalConfig:
-    #: rolling windows scored per forward call (right-padded); the documents are train.eval_max_docs (0: all)
-    batch_size: int = 8
-
-    def validate(self) -> None:
-        if self.batch_size < 1:
-            raise ConfigError(f"batch_size: must be >= 1, got {self.batch_size}")
 
 
 @dataclass
@@ -81,7 +72,7 @@ class FinetuneConfig:
     #: the model training starts from: translated (a P file), new_tok_truncate, orig_tok
     init: InitConfig = field(default_factory=InitConfig)
     #: held-out evaluation options
-    eval: FinetuneEvalConfig = field(default_factory=FinetuneEvalConfig)
+    eval: ScoringConfig = field(default_factory=ScoringConfig)
     #: the final Hugging Face export
     export: ExportConfig = field(default_factory=ExportConfig)
 

@@ -18,6 +18,7 @@ from typing import Literal
 import torch
 
 from s2t2_dist.config import ConfigError
+from s2t2_dist.eval.scoring import ScoringConfig
 from s2t2_dist.data.config import DataPaths
 from s2t2_dist.models.hf import ModelPathConfig
 from s2t2_dist.stages import checks
@@ -125,17 +126,6 @@ class TranslateOptimConfig(OptimConfig):
 
 
 @dataclass
-class TranslateEvalConfig:
-    #: rolling windows scored per forward call (right-padded); the documents are those of global index <
-    #: train.eval_max_docs (0: all), the same set at any number of ranks
-    batch_size: int = 8
-
-    def validate(self) -> None:
-        if self.batch_size < 1:
-            raise ConfigError(f"batch_size: must be >= 1, got {self.batch_size}")
-
-
-@dataclass
 class TranslateConfig:
     #: run directory: checkpoints, P.safetensors, TensorBoard logs (tb/), the resolved config.yaml
     run_dir: str = "runs/translate"
@@ -150,7 +140,7 @@ class TranslateConfig:
     #: steps, batch layout, precision, logging, evaluation and checkpoint cadence
     train: TrainConfig = field(default_factory=TrainConfig)
     #: held-out evaluation on data.eval (the documents: train.eval_max_docs)
-    eval: TranslateEvalConfig = field(default_factory=TranslateEvalConfig)
+    eval: ScoringConfig = field(default_factory=ScoringConfig)
 
 
 class TranslateTask:
