@@ -169,6 +169,38 @@ def test_script_preflight_refuses_in_one_line_and_logs_the_lead():
     assert "micro-batch 1 x 1 accumulation step(s) x 16 ranks" in ok.stdout and "300 s ahead" in ok.stdout
 
 
+def test_a_time_limit_shorter_than_the_signal_lead_is_refused(tmp_path, capsys, monkeypatch):
+    """A job whose time limit is not longer than the final checkpoint's signal lead would get the signal at once
+    and requeue without training, forever: `s2t2 submit` refuses before queueing, the batch shell's pre-flight
+    (the job's limit from squeue) before any rank starts."""
+    from s2t2_dist.cluster import submit
+
+    queued = []
+    monkeypatch.setattr(submit, "submit_stage", lambda *a, **k: queued.append(a))
+    base = ["translate", "--config", str(REPO / "configs" / "translate_olmo1b.yaml"), "--nodes", "1",
+            "--gpus-per-node", "2", "--folder", str(tmp_path / "sub"), "--cluster", "debug"]
+    rc = submit.main([*base, "--time", "3"])  # 180 s: the lead OLMo-1B stage 1 needs
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and not queued and len(err.splitlines()) == 1, err
+    assert "slurm.time=3" in err and "180 s" in err
+    submit.check_stage_config("translate", base[1:3], submit.SlurmConfig(nodes=1, gpus_per_node=2, time="4"))
+    # the batch shell: a fake squeue reports the running job's limit
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    squeue = bin_dir / "squeue"
+    squeue.write_text("#!/bin/sh\necho \"$LIMIT\"\n")
+    squeue.chmod(0o755)
+    env = {"SLURM_JOB_NUM_NODES": "1", "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_ID": "77",
+           "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    cfg = ["translate", "--config", "configs/translate_olmo1b.yaml"]
+    short = _preflight({**env, "LIMIT": "2:00"}, *cfg)
+    assert short.returncode == 2 and len(short.stderr.strip().splitlines()) == 1, short.stderr
+    assert "time limit of job 77 = 120 s" in short.stderr and "180 s" in short.stderr
+    for limit in ("8:00:00", "UNLIMITED"):
+        ok = _preflight({**env, "LIMIT": limit}, *cfg)
+        assert ok.returncode == 0 and "180 s ahead" in ok.stdout, ok.stderr
+
+
 def test_every_configs_path_named_in_scripts_docs_and_readme_exists():
     roots = [REPO / "README.md", REPO / "slurm", REPO / "docs", REPO / "configs", REPO / "launch",
              REPO / "s2t2_dist" / "cluster", REPO / "s2t2_dist" / "stages", REPO / "s2t2_dist" / "recipes"]

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from s2t2_dist.dist.env import default_backend, detect
+from s2t2_dist.cluster.layout import timeout_minutes
 from s2t2_dist.cluster.submit import (
-    RENDEZVOUS_SETUP, SlurmConfig, StageJob, build_executor, resolve_slurm_config, timeout_minutes)
+    RENDEZVOUS_SETUP, SlurmConfig, StageJob, build_executor, resolve_slurm_config)
 from s2t2_dist.train.metrics import MetricsLogger, heatmap_image
 
 REPO = Path(__file__).resolve().parents[1]

@@ -4,7 +4,9 @@ signal's lead time from the size of the checkpoint the stage writes.
     python -m s2t2_dist.cluster.layout STAGE [--config FILE] [overrides ...]
 
 is what slurm/common.sh runs in the batch shell before `srun` (ranks from SLURM_JOB_NUM_NODES x SLURM_NTASKS): an
-impossible layout is one line naming the keys and exit 2, before any rank starts; otherwise it prints the layout and
+impossible layout is one line naming the keys and exit 2, before any rank starts; so is a job time limit (asked by
+`squeue`, when there is one) no longer than the lead the final checkpoint needs: the time-limit signal would come at
+once, the stage would checkpoint and requeue without training, again and again. Otherwise it prints the layout and
 the lead time the signal needs. `s2t2 submit` runs the same checks before the job is queued.
 
 Signal lead time (the seconds between SLURM's time-limit warning and the kill):
@@ -21,6 +23,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -95,6 +100,50 @@ def signal_lead_s(ckpt_bytes: int | None, nodes: int) -> int:
     return int(math.ceil(secs / 60) * 60)
 
 
+def timeout_minutes(value: str | int) -> int:
+    """SLURM time formats (minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]) in whole minutes (rounded up)."""
+    s = str(value).strip()
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", s)
+    if not m:
+        raise ConfigError(f"time: {value!r} is not a SLURM time (minutes, HH:MM:SS or D-HH:MM:SS)")
+    days, a, b, c = m.groups()
+    if days is not None:  # D-HH[:MM[:SS]]
+        secs = int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
+    elif c is not None:  # HH:MM:SS
+        secs = int(a) * 3600 + int(b) * 60 + int(c)
+    elif b is not None:  # MM:SS
+        secs = int(a) * 60 + int(b)
+    else:  # minutes
+        secs = int(a) * 60
+    if secs <= 0:
+        raise ConfigError(f"time: {value!r} must be positive")
+    return -(-secs // 60)
+
+
+def check_time_limit(limit_s: int | None, lead_s: int, what: str) -> None:
+    """ConfigError when a time limit of ``limit_s`` seconds leaves no time before a signal ``lead_s`` ahead of it."""
+    if limit_s is not None and limit_s <= lead_s:
+        raise ConfigError(f"{what} = {limit_s} s is not longer than the {lead_s} s the final checkpoint needs "
+                          f"before the time limit: the time-limit signal would come at once and the job would "
+                          f"requeue without training; ask for a longer time limit")
+
+
+def job_time_limit_s(env: dict) -> int | None:
+    """The running job's time limit in seconds, asked from ``squeue`` (None: no job, no squeue, no limit)."""
+    job = env.get("SLURM_JOB_ID")
+    if not job or shutil.which("squeue") is None:
+        return None
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%l"], capture_output=True, text=True,
+                             timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):  # a slow or absent controller: the check is a courtesy
+        return None
+    try:
+        return 60 * timeout_minutes(out)
+    except ConfigError:  # UNLIMITED, NOT_SET, empty
+        return None
+
+
 def parse_stage_config(stage: str, argv: list[str]):
     import importlib
 
@@ -133,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         nodes, world, ranks = _slurm_layout(dict(os.environ))
         micro = check_layout(cfg, world, ranks)
         lead = signal_lead_s(checkpoint_bytes(stage, cfg), nodes)
+        check_time_limit(job_time_limit_s(dict(os.environ)), lead, f"the time limit of job {os.environ.get('SLURM_JOB_ID')}")
         what = "" if micro is None else (f" train.batch_size={cfg.train.batch_size} = micro-batch {micro} x "
                                          f"{cfg.train.grad_accum(world)} accumulation step(s) x {world} ranks;")
         print(f"layout: {ranks};{what} the final checkpoint needs the time-limit signal {lead} s ahead",

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import re
 import shlex
 import signal
 import sys
@@ -39,7 +38,7 @@ from typing import Any
 
 
 from s2t2_dist.cli import COMMANDS
-from s2t2_dist.cluster.layout import SIGNAL_MARGIN_S
+from s2t2_dist.cluster.layout import SIGNAL_MARGIN_S, timeout_minutes
 from s2t2_dist.config import ConfigError
 
 #: stage name -> module with `main(argv: list[str]) -> int`: the user's stages of `s2t2 <stage>` (cli.COMMANDS, the one
@@ -94,26 +93,6 @@ class SlurmConfig:
     @property
     def ntasks_per_node(self) -> int:
         return self.tasks_per_node or max(self.gpus_per_node, 1)
-
-
-def timeout_minutes(value: str | int) -> int:
-    """SLURM time formats (minutes, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]) in whole minutes (rounded up)."""
-    s = str(value).strip()
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", s)
-    if not m:
-        raise ConfigError(f"time: {value!r} is not a SLURM time (minutes, HH:MM:SS or D-HH:MM:SS)")
-    days, a, b, c = m.groups()
-    if days is not None:  # D-HH[:MM[:SS]]
-        secs = int(days) * 86400 + int(a) * 3600 + int(b or 0) * 60 + int(c or 0)
-    elif c is not None:  # HH:MM:SS
-        secs = int(a) * 3600 + int(b) * 60 + int(c)
-    elif b is not None:  # MM:SS
-        secs = int(a) * 60 + int(b)
-    else:  # minutes
-        secs = int(a) * 60
-    if secs <= 0:
-        raise ConfigError(f"time: {value!r} must be positive")
-    return -(-secs // 60)
 
 
 # Exported once in the batch script (before srun), so no rank has to ask slurmctld: the first node's address as
@@ -344,6 +323,8 @@ def check_stage_config(stage: str, argv: list[str], cfg: SlurmConfig | None = No
                                           f"= {world} ranks")
     if not cfg.signal_delay_s:
         cfg.signal_delay_s = layout.signal_lead_s(layout.checkpoint_bytes(stage, stage_cfg), cfg.nodes)
+    layout.check_time_limit(60 * timeout_minutes(cfg.time), cfg.signal_delay_s,
+                            f"slurm.time={cfg.time} (with slurm.signal_delay_s={cfg.signal_delay_s})")
 
 
 def _submit(args, stage_argv: list[str], flags: dict) -> int:
