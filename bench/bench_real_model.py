@@ -215,7 +215,7 @@ class Bench:
         tgt = load_tokenizer(self.data(regime=regime)["tokenizer"])
         v, u = src_ids.numel(), tgt.vocab_size
         mu, nu = torch.full((v,), 1.0 / v, dtype=torch.float64), torch.full((u,), 1.0 / u, dtype=torch.float64)
-        P, dec = surface_prior(str(self.model), src_tok, src_ids.tolist(), tgt, mu, nu, 1.0)
+        P, dec, _ = surface_prior(str(self.model), src_tok, src_ids.tolist(), tgt, mu, nu, 1.0)
         self.results.setdefault(regime, {})["fvt_decomposition"] = {
             "coverage": dec.coverage, "empty": dec.empty, "identical": dec.identical}
         idx = (P != 0).nonzero().t().contiguous()

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["Decomposition", "decompose", "fvt_plan", "blend_with_uniform"]
+__all__ = ["Decomposition", "decompose", "fvt_plan", "blend_with_uniform", "row_marginal"]
 
 
 @dataclass
@@ -107,3 +107,12 @@ def blend_with_uniform(P: Tensor, mu: Tensor, nu: Tensor, lam: float) -> Tensor:
         raise ValueError(f"blend weight must be in [0, 1], got {lam}")
     U = mu.double().reshape(-1, 1) * nu.double().reshape(1, -1)
     return lam * P.double() + (1.0 - lam) * U
+
+
+def row_marginal(P: Tensor) -> Tensor:
+    """The source marginal under which the plan ``P`` is feasible: its row sums, normalised (float64). A source
+    token that ``P`` never uses gets mass 0 (an all-zero row of every plan with this marginal)."""
+    r = P.double().sum(1)
+    if float(r.sum()) <= 0 or bool((r < 0).any()):
+        raise ValueError("row_marginal: P must be non-negative with positive total mass")
+    return r / r.sum()

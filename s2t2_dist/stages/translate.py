@@ -50,6 +50,8 @@ class ModelConfig(ModelPathConfig):
 
 #: the entropy weight of the shipped recipe (sparse kind, recipe default; BENCHMARKS.md #24)
 DEFAULT_ALPHA = 0.3
+#: the weight floor (units of 1/v) of the shipped recipe's sparse FVT start (BENCHMARKS.md "#24 (session 5)")
+DEFAULT_FLOOR = 1.0
 
 
 @dataclass
@@ -62,18 +64,30 @@ class TranslatorConfig:
     #: W_E = P / mu, W_L = P / nu
     normalization: Literal["convex", "paper"] = "convex"
     #: weight of the entropy regulariser alpha * H(P), H in nats (larger: sparser P). -1: the recipe's, 0.3 for
-    #: the sparse kind with recipe default, 0 otherwise (the paper's recipe and the baselines). 0.3: on stories260K (v = u = 512, 300 steps, one seed) it took the mean column entropy of W = P/nu
-    #: from 2.72 to 1.34 nats (< log 8) and the non-zeros from 68% to 43% for 1.611 BpB instead of 1.585 (FVT
-    #: alone 2.047); alpha 1: 1.744 BpB, 25%, 0.92 nats; alpha 3: 2.010 BpB, 9%, 0.58 nats (BENCHMARKS.md #24)
+    #: the sparse kind with recipe default, 0 otherwise (the paper's recipe and the baselines). With the uniform
+    #: source marginal it was the lever of #24 (stories260K: 68% -> 43% non-zeros, 1.585 -> 1.611 BpB); with the
+    #: shipped sparse start it changes little (1.914 at 0 and 1.915 at 0.3 from the FVT plan alone; BENCHMARKS.md #24)
     alpha: float = -1.0
     #: the plan C starts from. uniform: C = 1/v (the paper; P = mu nu^T). fvt: from the surface strings, each
     #: target token's bytes written as source tokens by greedy longest match (`ot.prior`), blended with the
-    #: uniform plan, P0 = init_weight * P_fvt + (1 - init_weight) * mu nu^T; C = P0 (sparse), log P0 (softmax),
-    #: P0 / nu (unconstrained). Default fvt at 0.5: on stories260K it took S2T2 from 2.64 (uniform) to 1.56 BpB
-    #: (FVT alone 2.05) and on the demo's proteins from 4.46 to 4.38, below the unigram line (BENCHMARKS.md #16b).
+    #: uniform plan, P0 = init_weight * P_fvt + (1 - init_weight) * mu nu^T; C = P0 (sparse; its zeros start below
+    #: every threshold), log P0 (softmax), P0 / nu (unconstrained). Shipped: fvt at 0.5 with source_marginal start
+    #: and floor 1: on stories260K 1.580 BpB with 0.44% non-zeros (FVT alone 2.047; uniform start 2.59), on the
+    #: demo's proteins 4.440 with 1.3% (BENCHMARKS.md "#24 (session 5)")
     init: Literal["uniform", "fvt"] = "fvt"
     #: fvt only: the weight of the surface-string plan in the blend (1: FVT itself, 0: uniform)
     init_weight: float = 0.5
+    #: the source marginal mu (P's row sums). start: for the sparse kind with init fvt (and no init_p), the row
+    #: sums of the FVT plan, each source token's share of the surface-string decomposition, so that the start is
+    #: feasible and its zeros stay zeros (a sparse P); otherwise uniform. uniform: 1/v (the paper's), which forces
+    #: every source token's 1/v of mass onto some target, spread by the projections thinly over almost every
+    #: column (43% non-zeros on stories260K)
+    source_marginal: Literal["start", "uniform"] = "start"
+    #: sparse only: weights W = P / nu below floor / v are dropped from P and each column rescaled (a column's
+    #: largest weight always stays): the full columns of weights far below 1/v that the projections' last column
+    #: step adds to a column its row step left short. -1: the recipe's, 1 for the sparse kind with recipe default
+    #: and an fvt start, 0 (off) otherwise (BENCHMARKS.md "#24 (session 5)")
+    floor: float = -1.0
     #: start from a P file instead (e.g. the transfer experiment); overrides `init`
     init_p: str = ""
     #: rows x cols of P shown as a heatmap image in TensorBoard
@@ -103,10 +117,24 @@ class TranslatorConfig:
             raise ConfigError(f"dense_frac: must be in [0, 1) or -1 (the recipe's default), got {self.dense_frac}")
         if self.dense_lr < 0:
             raise ConfigError(f"dense_lr: must be >= 0 (0: the recipe's default), got {self.dense_lr}")
+        if self.floor < 0 and self.floor != -1:
+            raise ConfigError(f"floor: must be >= 0 or -1 (the recipe's), got {self.floor}")
         if self.freeze_steps < 0:
             raise ConfigError(f"freeze_steps: must be >= 0, got {self.freeze_steps}")
         if len(self.heatmap) != 2 or min(self.heatmap) < 1:
             raise ConfigError(f"heatmap: need [rows, columns], two numbers >= 1, got {self.heatmap}")
+
+    @property
+    def fvt_start(self) -> bool:
+        return self.init == "fvt" and not self.init_p
+
+    def resolved_source_marginal(self) -> str:
+        return "start" if self.source_marginal == "start" and self.kind == "sparse" and self.fvt_start else "uniform"
+
+    def resolved_floor(self) -> float:
+        if self.floor >= 0:
+            return self.floor
+        return DEFAULT_FLOOR if self.kind == "sparse" and self.recipe == "default" and self.fvt_start else 0.0
 
     def resolved_alpha(self) -> float:
         if self.alpha >= 0:
@@ -310,8 +338,14 @@ def build(cfg: TranslateConfig, rt: Runtime):
 
     # C's columns are sharded over every rank, on the group that serves C's device (NCCL for CUDA)
     group = group_for(rt.device) if env.distributed else None
-    translator = TokenTranslator(v, u, kind=cfg.translator.kind, n_iter=cfg.translator.n_iter,
-                                 normalization=cfg.translator.normalization, group=group).to(rt.device)
+    tc = cfg.translator
+    P0 = mu = None
+    if tc.fvt_start:
+        uniform = (torch.full((v,), 1.0 / v, dtype=torch.float64), torch.full((u,), 1.0 / u, dtype=torch.float64))
+        P0, dec, mu = surface_prior(cfg.model.path, src_tok, src_ids.tolist(), tgt, *uniform, tc.init_weight,
+                                    trust_remote_code=cfg.model.trust_remote_code, marginal=tc.resolved_source_marginal())
+    translator = TokenTranslator(v, u, kind=tc.kind, n_iter=tc.n_iter, normalization=tc.normalization, group=group,
+                                 mu=mu, floor=tc.resolved_floor()).to(rt.device)
     # The source tokenizer is hashed from its tokenizer.json file, as the data pipeline hashes it for manifests
     # (transformers may rebuild a hub tokenizer in memory, which would hash differently).
     hashes = {"source": tokenizer_hash(cfg.model.path), "target": tgt.hash}
@@ -321,14 +355,11 @@ def build(cfg: TranslateConfig, rt: Runtime):
         p = load_p(cfg.translator.init_p)
         p.check_compatible(hashes["source"], hashes["target"], where=f"{cfg.translator.init_p}: ")
         translator.init_from_dense(p.dense())
-    elif cfg.translator.init == "fvt":
-        P0, dec = surface_prior(cfg.model.path, src_tok, src_ids.tolist(), tgt, translator.mu, translator.nu,
-                                cfg.translator.init_weight, trust_remote_code=cfg.model.trust_remote_code)
+    elif P0 is not None:
         translator.init_from_dense(P0)
-        log.info("translate: FVT start (weight %.3g): %.1f%% of target bytes covered by source tokens, %d target "
-                 "tokens without pieces, %d identical to a source token", cfg.translator.init_weight,
-                 100 * dec.coverage, dec.empty, dec.identical)
-    tc = cfg.translator
+        log.info("translate: FVT start (weight %.3g, source marginal %s): %.1f%% of target bytes covered by source "
+                 "tokens, %d target tokens without pieces, %d identical to a source token", tc.init_weight,
+                 tc.resolved_source_marginal(), 100 * dec.coverage, dec.empty, dec.identical)
     informed = bool(tc.init_p) or tc.init == "fvt"  # an informed start: no dense warm-up from the uniform plan
     step = resolve_step(tc.kind, v, recipe=tc.recipe, lr=cfg.optim.lr, init="informed" if informed else "",
                         dense_frac=0.0 if informed else tc.dense_frac, dense_lr=tc.dense_lr, steps=cfg.train.steps)
@@ -387,12 +418,14 @@ def source_surface_bytes(src_tok, src_ids: list[int]) -> list:
 
 
 def surface_prior(model_path: str, src_tok, src_ids: list[int], tgt, mu, nu, weight: float, *,
-                  trust_remote_code: bool = False):
-    """The FVT start P0 (v x u, float64) of `ot.prior` from both tokenizers' surface strings, and its
-    decomposition. Special tokens are paired by role: the target's document-start token (BOS, or EOS without one)
-    with the source's BOS, the target's EOS with the source's EOS, where the source list holds them."""
+                  trust_remote_code: bool = False, marginal: str = "uniform"):
+    """(P0, decomposition, mu): the FVT start P0 (v x u, float64) of `ot.prior` from both tokenizers' surface
+    strings, and the source marginal it is feasible for: the given ``mu`` ("uniform") or the FVT plan's row sums
+    ("start"), which the blend then uses. Special tokens are paired by role: the target's document-start
+    token (BOS, or EOS without one) with the source's BOS, the target's EOS with the source's EOS, where the
+    source list holds them."""
     from s2t2_dist.models.hf import token_bytes
-    from s2t2_dist.ot.prior import blend_with_uniform, decompose, fvt_plan
+    from s2t2_dist.ot.prior import blend_with_uniform, decompose, fvt_plan, row_marginal
 
     src = source_surface_bytes(model_path if src_tok is None else src_tok, src_ids)
     tgt_bytes = token_bytes(tgt.tokenizer)
@@ -405,7 +438,9 @@ def surface_prior(model_path: str, src_tok, src_ids: list[int], tgt, mu, nu, wei
         if t_id is not None and s_id is not None and int(s_id) in row:
             pairs[int(t_id)] = row[int(s_id)]
     dec = decompose([tgt_bytes.get(j) for j in range(tgt.vocab_size)], src, pairs)
-    return blend_with_uniform(fvt_plan(dec, mu.cpu(), nu.cpu()), mu.cpu(), nu.cpu(), weight), dec
+    F = fvt_plan(dec, mu.cpu(), nu.cpu())
+    mu = row_marginal(F) if marginal == "start" else mu.cpu().double()
+    return blend_with_uniform(F, mu, nu.cpu(), weight), dec, mu
 
 
 SPARSITY_KEYS = ("density", "col_nnz_mean", "max_weight_mean", "col_entropy_mean")
@@ -419,8 +454,11 @@ def p_sparsity(tr) -> dict:
 
 
 def sparsity_warning(start: dict, end: dict) -> str:
-    """'' unless the learned P has no fewer non-zeros per column than its start and no lower column entropy."""
+    """'' unless the learned P has no fewer non-zeros per column than its start and no lower column entropy, and
+    more than 5% non-zeros (the #24 target: a sparse start that stays as sparse is what the shipped recipe does)."""
     if end["col_nnz_mean"] < start["col_nnz_mean"] or end["col_entropy_mean"] < start["col_entropy_mean"] - 1e-6:
+        return ""
+    if end["density"] <= 0.05:
         return ""
     return (f"the learned P is no sparser than its start ({end['col_nnz_mean']:.1f} non-zeros per target token, "
             f"start {start['col_nnz_mean']:.1f}; column entropy {end['col_entropy_mean']:.2f} nats, start "

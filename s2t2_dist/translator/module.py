@@ -98,6 +98,8 @@ class TokenTranslator(nn.Module):
         group: a torch.distributed process group to shard the columns of C over (None: not sharded).
         sharded_method: row projection across ranks, ``"threshold"`` or ``"alltoall"``.
         row_k, col_k: threshold candidates per row / column (speed only).
+        floor: sparse only: weights W = P / nu below ``floor / v`` are dropped from P and each column rescaled
+            to nu_j (0: off; see translator/kinds.py SparseKind.plan).
         dtype, device: of C (float32 by default).
 
     ``C`` (parameter, v x u_local) starts at ``1/v``. ``mu`` and ``nu`` (full) are buffers.
@@ -119,6 +121,7 @@ class TokenTranslator(nn.Module):
         col_k: int = DEFAULT_COL_K,
         dtype: torch.dtype = torch.float32,
         device=None,
+        floor: float = 0.0,
     ):
         super().__init__()
         if kind not in KINDS:
@@ -130,6 +133,9 @@ class TokenTranslator(nn.Module):
         if v < 1 or u < 1:
             raise ValueError(f"v and u must be >= 1, got v={v}, u={u}")
         self.v, self.u = int(v), int(u)
+        if floor < 0:
+            raise ValueError(f"floor must be >= 0, got {floor}")
+        self.floor = float(floor)
         self.n_iter, self.normalization = int(n_iter), normalization
         self.sharded_method, self.row_k, self.col_k = sharded_method, int(row_k), int(col_k)
         self.group = group
