@@ -88,7 +88,7 @@ class SparseKind(Kind):
         floor = self.tr.floor
         if not floor:
             # A column short of nu_j by a rounding error lifts every zero of its input by that error / v (the
-            # threshold drops below the tied zeros): float noise (W < 1e-9) that would count as non-zeros and fill
+            # threshold drops below the tied zeros): float noise (W < 1e-6) that would count as non-zeros and fill
             # the P file. Zeroed here; a real weight of the plan is far larger (BENCHMARKS.md #24, session 5).
             return torch.where(P > NOISE_W * nu, P, zero)
         # The same lift, at the scale of training: the row step shaves a column's entries (its row gave mass
