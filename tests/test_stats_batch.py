@@ -217,4 +217,4 @@ def test_entropy_of_the_batch_is_h():
     tr = _translator(None, torch.float64, "sparse")
     b = tr.stats_batch()
     h = tr.add_entropy(b)
-    assert h(b.reduce()) == float(entropy(tr.P()))
+    assert h(b.reduce()) == float(entropy(tr.P().detach()))
