@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -32,32 +33,42 @@ def _safe_inv(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x > 0, 1.0 / x.clamp_min(torch.finfo(x.dtype).tiny), torch.zeros_like(x))
 
 
-def sparsity_summary(row_nnz: torch.Tensor, col_nnz: torch.Tensor, col_max_weight: torch.Tensor | None = None,
+def sparsity_summary(row_nnz, col_nnz, col_max_weight: torch.Tensor | None = None,
                      col_entropy: torch.Tensor | None = None) -> dict:
     """P's sparsity statistics from its non-zeros per source row (v) and per target column (u): the one place they
-    are computed, for the training translator (TokenTranslator.density_stats, logged as P/...) and P files
-    (SparseP.stats: the demo's and the reproduction's reports).
+    are computed, for the training translator (TokenTranslator.add_density, logged as P/...) and P files
+    (SparseP.stats: the demo's and the reproduction's reports). The counts may be tensors or numpy arrays: they are
+    summarised on the host with numpy (the training translator hands over the host copy of its one fused read; a
+    torch op there would look like a device sync to utils/syncs.py), exactly (integers).
 
     Mass-based sparsity, when given the largest weight and the entropy (nats) of each live column of W = P / nu:
     ``max_weight_mean`` (1.0: every target token reads one source token) and ``col_entropy_mean`` (0: one source
     each; log v: uniform). Non-zero counts alone call a column with 99% of its mass on one entry dense."""
-    v, u = row_nnz.numel(), col_nnz.numel()
-    nnz = int(row_nnz.sum())
+    rows, cols = _host_ints(row_nnz), _host_ints(col_nnz)
+    v, u = rows.size, cols.size
+    nnz = int(rows.sum())
     mass = {}
     if col_max_weight is not None and col_entropy is not None:
         n = max(col_max_weight.numel(), 1)
         mass = {"max_weight_mean": float(col_max_weight.double().sum()) / n,
                 "col_entropy_mean": float(col_entropy.double().sum()) / n}
+    # integer sums are exact, so sum / n is what torch's float64 mean gave
     return {**mass,
         "nnz": nnz,
         "density": nnz / float(v * u),
-        "row_nnz_mean": float(row_nnz.double().mean()),
-        "row_nnz_max": float(row_nnz.max()),
-        "rows_empty": float((row_nnz == 0).sum()),
-        "col_nnz_mean": float(col_nnz.double().mean()),
-        "col_nnz_min": float(col_nnz.min()),
-        "col_nnz_max": float(col_nnz.max()),
+        "row_nnz_mean": nnz / v,
+        "row_nnz_max": float(rows.max()),
+        "rows_empty": float((rows == 0).sum()),
+        "col_nnz_mean": int(cols.sum()) / u,
+        "col_nnz_min": float(cols.min()),
+        "col_nnz_max": float(cols.max()),
     }
+
+
+def _host_ints(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x).astype(np.int64, copy=False).reshape(-1)
 
 
 @dataclass

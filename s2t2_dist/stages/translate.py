@@ -228,29 +228,43 @@ class TranslateTask:
         return loss, extra
 
     @torch.no_grad()
-    def report(self, step, logger) -> dict[str, float]:
+    def report_stats(self, step, logger, batch):
+        """The logging step's diagnostics in the loop's one collective: registers this rank's partial values of
+        every statistic of P and of the gradient monitor into ``batch`` (the loop's StatsBatch, reduced once with
+        its own numbers) and returns what turns the reduced host values into the logged scalars (it also writes the
+        heatmap and the top translations on rank 0; no collective, no device read)."""
         tr = self.translator
-        stats = {f"P/{k}": v for k, v in tr.density_stats().items()}
-        stats.update({f"P/{k}": v for k, v in tr.marginal_errors().items()})
-        stats["P/entropy"] = float(tr.entropy())
-        stats.update({f"P/{k}": v for k, v in tr.mass_stats().items()})
-        stats.update(self.check_gradient(step))
-        # both are collectives when C is sharded: every rank takes part, rank 0 writes
-        top = tr.top_translations(k=3)
-        block = tr.gather_block(*self.cfg.translator.heatmap)
-        if self.rt.env.is_main:
-            logger.heatmap(step, "P/heatmap", block)
-            lines = ["| target | top source tokens (P / nu) |", "|---|---|"]
-            for j, pairs in list(top.items())[:64]:
-                srcs = ", ".join(f"`{self.source_vocab[i]!r}` {w:.2f}" for i, w in pairs)
-                lines.append(f"| `{self.target_vocab[j]!r}` | {srcs} |")
-            logger.text(step, "P/top_translations", "\n".join(lines))
-        return stats
+        P = tr.P()
+        parts = [tr.add_density(batch, P), tr.add_marginals(batch, P)]
+        entropy = tr.add_entropy(batch, P)
+        mass, grad = tr.add_mass(batch, P), tr.add_grad(batch)
+        top, block = tr.add_top(batch, 3, P), tr.add_block(batch, *self.cfg.translator.heatmap, P)
 
-    def check_gradient(self, step: int) -> dict[str, float]:
-        """The gradient monitor's global statistics (collective); warns once (rank 0) when the gradient on C has
-        been (almost) zero for translator.freeze_steps consecutive steps, and remembers it for the summary."""
-        g = self.translator.grad_stats()
+        def finish(r) -> dict[str, float]:
+            stats = {f"P/{k}": v for part in parts for k, v in part(r).items()}
+            stats["P/entropy"] = entropy(r)
+            stats.update({f"P/{k}": v for k, v in mass(r).items()})
+            stats.update(self.check_gradient(step, grad(r)))
+            if self.rt.env.is_main:
+                logger.heatmap(step, "P/heatmap", block(r))
+                lines = ["| target | top source tokens (P / nu) |", "|---|---|"]
+                for j, pairs in list(top(r).items())[:64]:
+                    srcs = ", ".join(f"`{self.source_vocab[i]!r}` {w:.2f}" for i, w in pairs)
+                    lines.append(f"| `{self.target_vocab[j]!r}` | {srcs} |")
+                logger.text(step, "P/top_translations", "\n".join(lines))
+            return stats
+        return finish
+
+    def report(self, step, logger) -> dict[str, float]:
+        """:meth:`report_stats` on a batch of its own (collective: every rank calls it)."""
+        batch = self.translator.stats_batch()
+        return self.report_stats(step, logger, batch)(batch.reduce())
+
+    def check_gradient(self, step: int, g: dict[str, float] | None = None) -> dict[str, float]:
+        """The gradient monitor's global statistics ``g`` (None: read them, a collective); warns once (rank 0) when
+        the gradient on C has been (almost) zero for translator.freeze_steps consecutive steps, and remembers it
+        for the summary."""
+        g = self.translator.grad_stats() if g is None else g
         n = self.cfg.translator.freeze_steps
         if n and g["grad_frozen_steps"] >= n and self.frozen_at is None:
             self.frozen_at = step
@@ -260,8 +274,8 @@ class TranslateTask:
                             "see translator.recipe)", int(g["grad_frozen_steps"]), step)
         return {f"C/{k}": v for k, v in g.items()}
 
-    def gradient_summary(self, step: int) -> dict:
-        g = self.check_gradient(step)
+    def gradient_summary(self, step: int, g: dict[str, float] | None = None) -> dict:
+        g = self.check_gradient(step, g)
         return {"frozen": self.frozen_at is not None, "frozen_at_step": self.frozen_at,
                 "frozen_steps_at_end": int(g["C/grad_frozen_steps"]), "live_grad_frac_at_end": g["C/grad_live_frac"],
                 "lr": self.lr, "lr_x_v": self.lr * self.translator.v, "start_warning": self.start_warning}
@@ -446,11 +460,17 @@ def surface_prior(model_path: str, src_tok, src_ids: list[int], tgt, mu, nu, wei
 SPARSITY_KEYS = ("density", "col_nnz_mean", "max_weight_mean", "col_entropy_mean")
 
 
-def p_sparsity(tr) -> dict:
-    """P's sparsity for result.json (collective when sharded): non-zeros (density, per target column) and by mass
-    (mean largest weight and entropy of W = P / nu's columns)."""
-    st = {**tr.density_stats(), **tr.mass_stats()}
-    return {k: st[k] for k in SPARSITY_KEYS}
+def p_sparsity(tr, batch=None):
+    """P's sparsity for result.json: non-zeros (density, per target column) and by mass (mean largest weight and
+    entropy of W = P / nu's columns). Without ``batch``: the dict (one collective when sharded); with a StatsBatch:
+    registers the partial values into it and returns what finishes the dict from the reduced values."""
+    b = tr.stats_batch() if batch is None else batch
+    density, mass = tr.add_density(b), tr.add_mass(b)
+
+    def finish(r) -> dict:
+        st = {**density(r), **mass(r)}
+        return {k: st[k] for k in SPARSITY_KEYS}
+    return finish(b.reduce()) if batch is None else finish
 
 
 def sparsity_warning(start: dict, end: dict) -> str:
@@ -531,11 +551,14 @@ def _train(cfg: TranslateConfig, rt: Runtime) -> dict:
     record_config(rt, cfg)
     task, engine, loader, hashes = build(cfg, rt)
     result = train(cfg.train, task, engine, loader, ck, rt.logger)
+    batch = task.translator.stats_batch()  # the end's statistics in one collective
+    grad, end = task.translator.add_grad(batch), p_sparsity(task.translator, batch)
+    reduced = batch.reduce()
     summary = {"step": result.step, "finished": result.finished, "preempted": result.preempted,
                "bad_steps": result.bad_steps, "final_loss": result.final_loss,
                "lm_param_fraction_per_rank": task.lm_param_fraction,
-               "gradient_on_C": task.gradient_summary(result.step)}
-    summary["P"] = {"start": task.p_start, "end": p_sparsity(task.translator)}
+               "gradient_on_C": task.gradient_summary(result.step, grad(reduced))}
+    summary["P"] = {"start": task.p_start, "end": end(reduced)}
     summary["P"]["warning"] = sparsity_warning(summary["P"]["start"], summary["P"]["end"])
     if summary["P"]["warning"] and rt.env.is_main:
         log.warning("translate: %s", summary["P"]["warning"])

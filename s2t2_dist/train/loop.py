@@ -20,6 +20,7 @@ import torch
 
 from s2t2_dist import faults
 from s2t2_dist.dist import collectives as coll
+from s2t2_dist.dist.stats_batch import Reduced, StatsBatch
 from s2t2_dist.train.checkpoint import Checkpointer
 from s2t2_dist.train.config import TrainConfig
 from s2t2_dist.train.metrics import MetricsLogger
@@ -37,6 +38,10 @@ class Task(Protocol):
         """Held-out metrics (collective)."""
 
     # Optional (called when the task defines them):
+    # report_stats(step, logger, batch: StatsBatch) -> Callable[[Reduced], dict[str, float]]: report() in two
+    #     halves, so that the logging step reduces the task's statistics in the loop's one collective: registers
+    #     this rank's partial values into ``batch`` and returns what turns the reduced host values into the metrics
+    #     (no collective, no device read there); report() is then not called
     # before_step(steps_done: int, logging: bool) -> None: before the step's first micro-batch
     # after_backward(logging: bool) -> None: after its last backward, before engine.step() (the gradient must be
     #     final here: the engine's clipping and non-finite check read it); ``logging``: this step logs (the only
@@ -153,6 +158,7 @@ def train(
     t_last, toks_since, wait_since = time.perf_counter(), 0, 0.0
     before_step = getattr(task, "before_step", None)
     after_backward = getattr(task, "after_backward", None)
+    report_stats = getattr(task, "report_stats", None)
     step_async = getattr(engine, "step_async", None)
     tracing = bool(os.environ.get(faults.TRACE_ENV))  # the fault tests' trace records every step's loss
     # S2T2_SYNC_DEBUG=error|warn (bench/gpu_smoke.py): on CUDA, a step that neither logs, checkpoints nor stops
@@ -163,36 +169,49 @@ def train(
     pending: list[tuple[int, Any, Any, Any]] = []
     last = {"norm": float("nan"), "tok_total": 0.0}
 
-    def flush(stop_flag: float) -> bool:
-        """Read the pending steps back (one device->host copy) and reduce them over the ranks with the tokens
-        and the stop flag in ONE collective; counts bad steps. Returns whether some rank asked to stop."""
-        nonlocal bad_steps
+    def flush(batch: StatsBatch, stop_flag: float) -> Callable[[Reduced], bool]:
+        """Registers the pending steps (each one's loss sum, applied flag and grad norm: device values), the tokens
+        and the stop flag into ``batch`` (reduced over the ranks in one collective with whatever else the step
+        reports, read back once); returns what then counts bad steps, records the losses and tells whether some
+        rank asked to stop."""
         k = len(pending)
-        host = []
-        if k:  # one copy: each step's loss sum, applied flag (the same on every rank: the engine's decision), norm
-            dev = pending[0][1].device
-            host = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=dev).reshape(())
-                                for _, *vals in pending for v in vals]).cpu().reshape(k, 3).tolist()
-        sums = _sum_across([h[0] for h in host] + [float(toks_since), stop_flag])
-        for (at, _, _, _), (_, ok, norm), total in zip(pending, host, sums[:k]):
-            mean_loss = total / accum / world
-            if ok != 1.0 or not math.isfinite(mean_loss):
-                bad_steps += 1
-                logger.scalars(at, {"train/bad_steps": bad_steps})
-                if bad_steps > cfg.max_bad_steps:
-                    raise TooManyBadSteps(
-                        f"{bad_steps} steps had non-finite loss or gradients (limit train.max_bad_steps="
-                        f"{cfg.max_bad_steps}); last at step {at}. The parameters were not updated by them."
-                    )
-            result.losses.append((at, mean_loss))
-            result.final_loss = mean_loss
-            faults.record_step(at, mean_loss, bool(ok))
-            last["norm"] = norm
-        if bar is not None and k:
-            bar.set_postfix(loss=f"{result.final_loss:.4f}")
-        pending.clear()
-        last["tok_total"] = sums[k]
-        return sums[k + 1] > 0
+        if k:
+            dev = batch.device
+            batch.add("loop.loss_sums", torch.stack([v.reshape(()).to(dev, torch.float64) for _, v, _, _ in pending]))
+            # the applied flag is the same on every rank (the engine's decision); the norm is already global
+            batch.add("loop.applied_norm", torch.stack([torch.as_tensor(v, dtype=torch.float64, device=dev).reshape(())
+                                                        for _, _, *vals in pending for v in vals]), "local")
+        batch.add("loop.tokens", float(toks_since))
+        batch.add("loop.stop", stop_flag)
+
+        def finish(r: Reduced) -> bool:
+            nonlocal bad_steps
+            sums = r["loop.loss_sums"].tolist() if k else []
+            host = r["loop.applied_norm"].reshape(k, 2).tolist() if k else []
+            for (at, _, _, _), (ok, norm), total in zip(pending, host, sums):
+                mean_loss = total / accum / world
+                if ok != 1.0 or not math.isfinite(mean_loss):
+                    bad_steps += 1
+                    logger.scalars(at, {"train/bad_steps": bad_steps})
+                    if bad_steps > cfg.max_bad_steps:
+                        raise TooManyBadSteps(
+                            f"{bad_steps} steps had non-finite loss or gradients (limit train.max_bad_steps="
+                            f"{cfg.max_bad_steps}); last at step {at}. The parameters were not updated by them."
+                        )
+                result.losses.append((at, mean_loss))
+                result.final_loss = mean_loss
+                faults.record_step(at, mean_loss, bool(ok))
+                last["norm"] = norm
+            if bar is not None and k:
+                bar.set_postfix(loss=f"{result.final_loss:.4f}")
+            pending.clear()
+            last["tok_total"] = r.float("loop.tokens")
+            return r.float("loop.stop") > 0
+        return finish
+
+    def new_batch() -> StatsBatch:
+        # where the step's values live (the losses' device): NCCL for CUDA, gloo for CPU
+        return StatsBatch(pending[0][1].device if pending else "cpu")
 
     try:
         while step < cfg.steps:
@@ -236,13 +255,29 @@ def train(
             if sync_debug and quiet:
                 torch.cuda.set_sync_debug_mode(0)
             stop_flag = 1.0 if stop.requested is not None else 0.0
+            reported = None  # the task's statistics, finished from the step's one reduction
             if not quiet:
-                stop_now = flush(stop_flag)
+                # ONE collective and one host read for everything this step reduces: the loop's numbers, the
+                # last micro-batch's extra scalars and, on a logging step, the task's statistics (report_stats)
+                batch = new_batch()
+                finish_loop = flush(batch, stop_flag)
+                if logging_step:
+                    for k, v in extra.items():
+                        if isinstance(v, torch.Tensor):
+                            batch.add(f"extra.{k}", v, "local")
+                    if report_stats is not None:
+                        reported = report_stats(step, logger, batch)
+                red = batch.reduce()
+                stop_now = finish_loop(red)
+                if logging_step:
+                    extra = {k: red.float(f"extra.{k}") if isinstance(v, torch.Tensor) else v
+                             for k, v in extra.items()}
             else:
                 # only the stop flag, a host value over the host (gloo) group: no device sync
                 (stop_now,) = _sum_across([stop_flag])
                 if stop_now:
-                    flush(stop_flag)
+                    batch = new_batch()
+                    flush(batch, stop_flag)(batch.reduce())
             if logging_step:
                 now = time.perf_counter()
                 dt = now - t_last
@@ -254,14 +289,14 @@ def train(
                         "train/lr": engine.lr(),
                         "train/grad_norm": float(last["norm"]),
                         "train/tokens_per_s": last["tok_total"] / max(dt, 1e-9),
-                        **{f"train/{k}": float(v) for k, v in extra.items()},  # tensors read here only
+                        **{f"train/{k}": float(v) for k, v in extra.items()},  # tensors read in the batch
                     },
                 )
                 node_vals = {"node/tokens_per_s": toks_since / max(dt, 1e-9),
                              "node/step_time_s": dt / cfg.log_every, "node/data_wait_s": wait_since / cfg.log_every}
                 node_vals.update(_memory_stats())
                 logger.scalars(step, node_vals, scope="node")
-                logger.scalars(step, task.report(step, logger))
+                logger.scalars(step, reported(red) if reported is not None else task.report(step, logger))
                 t_last, toks_since, wait_since = time.perf_counter(), 0, 0.0
             if cfg.eval_every and step % cfg.eval_every == 0:
                 engine.eval()

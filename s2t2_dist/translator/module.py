@@ -22,12 +22,15 @@ global H on every rank, mean convention); both give the objective ``mean_q ce_q 
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
 
 import torch
 import torch.nn as nn
 from torch import Tensor
 
+from s2t2_dist.dist.stats_batch import Reduced, StatsBatch
 from s2t2_dist.dist.sharded_sinkhorn import (
     DEFAULT_COL_K,
     DEFAULT_ROW_K,
@@ -151,6 +154,10 @@ class TokenTranslator(nn.Module):
                              nu.reshape(-1) if nu.dim() else nu, check_C=False)
         self.register_buffer("mu", mu.to(device=device, dtype=dtype).clone())
         self.register_buffer("nu", nu.to(device=device, dtype=dtype).clone())
+        # the local columns of positive mass (None: all), found here on the host: the statistics of a logging step
+        # select them without a device sync (nu, like mu, is fixed at construction)
+        live = nu.detach().cpu().to(dtype)[self.col_start: self.col_end] > 0
+        self._live_cols = None if bool(live.all()) else live.nonzero().reshape(-1)
         self.C = nn.Parameter(torch.full((self.v, self.col_end - self.col_start), 1.0 / self.v, dtype=dtype,
                                          device=device))
         self._kinds: Dict[str, Kind] = {}  # one object per kind used (the sparse one keeps its warm start)
@@ -377,46 +384,96 @@ class TokenTranslator(nn.Module):
         h = _entropy(self.P())
         return all_reduce_sum_mean_grad(h.reshape(1), self.comm()).reshape(()) if self.sharded else h
 
+    # Statistics come in two halves: ``add_*`` registers this rank's partial values (pure math on its block of P, on
+    # the device, no host read) into a StatsBatch and returns the function that finishes them from the reduced
+    # host values; the training loop reduces one batch per logging step (the loop's numbers, every statistic and
+    # the gradient monitor in ONE collective and one read). The plain methods (density_stats, ...) reduce a batch
+    # of their own.
+
+    def _check_group(self, b: StatsBatch) -> None:
+        if b.world != self.world_size or (b.group is not None and b.group is not self.group):
+            raise ValueError("TokenTranslator statistics: the StatsBatch must reduce over the translator's group")
+
+    def _put(self, b: StatsBatch, name: str, value, op: str = "sum") -> None:
+        if self.sharded:
+            self._check_group(b)
+            b.add(name, value, op)
+        else:  # every rank holds the whole P: its statistics are its own, not reduced
+            b.add(name, value, "local")
+
+    def _put_rows(self, b: StatsBatch, name: str, value: Tensor, offset: int, total: int) -> None:
+        """This rank's rows [offset, offset + n) of a ``total``-row result (unsharded: ``value`` is all of it)."""
+        if self.sharded:
+            self._check_group(b)
+            b.add_rows(name, value, offset, total)
+        else:
+            b.add(name, value, "local")
+
+    def stats_batch(self) -> StatsBatch:
+        """An empty StatsBatch over this translator's ranks, on C's device."""
+        return StatsBatch(self.C.device, self.group if self.sharded else None)
+
+    def _alone(self, add, *args):
+        """Run one ``add_*`` on a batch of its own (one collective when sharded)."""
+        b = self.stats_batch()
+        finish = add(b, *args)
+        return finish(b.reduce())
+
+    def _stat_P(self, P: Optional[Tensor]) -> Tensor:
+        return self.P() if P is None else P.detach()
+
+    @torch.no_grad()
+    def add_density(self, b: StatsBatch, P: Optional[Tensor] = None) -> Callable[[Reduced], Dict[str, float]]:
+        """Non-zeros of the global P (:func:`~s2t2_dist.pfile.sparsity_summary`): per source row (summed over the
+        column shards) and per target column (this rank's columns)."""
+        nz = self._stat_P(P) != 0
+        self._put(b, "P.row_nnz", nz.sum(1))
+        self._put_rows(b, "P.col_nnz", nz.sum(0), self.col_start, self.u)
+        return lambda r: {k: float(x) for k, x in sparsity_summary(r["P.row_nnz"], r["P.col_nnz"]).items()}
+
     @torch.no_grad()
     def nnz_per_row_and_col(self, P: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-        """Global non-zeros of P per source row (v) and per target column (u), on every rank."""
-        P = self.P() if P is None else P.detach()
-        nz = P != 0
-        rows = nz.sum(1)
-        cols = nz.sum(0)
-        if self.sharded:
-            c = self.comm()
-            rows = c.all_reduce(rows, "sum")
-            cols = c.all_gather_rows(cols, self.col_sizes)
-        return rows, cols
+        """Global non-zeros of P per source row (v) and per target column (u), on every rank (host tensors)."""
+        def finish(r):
+            return torch.from_numpy(r["P.row_nnz"].copy()), torch.from_numpy(r["P.col_nnz"].copy())
+
+        b = self.stats_batch()
+        self.add_density(b, P)
+        return finish(b.reduce())
 
     @torch.no_grad()
     def density_stats(self, P: Optional[Tensor] = None) -> Dict[str, float]:
         """Summary of the non-zeros of the global P (floats, identical on every rank)."""
-        rows, cols = self.nnz_per_row_and_col(P)
-        return {k: float(x) for k, x in sparsity_summary(rows, cols).items()}
+        return self._alone(self.add_density, P)
 
     @torch.no_grad()
-    def mass_stats(self, P: Optional[Tensor] = None) -> Dict[str, float]:
-        """Mass-based sparsity of the global W = P / nu (head weights; each column sums to one), identical on every
-        rank: ``max_weight_mean`` is the mean over target columns of their largest weight (1.0: every target reads
-        one source token), ``col_entropy_mean`` the mean entropy of W's columns in nats (0: one source each;
-        log v: uniform; for the unconstrained kind, of the positive part of W). Unlike the non-zero counts of :meth:`density_stats`, a column with 99% of its mass on one
-        entry counts as (almost) one-hot. Zero-mass columns are left out."""
-        P = self.P() if P is None else P.detach()
-        live = self.nu_local > 0
-        W = self.weights(P, "head")[:, live]  # one v x u_local temporary, in P's dtype; sums in float64
+    def add_mass(self, b: StatsBatch, P: Optional[Tensor] = None) -> Callable[[Reduced], Dict[str, float]]:
+        """Mass-based sparsity of the global W = P / nu (head weights; each column sums to one): ``max_weight_mean``
+        is the mean over target columns of their largest weight (1.0: every target reads one source token),
+        ``col_entropy_mean`` the mean entropy of W's columns in nats (0: one source each; log v: uniform; for the
+        unconstrained kind, of the positive part of W). Unlike the non-zero counts of :meth:`add_density`, a column
+        with 99% of its mass on one entry counts as (almost) one-hot. Zero-mass columns are left out."""
+        W = self.weights(self._stat_P(P), "head")  # one v x u_local temporary, in P's dtype; sums in float64
+        if self._live_cols is not None:  # columns of zero mass left out (nu is fixed: the index is the host's)
+            W = W.index_select(1, self._live_cols.to(W.device, non_blocking=True))
         if W.shape[1]:
             mx = W.max(0).values.double().sum()
             Wp = W.clamp_min(0)  # the unconstrained weights may be negative: entropy of their positive part
             H = -torch.special.xlogy(Wp, Wp).sum(0).double().sum()
         else:
             mx = H = torch.zeros((), dtype=torch.float64, device=W.device)
-        t = torch.stack([mx, H, torch.tensor(float(W.shape[1]), dtype=torch.float64, device=W.device)])
-        if self.sharded:
-            t = self.comm().all_reduce(t, "sum")
-        n = max(float(t[2]), 1.0)
-        return {"max_weight_mean": float(t[0]) / n, "col_entropy_mean": float(t[1]) / n}
+        self._put(b, "P.mass", torch.stack([mx, H]))
+        self._put(b, "P.live_cols", float(W.shape[1]))
+
+        def finish(r):
+            t, n = r["P.mass"], max(float(r["P.live_cols"]), 1.0)
+            return {"max_weight_mean": float(t[0]) / n, "col_entropy_mean": float(t[1]) / n}
+        return finish
+
+    @torch.no_grad()
+    def mass_stats(self, P: Optional[Tensor] = None) -> Dict[str, float]:
+        """:meth:`add_mass` on a batch of its own: floats, identical on every rank."""
+        return self._alone(self.add_mass, P)
 
     # ------------------------------------------------------------------ gradient monitor (freeze detection)
     def watch_grad(self) -> None:
@@ -449,36 +506,46 @@ class TokenTranslator(nn.Module):
         stalled = cols < FREEZE_LIVE_COLS * max(self.C.shape[1], 1)
         self._grad_zero_run = torch.where(stalled, self._grad_zero_run + steps, torch.zeros_like(self._grad_zero_run))
 
-    @torch.no_grad()
-    def grad_stats(self) -> Dict[str, float]:
-        """Global gradient-monitor statistics (collective when sharded; one host read): ``grad_live_frac``, the
-        fraction of all v x u entries of C whose gradient was non-zero at the last sample; ``grad_frozen_steps``,
-        the number of consecutive (sampled) steps, ending now, on which fewer than ``FREEZE_LIVE_COLS`` of the target
-        columns received any gradient (exactly zero, or a few tied entries left: a frozen C), the minimum over ranks
-        of each rank's own run."""
+    def add_grad(self, b: StatsBatch) -> Callable[[Reduced], Dict[str, float]]:
+        """Global gradient-monitor statistics: ``grad_live_frac``, the fraction of all v x u entries of C whose
+        gradient was non-zero at the last sample; ``grad_frozen_steps``, the number of consecutive (sampled) steps,
+        ending now, on which fewer than ``FREEZE_LIVE_COLS`` of the target columns received any gradient (exactly
+        zero, or a few tied entries left: a frozen C), the minimum over ranks of each rank's own run."""
         if not self._watching:
             raise RuntimeError("grad_stats: call watch_grad() first")
-        live, run = self._grad_live.reshape(1), self._grad_zero_run.reshape(1)
-        if self.sharded:
-            c = self.comm()
-            live = c.all_reduce(live, "sum")
-            run = c.all_reduce(run, "min")
-        live, run = torch.cat([live, run]).tolist()
-        return {"grad_live_frac": live / float(self.v * self.u), "grad_frozen_steps": run}
+        self._put(b, "C.grad_live", self._grad_live)
+        self._put(b, "C.grad_zero_run", self._grad_zero_run, "min")
+        return lambda r: {"grad_live_frac": float(r["C.grad_live"]) / float(self.v * self.u),
+                          "grad_frozen_steps": float(r["C.grad_zero_run"])}
+
+    @torch.no_grad()
+    def grad_stats(self) -> Dict[str, float]:
+        """:meth:`add_grad` on a batch of its own (collective when sharded; one host read)."""
+        return self._alone(self.add_grad)
+
+    @torch.no_grad()
+    def add_marginals(self, b: StatsBatch, P: Optional[Tensor] = None) -> Callable[[Reduced], Dict[str, float]]:
+        """Max abs error of the row sums (vs mu) and column sums (vs nu) of the global P after n_iter."""
+        P = self._stat_P(P)
+        col_err = (P.double().sum(0) - self.nu_local.double()).abs().max() if P.shape[1] else P.new_zeros(())
+        self._put(b, "P.row_sums", P.double().sum(1))
+        self._put(b, "P.col_err", col_err.double(), "max")
+        b.add("P.mu", self.mu.double(), "local")  # read with the rest: the row error is formed on the host
+
+        def finish(r):
+            return {"row_err": float(np.abs(r["P.row_sums"] - r["P.mu"]).max()), "col_err": float(r["P.col_err"])}
+        return finish
 
     @torch.no_grad()
     def marginal_errors(self, P: Optional[Tensor] = None) -> Dict[str, float]:
-        """Max abs error of the row sums (vs mu) and column sums (vs nu) of the global P after n_iter."""
-        P = self.P() if P is None else P.detach()
-        rs = P.double().sum(1)
-        col_err = (P.double().sum(0) - self.nu_local.double()).abs().max() if P.shape[1] else P.new_zeros(())
-        col_err = col_err.double().reshape(1)
-        if self.sharded:
-            c = self.comm()
-            rs = c.all_reduce(rs, "sum")
-            col_err = c.all_reduce(col_err, "max")
-        row_err = (rs - self.mu.double()).abs().max()
-        return {"row_err": float(row_err), "col_err": float(col_err)}
+        """:meth:`add_marginals` on a batch of its own."""
+        return self._alone(self.add_marginals, P)
+
+    @torch.no_grad()
+    def add_entropy(self, b: StatsBatch, P: Optional[Tensor] = None) -> Callable[[Reduced], float]:
+        """H(P) of the global P (the shares summed in float64, rounded once to P's dtype)."""
+        self._put(b, "P.entropy", _entropy(self._stat_P(P)))
+        return lambda r: float(r["P.entropy"])
 
     # ------------------------------------------------------------------ export
     @torch.no_grad()
@@ -507,34 +574,41 @@ class TokenTranslator(nn.Module):
         return all_idx[:, order].contiguous(), all_vals[order]
 
     @torch.no_grad()
-    def gather_block(self, rows: int, cols: int, P: Optional[Tensor] = None) -> Tensor:
-        """The dense top-left ``rows x cols`` block of the global P (every rank; for heatmaps)."""
-        P = self.P() if P is None else P.detach()
+    def add_block(self, b: StatsBatch, rows: int, cols: int, P: Optional[Tensor] = None
+                  ) -> Callable[[Reduced], Tensor]:
+        """The dense top-left ``rows x cols`` block of the global P (for heatmaps): a host tensor in P's dtype."""
+        P = self._stat_P(P)
         rows, cols = min(rows, self.v), min(cols, self.u)
-        a, b = self.col_start, min(self.col_end, cols)
-        mine = P[:rows, : max(b - a, 0)]
-        if not self.sharded:
-            return mine.clone()
-        sizes = [max(min(e, cols) - s, 0) for s, e in (shard_bounds(self.u, self.world_size, r)
-                                                       for r in range(self.world_size))]
-        return self.comm().all_gather_rows(mine.t().contiguous(), sizes).t().contiguous()
+        a, e = self.col_start, min(self.col_end, cols)
+        mine = P[:rows, : max(e - a, 0)].t()  # this rank's columns [a, e) of the block, as rows
+        self._put_rows(b, "P.block", mine, min(a, cols), cols)
+        return lambda r: torch.from_numpy(np.ascontiguousarray(r["P.block"].T))
+
+    @torch.no_grad()
+    def gather_block(self, rows: int, cols: int, P: Optional[Tensor] = None) -> Tensor:
+        """:meth:`add_block` on a batch of its own (every rank)."""
+        return self._alone(self.add_block, rows, cols, P)
+
+    @torch.no_grad()
+    def add_top(self, b: StatsBatch, k: int = 3, P: Optional[Tensor] = None
+                ) -> Callable[[Reduced], Dict[int, List[Tuple[int, float]]]]:
+        """For every target token j (global id): its ``k`` largest source weights ``(i, W_L[i, j])`` (W = P/nu),
+        zero weights left out. Identical on every rank."""
+        W = self.weights(self._stat_P(P), "head")
+        kk = min(k, self.v)
+        vals, idx = W.t().topk(kk, dim=1) if W.shape[1] else (W.new_zeros(0, kk), W.new_zeros(0, kk).long())
+        self._put_rows(b, "P.top_w", vals, self.col_start, self.u)
+        self._put_rows(b, "P.top_i", idx, self.col_start, self.u)
+
+        def finish(r):
+            vals, idx = r["P.top_w"].tolist(), r["P.top_i"].tolist()
+            return {j: [(int(i), float(w)) for i, w in zip(idx[j], vals[j]) if w > 0] for j in range(len(vals))}
+        return finish
 
     @torch.no_grad()
     def top_translations(self, k: int = 3, P: Optional[Tensor] = None) -> Dict[int, List[Tuple[int, float]]]:
-        """For every target token j (global id): its ``k`` largest source weights ``(i, W_L[i, j])`` (W = P/nu),
-        zero weights left out. Identical on every rank."""
-        P = self.P() if P is None else P.detach()
-        W = self.weights(P, "head")
-        kk = min(k, self.v)
-        vals, idx = W.t().topk(kk, dim=1) if W.shape[1] else (W.new_zeros(0, kk), W.new_zeros(0, kk).long())
-        if self.sharded:
-            c = self.comm()
-            vals = c.all_gather_rows(vals.contiguous(), self.col_sizes)
-            idx = c.all_gather_rows(idx.contiguous(), self.col_sizes)
-        out = {}
-        for j in range(vals.shape[0]):
-            out[j] = [(int(i), float(w)) for i, w in zip(idx[j].tolist(), vals[j].tolist()) if w > 0]
-        return out
+        """:meth:`add_top` on a batch of its own."""
+        return self._alone(self.add_top, k, P)
 
     def extra_repr(self) -> str:
         return (f"v={self.v}, u={self.u}, kind={self.kind}, n_iter={self.n_iter}, normalization={self.normalization}, "
