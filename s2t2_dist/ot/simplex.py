@@ -29,6 +29,9 @@ set of top elements is a LOWER bound of ``tau``.
 
 The support of every slice is a bool mask (:class:`Support`), which is all the backward pass needs: on the
 support ``S`` the Jacobian-vector product is ``g - mean_S(g)``, zero elsewhere.
+
+Each pass (the starting bounds, every Newton step) is either a few eager ops (the reference) or one compiled kernel
+(:mod:`s2t2_dist.ot.fused`, ``SimplexProjector.kernels``): same steps, same supports, sums in another order.
 """
 from __future__ import annotations
 
