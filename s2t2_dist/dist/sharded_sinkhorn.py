@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from s2t2_dist.ot.sinkhorn import DEFAULT_COL_K, DEFAULT_ROW_K, dykstra, log_sinkhorn
+from s2t2_dist.ot.sinkhorn import DEFAULT_COL_K, DEFAULT_ROW_K, dykstra, log_sinkhorn, set_kernels
 from s2t2_dist.ot.simplex import SimplexProjector, Support, compute_dtype
 
 __all__ = [
@@ -164,11 +164,13 @@ class ShardedSparseSinkhorn:
     ``mu`` (v, replicated), ``nu_local`` (this rank's columns), ``u`` (all columns), ``group`` (None: the default
     group). ``__call__(C_local, n_iter)`` returns this rank's (v, u_r) block of P; gradients w.r.t. ``C_local``
     equal the single-process gradient's columns when each rank's upstream gradient is its block of the
-    single-process upstream gradient. ``stats`` counts the bytes sent.
+    single-process upstream gradient. ``stats`` counts the bytes sent. ``fused``: compiled pass kernels, as in
+    :class:`~s2t2_dist.ot.sinkhorn.SparseSinkhorn` (every pass's per-slice partials are still all-reduced).
     """
 
     def __init__(self, mu: Tensor, nu_local: Tensor, u: int, group=None, method: str = "threshold",
-                 row_k: int = DEFAULT_ROW_K, col_k: int = DEFAULT_COL_K, validate: bool = True):
+                 row_k: int = DEFAULT_ROW_K, col_k: int = DEFAULT_COL_K, validate: bool = True, fused="auto"):
+        self.fused = fused
         if method not in ("threshold", "alltoall"):
             raise ValueError(f"method must be 'threshold' or 'alltoall', got {method!r}")
         self.stats = CommStats()
@@ -216,6 +218,8 @@ class ShardedSparseSinkhorn:
         for p, m in ((self.rows, self.mu), (self.cols, self.nu_local)):
             if p.scale.dtype != cdt or p.scale.device != C_local.device:
                 p.scale = m.detach().to(device=C_local.device, dtype=cdt)
+        projs = (self.rows, self.cols) + ((self.rows.local,) if isinstance(self.rows, AllToAllRowProjector) else ())
+        set_kernels(projs, self.fused, C_local)
         return dykstra(C_local, self.rows, self.cols, n_iter)
 
 

@@ -29,6 +29,9 @@ set of top elements is a LOWER bound of ``tau``.
 
 The support of every slice is a bool mask (:class:`Support`), which is all the backward pass needs: on the
 support ``S`` the Jacobian-vector product is ``g - mean_S(g)``, zero elsewhere.
+
+Each pass (the starting bounds, every Newton step) is either a few eager ops (the reference) or one compiled kernel
+(:mod:`s2t2_dist.ot.fused`, ``SimplexProjector.kernels``): same steps, same supports, sums in another order.
 """
 from __future__ import annotations
 
@@ -38,6 +41,8 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
+
+from .fused import FusedKernels
 
 __all__ = [
     "LocalComm",
@@ -150,7 +155,8 @@ class SimplexProjector:
     a distributed equivalent (slices split across ranks along their length; every reduction is all-reduced, so all
     ranks compute the same thresholds). ``iters``: Newton passes (>= 2). ``fallback``: slices per call that may get
     more passes (see the module docstring). ``exact``: iterate (reading a flag on the host) until every slice is
-    proven exact, instead of counting the unproven ones.
+    proven exact, instead of counting the unproven ones. ``kernels``: a :class:`~s2t2_dist.ot.fused.FusedKernels`
+    (one fused kernel per pass, no C-sized temporaries) or None (eager ops; the reference).
 
     ``threshold(z3) -> (tau, support)`` does not modify ``z3``; ``slice_sums`` (backward) reduces per-slice sums over
     the support across ranks. ``unproven``: running count (device tensor) of slices whose threshold was left a lower
@@ -169,6 +175,7 @@ class SimplexProjector:
         self.fallback = int(fallback)
         self.exact = exact
         self.unproven: Optional[Tensor] = None
+        self.kernels: Optional[FusedKernels] = None
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if self.iters < 2:
@@ -187,7 +194,9 @@ class SimplexProjector:
         # block when sharded, where every block would cost its own collectives)
         S = z2.shape[1 - rd]
         # (at least 16 strided slices: whole 64-byte cache lines)
-        step = S if self.comm.world_size > 1 else max(1 if rd == 1 else 16, self.chunk // max(n, 1))
+        # (fused kernels stream the whole matrix once per pass: one block)
+        step = S if self.comm.world_size > 1 or self.kernels is not None else \
+            max(1 if rd == 1 else 16, self.chunk // max(n, 1))
         parts = []
         for a in range(0, S, step):
             zb, sb = z2.narrow(1 - rd, a, min(step, S - a)), scale[a: a + step]
@@ -210,14 +219,18 @@ class SimplexProjector:
         local candidates give one and the bounds are max-reduced: v numbers, not the k v of gathering candidates."""
         comm = self.comm
         n_local = z2.shape[rd]
-        sums = comm.all_reduce(z2.sum(rd), "sum").double()
-        bound = (sums - scale) / n_total
         kl = min(self.k, n_local)
+        if self.kernels is not None and n_local > 0:
+            sums, mx = self.kernels("bounds", z2, rd)  # both in one pass
+        else:
+            sums, mx = z2.sum(rd), None
+        sums = comm.all_reduce(sums, "sum").double()
+        bound = (sums - scale) / n_total
         if kl == 0:  # an empty shard: no local candidates
             cand = torch.full_like(bound, NEG_INF)
         else:
             if kl == 1:  # the maximum: a plain reduction, much cheaper than topk
-                vals = z2.amax(rd).unsqueeze(0)
+                vals = (z2.amax(rd) if mx is None else mx).unsqueeze(0)
             else:
                 vals = z2.topk(kl, dim=rd).values
                 vals = vals.t() if rd == 1 else vals  # (kl, S), sorted decreasingly
@@ -235,11 +248,14 @@ class SimplexProjector:
         prev = None
         for _ in range(iters or self.iters):
             t = tau.to(z2.dtype)
-            r = (z2 - t.unsqueeze(rd)).clamp_(min=0)  # > 0 exactly where z > t (IEEE subtraction)
-            # plain sums in the compute dtype (a float64 accumulator or count_nonzero is ~10x slower on CPU); the
-            # counts are exact in float32 below 2**24 elements per slice and rank
-            dsum = r.sum(rd)
-            dsum, cnt = self.comm.all_reduce(torch.stack([dsum, r.sign_().sum(rd)]), "sum").double()
+            if self.kernels is not None and z2.numel():
+                dsum, cnt = self.kernels("newton", z2, rd, t)
+            else:
+                r = (z2 - t.unsqueeze(rd)).clamp_(min=0)  # > 0 exactly where z > t (IEEE subtraction)
+                # plain sums in the compute dtype (a float64 accumulator or count_nonzero is ~10x slower on CPU);
+                # the counts are exact in float32 below 2**24 elements per slice and rank
+                dsum, cnt = r.sum(rd), r.sign_().sum(rd)
+            dsum, cnt = self.comm.all_reduce(torch.stack([dsum, cnt]), "sum").double()
             # an empty support (scale 0: tau = max z) keeps tau
             tau = torch.where(cnt > 0, t.double() + (dsum - scale) / cnt.clamp(min=1), tau)
             changed, prev = (None if prev is None else cnt != prev), cnt
