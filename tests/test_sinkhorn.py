@@ -39,7 +39,10 @@ def _sort_sparsemax(Z, scale, dim):
 
 
 CASES = [(30, 7, 1e-2, False), (200, 40, 1e-2, True), (120, 33, 0.0, False), (500, 64, 1e-3, False),
-         (50, 300, 1.0, True), (64, 9, 1e-4, True)]
+         (50, 300, 1.0, True), (64, 9, 1e-4, True),
+         # moved plans with large supports (a third of the entries): the fixed Newton passes + fallback left
+         # 285-770 slices unproven here (gradients off by 0.03-2); the exact sorted thresholds do not
+         (300, 512, 1e-3, False), (512, 512, 1e-3, False)]
 
 
 @pytest.mark.parametrize("v,u,noise,nonuni", CASES)

@@ -53,12 +53,17 @@ __all__ = [
     "threshold_from_sorted_candidates",
     "DEFAULT_ITERS",
     "DEFAULT_FALLBACK",
+    "SORT_MAX_ENTRIES",
 ]
 
 NEG_INF = float("-inf")
 DEFAULT_ITERS = 6  # Newton passes per projection (the last one proves convergence)
 DEFAULT_FALLBACK = 16  # slices per projection that get FALLBACK_ITERS more passes when Newton did not converge
 FALLBACK_ITERS = 16
+#: projections of at most this many entries (over all ranks) take the exact threshold from a sort instead of the
+#: Newton passes: cheaper there, and exact whatever the support sizes (6 passes + the fallback left hundreds of
+#: slices unproven on moved 300-512 x 512 plans, gradients off by 2%; BENCHMARKS.md "#21 (session 5)")
+SORT_MAX_ENTRIES = 1 << 20
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -166,7 +171,8 @@ class SimplexProjector:
     chunk = 1 << 18  # elements per block of slices (1 MiB of float32: a core's L2 cache)
 
     def __init__(self, scale: Tensor, n_total: Optional[int] = None, k: int = 16, comm=None,
-                 iters: int = DEFAULT_ITERS, fallback: int = DEFAULT_FALLBACK, exact: bool = False):
+                 iters: int = DEFAULT_ITERS, fallback: int = DEFAULT_FALLBACK, exact: bool = False,
+                 sort_max: int = SORT_MAX_ENTRIES):
         self.scale = scale.reshape(-1)
         self.n_total = n_total
         self.k = int(k)
@@ -174,6 +180,7 @@ class SimplexProjector:
         self.iters = int(iters)
         self.fallback = int(fallback)
         self.exact = exact
+        self.sort_max = int(sort_max)
         self.unproven: Optional[Tensor] = None
         self.kernels: Optional[FusedKernels] = None
         if self.k < 1:
@@ -190,6 +197,12 @@ class SimplexProjector:
         if scale.numel() != O * I:
             raise ValueError(f"scale has {scale.numel()} values for {O * I} slices")
         z2, rd = _slices_2d(z3)
+        if self.kernels is None and n_total * O * I <= self.sort_max:
+            tau, counts = self._sorted(z2, rd, scale)
+            tau_c = tau.to(cdt)
+            if self.unproven is None:
+                self.unproven = torch.zeros((), dtype=torch.int64, device=dev)
+            return tau_c, Support("mask", counts.to(cdt), z3 > tau_c.view(O, 1, I))
         # blocks of slices small enough to stay in cache: the Newton passes then re-read cache, not memory (one
         # block when sharded, where every block would cost its own collectives)
         S = z2.shape[1 - rd]
@@ -211,6 +224,30 @@ class SimplexProjector:
         self.unproven = left if self.unproven is None else self.unproven + left
         tau_c = tau.to(cdt)
         return tau_c, Support("mask", counts.to(cdt), z3 > tau_c.view(O, 1, I))
+
+    def _sorted(self, z2: Tensor, rd: int, scale: Tensor) -> Tuple[Tensor, Tensor]:
+        """Exact thresholds from whole sorted slices, ``tau = max_j (z_(1) + ... + z_(j) - s) / j`` (float64), and
+        the support counts, with no host read. Sharded slices are gathered first (small projections only): every
+        rank sorts the same whole slices, so all ranks get the same thresholds."""
+        full = z2
+        if self.comm.world_size > 1:
+            # shards differ by at most one element (the column split): pad to the largest with -inf, which sorts
+            # last and never counts (its t_j is -inf)
+            W = self.comm.world_size
+            n_total = self.n_total if self.n_total is not None else z2.shape[rd] * W
+            pad = -(-n_total // W) - z2.shape[rd]
+            if pad > 0:
+                shape = list(z2.shape)
+                shape[rd] = pad
+                z2 = torch.cat([z2, z2.new_full(shape, NEG_INF)], dim=rd)
+            full = torch.cat(list(self.comm.all_gather(z2.contiguous()).unbind(0)), dim=rd)
+        # sorted along contiguous memory (a strided sort of long columns costs ~4x more on CPU)
+        rows = full if rd == 1 else full.t().contiguous()
+        tau = threshold_from_sorted_candidates(rows.sort(dim=1, descending=True).values, scale, 1,
+                                               with_count=False)[0]
+        # counted as the mask will be (tau in the compute dtype), so the backward's |S| matches its support
+        counts = (full > tau.to(full.dtype).unsqueeze(rd)).sum(rd)
+        return tau, counts
 
     def _lower_bound(self, z2: Tensor, rd: int, scale: Tensor, n_total: int) -> Tensor:
         """max((sum z - s) / n, best threshold of the top-k candidates) per slice, float64 (step 1).
