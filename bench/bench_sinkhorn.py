@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python bench/bench_sinkhorn.py --u 512
     PYTHONPATH=. python bench/bench_sinkhorn.py --u 4096 --naive-rows 6288
+    PYTHONPATH=. python bench/bench_sinkhorn.py --fused true --compare-eager   # compiled kernels vs the eager ops
 
 Per state of C ("init": every entry 1/v, the paper's initialisation, all ties; "moved": 1/v + N(0, 1e-3)):
 
@@ -17,6 +18,9 @@ Per state of C ("init": every entry 1/v, the paper's initialisation, all ties; "
   ``2 * n_iter + 3`` C-sized transfers (9 for n_iter = 3): ``floor = (2 n_iter + 3) * bytes(C) / bandwidth =
   (2 n_iter + 3) / 2 * t_copy``. (Before issue 21 every transfer was charged a whole copy, a floor 2x higher:
   ``x_copy`` ratios below use that older definition, for comparison with earlier tables.);
+* ``--fused``: the solver's pass kernels (``auto``: compiled on CPU for large C, see ``s2t2_dist/ot/fused.py``);
+  the first call of the process includes compiling them (reported). ``--compare-eager``: the eager ops (fused
+  off, the implementation on main before issue 21 session 5) measured warm in the same run, paired ratio;
 * host syncs per fwd + bwd (``s2t2_dist.utils.syncs``, warm solver) and the slices whose threshold the fixed
   Newton passes left unproven (``SparseSinkhorn.unproven``);
 * peak extra memory of one forward + backward, in a child process: the kernel's peak RSS (VmHWM, reset through
@@ -96,7 +100,7 @@ def memory_child(args):
         C, G, mu = C[:rows].clone(), G[:rows].clone(), torch.full((rows,), 1.0 / rows)
         fn = lambda c: naive_sinkhorn(c, mu, nu, args.iters)  # noqa: E731 - a one-line closure
     else:
-        solver = SparseSinkhorn(mu, nu)
+        solver = SparseSinkhorn(mu, nu, fused={"auto": "auto", "true": True, "false": False}[args.fused])
         fn = lambda c: solver(c, args.iters)  # noqa: E731 - a one-line closure
         fwd_bwd(fn, C, G)  # warm the solver; the measured call is a steady-state training step
     import gc
@@ -111,7 +115,8 @@ def memory_child(args):
 
 
 def run_memory(args, impl, state):
-    cmd = [sys.executable, __file__, "--child-memory", "--impl", impl, "--state", state, "--v", str(args.v),
+    cmd = [sys.executable, __file__, "--child-memory", "--impl", impl, "--state", state, "--fused", args.fused,
+           "--threads", str(args.threads), "--v", str(args.v),
            "--u", str(args.u), "--iters", str(args.iters), "--naive-rows", str(args.naive_rows or 0)]
     out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
     if out.returncode != 0:
@@ -132,6 +137,8 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--newton", type=int, default=0, help="Newton passes per projection (0: the default)")
     ap.add_argument("--json", default="", help="also write the results here")
+    ap.add_argument("--fused", default="auto", choices=["auto", "true", "false"], help="compiled pass kernels")
+    ap.add_argument("--compare-eager", action="store_true", help="also time the eager ops (fused off), warm")
     ap.add_argument("--child-memory", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--impl", default="fused", help=argparse.SUPPRESS)
     ap.add_argument("--state", default="moved", help=argparse.SUPPRESS)
@@ -147,9 +154,10 @@ def main():
     results = {"v": v, "u": u, "iters": n, "threads": torch.get_num_threads(), "states": {}}
     passes = 2 * n + 3
     kw = {} if not args.newton else {"iters": args.newton}
+    fused = {"auto": "auto", "true": True, "false": False}[args.fused]
 
-    def make_solver():
-        s_ = SparseSinkhorn(mu, nu)
+    def make_solver(fused=fused):
+        s_ = SparseSinkhorn(mu, nu, fused=fused)
         for p in (s_.rows, s_.cols):
             p.iters = kw.get("iters", p.iters)
         return s_
@@ -166,12 +174,22 @@ def main():
             return f, b, min(c1, c2)
 
         r = {}
+        t0 = time.perf_counter()
+        fwd_bwd(lambda c: make_solver()(c, n), C, G)  # compiles the kernels once per process (and shape)
+        r["first_call"] = time.perf_counter() - t0
         # cold: a fresh solver every call
         cold = [paired(lambda c: make_solver()(c, n)) for _ in range(args.repeats)]
         # warm: one persistent solver, as in training
         solver = make_solver()
         fwd_bwd(lambda c: solver(c, n), C, G)
         warm = [paired(lambda c: solver(c, n)) for _ in range(args.repeats)]
+        if args.compare_eager:
+            eager = make_solver(False)
+            fwd_bwd(lambda c: eager(c, n), C, G)
+            f_e, b_e, c_e = paired(lambda c: eager(c, n))
+            f_f, b_f, c_f = paired(lambda c: solver(c, n))  # the fused solver right after: a paired ratio
+            r["eager_fwd"], r["eager_bwd"], r["pair_fused"] = f_e, b_e, f_f + b_f
+            del eager
         B = None  # free the copy target (paired() is not called again)
         with count_host_syncs() as syncs:
             _, _, P, dC = fwd_bwd(lambda c: solver(c, n), C, G)
@@ -223,6 +241,11 @@ def _report(state, r, passes, v, u):
               f"{tot:.3f} s ({tot / r['floor']:.2f} x the best floor); each call vs the copy time measured next to "
               f"it: best {r[name + '_ratio_best']:.2f} x floor, median {r[name + '_ratio_median']:.2f} x "
               f"(old {passes}-copy floor: best {r[name + '_ratio_best'] / 2:.2f} x)")
+    print(f"- first call of the process (compiling the kernels + one fwd + bwd): {r['first_call']:.1f} s")
+    if "eager_fwd" in r:
+        te = r["eager_fwd"] + r["eager_bwd"]
+        print(f"- eager ops (fused off), warm: forward {r['eager_fwd']:.3f} s + backward {r['eager_bwd']:.3f} s = "
+              f"{te:.3f} s; the fused solver right after: {r['pair_fused']:.3f} s: {te / r['pair_fused']:.1f} x faster")
     print(f"- supports per projection (kind, nnz): {r['kinds']}")
     if "naive_fwd" in r:
         tn = r["naive_fwd"] + r["naive_bwd"]

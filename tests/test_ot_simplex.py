@@ -224,13 +224,14 @@ def test_fallback_and_unproven_count():
     z = torch.rand(1, n, S, generator=g, dtype=torch.float64)  # uniform values: Newton needs > 6 passes
     s = torch.full((S,), 5.0, dtype=torch.float64)
     z2, r = _ref_tau(z, s)
-    starved = SimplexProjector(s, k=1, iters=2, fallback=0)
+    starved = SimplexProjector(s, k=1, iters=2, fallback=0, sort_max=0)  # the Newton path (large plans)
     tau0, _ = starved.threshold(z)
     n_bad = int(starved.unproven)
     assert n_bad > 3  # the fixture does need more passes (else this test checks nothing)
     assert (tau0 <= torch.from_numpy(z2 - r).max(1).values + 1e-9).all()  # still lower bounds
-    for proj in (SimplexProjector(s, k=1, iters=2, fallback=3), SimplexProjector(s, k=1, iters=2, fallback=S),
-                 SimplexProjector(s, k=1, iters=2, fallback=0, exact=True)):
+    for proj in (SimplexProjector(s, k=1, iters=2, fallback=3, sort_max=0),
+                 SimplexProjector(s, k=1, iters=2, fallback=S, sort_max=0),
+                 SimplexProjector(s, k=1, iters=2, fallback=0, exact=True, sort_max=0)):
         tau, sup = proj.threshold(z)
         left = int(proj.unproven)
         assert left == (n_bad - 3 if proj.fallback == 3 else 0)

@@ -354,3 +354,24 @@ def test_one_plan_per_step_sharded_equals_single_process():
         G = torch.cat([results[r][c] for r in range(2)], 1)
         ref = _single_dp_step_grad(cfg, 2)
         assert torch.allclose(G, ref, atol=1e-11, rtol=0), (cfg, (G - ref).abs().max())
+
+
+def test_inexact_thresholds_are_counted_in_the_logged_statistics():
+    """The sync-free Newton path (large plans) can leave a threshold a lower bound; the logging step's statistics
+    count it (P/unproven_thresholds, warned by the translate stage) instead of training on it silently. Small plans
+    take exact sorted thresholds: 0."""
+    v = u = 512
+    g = torch.Generator().manual_seed(0)
+    for sort_max, expect_bad in ((None, False), (0, True)):
+        tr = TokenTranslator(v, u, dtype=torch.float64)
+        with torch.no_grad():
+            tr.C.copy_(1.0 / v + 1e-3 * torch.randn(v, u, generator=g, dtype=torch.float64))
+        solver = tr.plan_kind.solver()
+        if sort_max is not None:  # force the Newton passes, starved, on this small plan
+            for proj in (solver.rows, solver.cols):
+                proj.sort_max, proj.iters, proj.fallback = sort_max, 2, 0
+        tr.P()
+        b = tr.stats_batch()
+        finish = tr.add_unproven(b)
+        n_bad = finish(b.reduce())
+        assert (n_bad > 0) == expect_bad, (sort_max, n_bad)

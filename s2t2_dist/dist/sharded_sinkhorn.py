@@ -8,6 +8,8 @@ replicated. Column projections are local. A row projection needs every rank's pa
   every rank the same starting lower bound, then each of the fixed number of Newton passes all-reduces per-row
   (sum, count) partials (2 v numbers). The backward pass of a row projection needs one all-reduce of per-row sums
   over the support (v values). No host reads (the fallback's extra passes all-reduce their partials too).
+  Below ``sort_max`` entries of C (small plans, where bandwidth does not matter) every rank all-gathers the rows
+  whole and takes the exact threshold from a sort (as the local projections do there).
 * ``method="alltoall"``: transpose by ``all_to_all_single`` (rank r receives whole rows ``[row_start_r,
   row_end_r)``), project locally, all-gather the row thresholds and counts; each rank then
   takes its support mask by one pass over its block. Same backward. Sends about ``(R-1)/R * v * u_r * 4`` bytes
@@ -26,8 +28,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from s2t2_dist.ot.sinkhorn import DEFAULT_COL_K, DEFAULT_ROW_K, dykstra, log_sinkhorn
-from s2t2_dist.ot.simplex import SimplexProjector, Support, compute_dtype
+from s2t2_dist.ot.sinkhorn import DEFAULT_COL_K, DEFAULT_ROW_K, dykstra, log_sinkhorn, set_kernels
+from s2t2_dist.ot.simplex import SORT_MAX_ENTRIES, SimplexProjector, Support, compute_dtype
 
 __all__ = [
     "AllToAllRowProjector",
@@ -164,11 +166,14 @@ class ShardedSparseSinkhorn:
     ``mu`` (v, replicated), ``nu_local`` (this rank's columns), ``u`` (all columns), ``group`` (None: the default
     group). ``__call__(C_local, n_iter)`` returns this rank's (v, u_r) block of P; gradients w.r.t. ``C_local``
     equal the single-process gradient's columns when each rank's upstream gradient is its block of the
-    single-process upstream gradient. ``stats`` counts the bytes sent.
+    single-process upstream gradient. ``stats`` counts the bytes sent. ``fused``: compiled pass kernels, as in
+    :class:`~s2t2_dist.ot.sinkhorn.SparseSinkhorn` (every pass's per-slice partials are still all-reduced).
     """
 
     def __init__(self, mu: Tensor, nu_local: Tensor, u: int, group=None, method: str = "threshold",
-                 row_k: int = DEFAULT_ROW_K, col_k: int = DEFAULT_COL_K, validate: bool = True):
+                 row_k: int = DEFAULT_ROW_K, col_k: int = DEFAULT_COL_K, validate: bool = True, fused="auto",
+                 sort_max: int = SORT_MAX_ENTRIES):
+        self.fused = fused
         if method not in ("threshold", "alltoall"):
             raise ValueError(f"method must be 'threshold' or 'alltoall', got {method!r}")
         self.stats = CommStats()
@@ -185,10 +190,12 @@ class ShardedSparseSinkhorn:
                 f"{self.col_sizes[self.comm.rank]} of the u={u} columns (see shard_bounds)")
         cdt = compute_dtype(mu.dtype)
         if method == "threshold":
-            self.rows = SimplexProjector(mu.detach().to(cdt), n_total=self.u, k=row_k, comm=self.comm)
+            self.rows = SimplexProjector(mu.detach().to(cdt), n_total=self.u, k=row_k, comm=self.comm,
+                                         sort_max=sort_max)
         else:
             self.rows = AllToAllRowProjector(mu.detach().to(cdt), self.u, self.col_sizes, self.comm, k=row_k)
-        self.cols = SimplexProjector(nu_local.detach().to(cdt), k=col_k)
+            self.rows.local.sort_max = sort_max
+        self.cols = SimplexProjector(nu_local.detach().to(cdt), k=col_k, sort_max=sort_max)
         self._nu_checked = False
 
     def _validate(self, C: Tensor) -> None:
@@ -208,6 +215,11 @@ class ShardedSparseSinkhorn:
         if float(self.comm.all_reduce(bad, "sum")) > 0:
             raise ValueError("another rank's inputs failed validation (see its error)")
 
+    def unproven(self) -> Optional[Tensor]:
+        """This rank's slices (all calls so far) whose threshold was left a lower bound: a device tensor."""
+        parts = [p.unproven for p in (self.rows, self.cols) if getattr(p, "unproven", None) is not None]
+        return sum(parts) if parts else None
+
     def __call__(self, C_local: Tensor, n_iter: int = 3) -> Tensor:
         if self.validate:  # once, as SparseSinkhorn: each check is a host sync and a collective
             self._validate(C_local)
@@ -216,6 +228,8 @@ class ShardedSparseSinkhorn:
         for p, m in ((self.rows, self.mu), (self.cols, self.nu_local)):
             if p.scale.dtype != cdt or p.scale.device != C_local.device:
                 p.scale = m.detach().to(device=C_local.device, dtype=cdt)
+        projs = (self.rows, self.cols) + ((self.rows.local,) if isinstance(self.rows, AllToAllRowProjector) else ())
+        set_kernels(projs, self.fused, C_local)
         return dykstra(C_local, self.rows, self.cols, n_iter)
 
 

@@ -29,6 +29,9 @@ set of top elements is a LOWER bound of ``tau``.
 
 The support of every slice is a bool mask (:class:`Support`), which is all the backward pass needs: on the
 support ``S`` the Jacobian-vector product is ``g - mean_S(g)``, zero elsewhere.
+
+Each pass (the starting bounds, every Newton step) is either a few eager ops (the reference) or one compiled kernel
+(:mod:`s2t2_dist.ot.fused`, ``SimplexProjector.kernels``): same steps, same supports, sums in another order.
 """
 from __future__ import annotations
 
@@ -39,6 +42,8 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
+from .fused import FusedKernels
+
 __all__ = [
     "LocalComm",
     "Support",
@@ -48,12 +53,17 @@ __all__ = [
     "threshold_from_sorted_candidates",
     "DEFAULT_ITERS",
     "DEFAULT_FALLBACK",
+    "SORT_MAX_ENTRIES",
 ]
 
 NEG_INF = float("-inf")
 DEFAULT_ITERS = 6  # Newton passes per projection (the last one proves convergence)
 DEFAULT_FALLBACK = 16  # slices per projection that get FALLBACK_ITERS more passes when Newton did not converge
 FALLBACK_ITERS = 16
+#: projections of at most this many entries (over all ranks) take the exact threshold from a sort instead of the
+#: Newton passes: cheaper there, and exact whatever the support sizes (6 passes + the fallback left hundreds of
+#: slices unproven on moved 300-512 x 512 plans, gradients off by 2%; BENCHMARKS.md "#21 (session 5)")
+SORT_MAX_ENTRIES = 1 << 20
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -150,7 +160,8 @@ class SimplexProjector:
     a distributed equivalent (slices split across ranks along their length; every reduction is all-reduced, so all
     ranks compute the same thresholds). ``iters``: Newton passes (>= 2). ``fallback``: slices per call that may get
     more passes (see the module docstring). ``exact``: iterate (reading a flag on the host) until every slice is
-    proven exact, instead of counting the unproven ones.
+    proven exact, instead of counting the unproven ones. ``kernels``: a :class:`~s2t2_dist.ot.fused.FusedKernels`
+    (one fused kernel per pass, no C-sized temporaries) or None (eager ops; the reference).
 
     ``threshold(z3) -> (tau, support)`` does not modify ``z3``; ``slice_sums`` (backward) reduces per-slice sums over
     the support across ranks. ``unproven``: running count (device tensor) of slices whose threshold was left a lower
@@ -160,7 +171,8 @@ class SimplexProjector:
     chunk = 1 << 18  # elements per block of slices (1 MiB of float32: a core's L2 cache)
 
     def __init__(self, scale: Tensor, n_total: Optional[int] = None, k: int = 16, comm=None,
-                 iters: int = DEFAULT_ITERS, fallback: int = DEFAULT_FALLBACK, exact: bool = False):
+                 iters: int = DEFAULT_ITERS, fallback: int = DEFAULT_FALLBACK, exact: bool = False,
+                 sort_max: int = SORT_MAX_ENTRIES):
         self.scale = scale.reshape(-1)
         self.n_total = n_total
         self.k = int(k)
@@ -168,7 +180,9 @@ class SimplexProjector:
         self.iters = int(iters)
         self.fallback = int(fallback)
         self.exact = exact
+        self.sort_max = int(sort_max)
         self.unproven: Optional[Tensor] = None
+        self.kernels: Optional[FusedKernels] = None
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if self.iters < 2:
@@ -183,11 +197,19 @@ class SimplexProjector:
         if scale.numel() != O * I:
             raise ValueError(f"scale has {scale.numel()} values for {O * I} slices")
         z2, rd = _slices_2d(z3)
+        if self.kernels is None and n_total * O * I <= self.sort_max:
+            tau, counts = self._sorted(z2, rd, scale)
+            tau_c = tau.to(cdt)
+            if self.unproven is None:
+                self.unproven = torch.zeros((), dtype=torch.int64, device=dev)
+            return tau_c, Support("mask", counts.to(cdt), z3 > tau_c.view(O, 1, I))
         # blocks of slices small enough to stay in cache: the Newton passes then re-read cache, not memory (one
         # block when sharded, where every block would cost its own collectives)
         S = z2.shape[1 - rd]
         # (at least 16 strided slices: whole 64-byte cache lines)
-        step = S if self.comm.world_size > 1 else max(1 if rd == 1 else 16, self.chunk // max(n, 1))
+        # (fused kernels stream the whole matrix once per pass: one block)
+        step = S if self.comm.world_size > 1 or self.kernels is not None else \
+            max(1 if rd == 1 else 16, self.chunk // max(n, 1))
         parts = []
         for a in range(0, S, step):
             zb, sb = z2.narrow(1 - rd, a, min(step, S - a)), scale[a: a + step]
@@ -203,6 +225,30 @@ class SimplexProjector:
         tau_c = tau.to(cdt)
         return tau_c, Support("mask", counts.to(cdt), z3 > tau_c.view(O, 1, I))
 
+    def _sorted(self, z2: Tensor, rd: int, scale: Tensor) -> Tuple[Tensor, Tensor]:
+        """Exact thresholds from whole sorted slices, ``tau = max_j (z_(1) + ... + z_(j) - s) / j`` (float64), and
+        the support counts, with no host read. Sharded slices are gathered first (small projections only): every
+        rank sorts the same whole slices, so all ranks get the same thresholds."""
+        full = z2
+        if self.comm.world_size > 1:
+            # shards differ by at most one element (the column split): pad to the largest with -inf, which sorts
+            # last and never counts (its t_j is -inf)
+            W = self.comm.world_size
+            n_total = self.n_total if self.n_total is not None else z2.shape[rd] * W
+            pad = -(-n_total // W) - z2.shape[rd]
+            if pad > 0:
+                shape = list(z2.shape)
+                shape[rd] = pad
+                z2 = torch.cat([z2, z2.new_full(shape, NEG_INF)], dim=rd)
+            full = torch.cat(list(self.comm.all_gather(z2.contiguous()).unbind(0)), dim=rd)
+        # sorted along contiguous memory (a strided sort of long columns costs ~4x more on CPU)
+        rows = full if rd == 1 else full.t().contiguous()
+        tau = threshold_from_sorted_candidates(rows.sort(dim=1, descending=True).values, scale, 1,
+                                               with_count=False)[0]
+        # counted as the mask will be (tau in the compute dtype), so the backward's |S| matches its support
+        counts = (full > tau.to(full.dtype).unsqueeze(rd)).sum(rd)
+        return tau, counts
+
     def _lower_bound(self, z2: Tensor, rd: int, scale: Tensor, n_total: int) -> Tensor:
         """max((sum z - s) / n, best threshold of the top-k candidates) per slice, float64 (step 1).
 
@@ -210,14 +256,18 @@ class SimplexProjector:
         local candidates give one and the bounds are max-reduced: v numbers, not the k v of gathering candidates."""
         comm = self.comm
         n_local = z2.shape[rd]
-        sums = comm.all_reduce(z2.sum(rd), "sum").double()
-        bound = (sums - scale) / n_total
         kl = min(self.k, n_local)
+        if self.kernels is not None and n_local > 0:
+            sums, mx = self.kernels("bounds", z2, rd)  # both in one pass
+        else:
+            sums, mx = z2.sum(rd), None
+        sums = comm.all_reduce(sums, "sum").double()
+        bound = (sums - scale) / n_total
         if kl == 0:  # an empty shard: no local candidates
             cand = torch.full_like(bound, NEG_INF)
         else:
             if kl == 1:  # the maximum: a plain reduction, much cheaper than topk
-                vals = z2.amax(rd).unsqueeze(0)
+                vals = (z2.amax(rd) if mx is None else mx).unsqueeze(0)
             else:
                 vals = z2.topk(kl, dim=rd).values
                 vals = vals.t() if rd == 1 else vals  # (kl, S), sorted decreasingly
@@ -235,11 +285,14 @@ class SimplexProjector:
         prev = None
         for _ in range(iters or self.iters):
             t = tau.to(z2.dtype)
-            r = (z2 - t.unsqueeze(rd)).clamp_(min=0)  # > 0 exactly where z > t (IEEE subtraction)
-            # plain sums in the compute dtype (a float64 accumulator or count_nonzero is ~10x slower on CPU); the
-            # counts are exact in float32 below 2**24 elements per slice and rank
-            dsum = r.sum(rd)
-            dsum, cnt = self.comm.all_reduce(torch.stack([dsum, r.sign_().sum(rd)]), "sum").double()
+            if self.kernels is not None and z2.numel():
+                dsum, cnt = self.kernels("newton", z2, rd, t)
+            else:
+                r = (z2 - t.unsqueeze(rd)).clamp_(min=0)  # > 0 exactly where z > t (IEEE subtraction)
+                # plain sums in the compute dtype (a float64 accumulator or count_nonzero is ~10x slower on CPU);
+                # the counts are exact in float32 below 2**24 elements per slice and rank
+                dsum, cnt = r.sum(rd), r.sign_().sum(rd)
+            dsum, cnt = self.comm.all_reduce(torch.stack([dsum, cnt]), "sum").double()
             # an empty support (scale 0: tau = max z) keeps tau
             tau = torch.where(cnt > 0, t.double() + (dsum - scale) / cnt.clamp(min=1), tau)
             changed, prev = (None if prev is None else cnt != prev), cnt

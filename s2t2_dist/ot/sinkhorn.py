@@ -22,6 +22,7 @@ from typing import Callable, List, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from .fused import FusedKernels, resolve_fused
 from .simplex import SimplexProjector, Support, compute_dtype, sparsemax
 
 __all__ = [
@@ -139,13 +140,28 @@ def dykstra(C: Tensor, row_proj: Projection, col_proj: Projection, n_iter: int =
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _project_inplace(z: Tensor, shp3: Tuple[int, int, int], tau: Tensor, out: Optional[Tensor]) -> Tensor:
+def _as2d(shp3: Tuple[int, int, int]) -> Optional[Tuple[Tuple[int, int], int]]:
+    """(2-D shape, slice dim) of a (O, n, I) view with O == 1 or I == 1 (the Sinkhorn's rows and columns)."""
+    O, n, I = shp3
+    if I == 1:
+        return (O, n), 1
+    if O == 1:
+        return (n, I), 0
+    return None
+
+
+def _project_inplace(z: Tensor, shp3: Tuple[int, int, int], tau: Tensor, out: Optional[Tensor],
+                     kernels: Optional[FusedKernels] = None) -> Tensor:
     """Output ``max(z - tau, 0)`` (into ``out`` when given); ``z`` becomes the correction ``z - output =
     min(z, tau)`` in place. ``z`` is a contiguous buffer seen as ``shp3`` = (O, n, I), slices along dim 1."""
     O, n, I = shp3
+    out = torch.empty_like(z) if out is None else out
+    two = _as2d(shp3)
+    if kernels is not None and two is not None:
+        kernels("project", z.view(two[0]), two[1], tau, out.view(two[0]))
+        return out
     z3 = z.view(shp3)
     t = tau.view(O, 1, I)
-    out = torch.empty_like(z) if out is None else out
     torch.sub(z3, t, out=out.view(shp3)).clamp_(min=0)
     z3.clamp_(max=t)
     return out
@@ -155,9 +171,18 @@ def _bwd_step(gin: Tensor, gcorr: Optional[Tensor], sup: Support, proj: SimplexP
               shp3: Tuple[int, int, int]) -> Tensor:
     """Adjoint of one projection + correction update: ``where(S, gin - m, gcorr)``, ``m = mean_S(gin - gcorr)``.
 
-    (``gcorr`` None means zero.) Writes into ``gcorr`` when given and returns it.
+    (``gcorr`` None means zero.) Writes into ``gcorr`` when given (a new buffer otherwise) and returns it.
     """
     O, n, I = shp3
+    two = _as2d(shp3)
+    kern = proj.kernels
+    if kern is not None and two is not None:
+        (sh, rd), g2 = two, gin.view(two[0])
+        gc2 = None if gcorr is None else gcorr.view(sh)
+        m = proj.comm.all_reduce(kern("bwd_sums", g2, gc2, sup.mask.view(sh), rd), "sum") / sup.counts.clamp(min=1)
+        out = torch.empty_like(gin) if gcorr is None else gcorr
+        kern("bwd_update", g2, out.view(sh), sup.mask.view(sh), m, rd, gcorr is None)
+        return out
     g3 = gin.view(shp3)
     h = torch.where(sup.mask, g3 if gcorr is None else g3 - gcorr.view(shp3), 0)  # (where: a float * bool
     m = proj.comm.all_reduce(h.sum(1).reshape(-1), "sum") / sup.counts.clamp(min=1)  # product is ~20x slower)
@@ -198,13 +223,13 @@ class _ThresholdDykstra(torch.autograd.Function):
             tau, sup = row_proj.threshold(P.view(r3))
             sups.append(sup)
             if Q is None:
-                Q = _project_inplace(P, r3, tau, None)  # B_0 = Y_0 (Q_0 = 0)
+                Q = _project_inplace(P, r3, tau, None, row_proj.kernels)  # B_0 = Y_0 (Q_0 = 0)
             else:
-                X = _project_inplace(P, r3, tau, X)  # Y_k, in X's buffer (X_k is in P now)
+                X = _project_inplace(P, r3, tau, X, row_proj.kernels)  # Y_k, in X's buffer (X_k is in P now)
                 Q.add_(X)
             tau, sup = col_proj.threshold(Q.view(c3))
             sups.append(sup)
-            X = _project_inplace(Q, c3, tau, X)
+            X = _project_inplace(Q, c3, tau, X, col_proj.kernels)
         del P, Q
         ctx.kinds = [s.kind for s in sups]
         ctx.row_proj, ctx.col_proj = row_proj, col_proj
@@ -240,18 +265,31 @@ class _ThresholdDykstra(torch.autograd.Function):
 # --------------------------------------------------------------------------------------------------------------
 
 
+def set_kernels(projs, fused, C: Tensor) -> None:
+    """Give the projectors the pass kernels ``fused`` asks for (see :func:`~s2t2_dist.ot.fused.resolve_fused`),
+    decided per call from C's device and size (the same kernels object while that decision holds)."""
+    k = resolve_fused(fused, C.device, C.numel())
+    cur = projs[0].kernels
+    if k is not None and cur is not None and cur.compiled == k.compiled:
+        k = cur  # keep the call counter
+    for p in projs:
+        p.kernels = k
+
+
 class SparseSinkhorn:
     """Sparse Sinkhorn with persistent projectors: call it every training step for warm starts.
 
     ``P = SparseSinkhorn(mu, nu)(C, n_iter)``. No host reads after the first call's validation; :meth:`unproven`
     (read it on logging steps) counts the slices whose threshold the fixed iterations left a lower bound (0 unless
-    a pathological C defeats them).
+    a pathological C defeats them). ``fused``: True / False / ``"auto"`` (default: compiled pass kernels on CPU for
+    large C, see :mod:`s2t2_dist.ot.fused`; the eager ops are the reference and give the same supports).
     """
 
     def __init__(self, mu: Tensor, nu: Tensor, row_k: int = DEFAULT_ROW_K, col_k: int = DEFAULT_COL_K,
-                 validate: bool = True):
+                 validate: bool = True, fused: Union[bool, str] = "auto"):
         self.mu, self.nu = mu, nu
         self.validate = validate
+        self.fused = fused
         cdt = compute_dtype(mu.dtype) if mu.dtype.is_floating_point else torch.float32
         self.rows = SimplexProjector(mu.detach().to(cdt), k=row_k)
         self.cols = SimplexProjector(nu.detach().to(cdt), k=col_k)
@@ -267,6 +305,7 @@ class SparseSinkhorn:
         for p, m in ((self.rows, self.mu), (self.cols, self.nu)):
             if p.scale.dtype != cdt or p.scale.device != C.device:
                 p.scale = m.detach().to(device=C.device, dtype=cdt)
+        set_kernels((self.rows, self.cols), self.fused, C)
         return dykstra(C, self.rows, self.cols, n_iter)
 
     def unproven(self) -> Optional[Tensor]:
@@ -285,13 +324,15 @@ def sparse_sinkhorn(
     col_k: int = DEFAULT_COL_K,
     validate: bool = True,
     implementation: str = "fused",
+    fused: Union[bool, str] = "auto",
 ) -> Tensor:
     """Sparse Sinkhorn (Algorithm 1 with scaled sparsemax): ``P`` (v, u) with rows ~ ``mu``, columns = ``nu``.
 
     Differentiable in ``C`` (``mu`` and ``nu`` are constants). After the last (column) projection the column sums
     are exact; the row sums converge as ``n_iter`` grows. ``implementation``: ``"fused"`` (default; in-place
     buffers, closed-form backward) or ``"autograd"`` (generic :func:`dykstra` with :func:`sparsemax` callables; for
-    checking). ``row_k`` / ``col_k``: threshold candidates per row / column (speed only).
+    checking). ``row_k`` / ``col_k``: threshold candidates per row / column (speed only). ``fused``: compiled pass
+    kernels for ``implementation="fused"`` (see :class:`SparseSinkhorn`).
     """
     if validate:
         validate_plan_inputs(C, mu, nu)
@@ -299,7 +340,7 @@ def sparse_sinkhorn(
     mu_c = mu.detach().to(device=C.device, dtype=cdt)
     nu_c = nu.detach().to(device=C.device, dtype=cdt)
     if implementation == "fused":
-        return SparseSinkhorn(mu_c, nu_c, row_k, col_k, validate=False)(C, n_iter)
+        return SparseSinkhorn(mu_c, nu_c, row_k, col_k, validate=False, fused=fused)(C, n_iter)
     if implementation == "autograd":
         return dykstra(
             C,

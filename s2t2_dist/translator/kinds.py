@@ -6,7 +6,7 @@ start) and read the translator's shape, marginals and process group.
 """
 from __future__ import annotations
 
-from typing import Dict, Type
+from typing import Dict, Optional, Type
 
 import torch
 from torch import Tensor
@@ -46,6 +46,10 @@ class Kind:
     def init_from_plan(self, P: Tensor) -> Tensor:
         """A block of C (float64) whose plan is (approximately) the given feasible block of P (float64)."""
         raise NotImplementedError
+
+    def unproven(self) -> Optional[Tensor]:
+        """Thresholds this kind's solver left a lower bound so far (a device tensor; None: exact by construction)."""
+        return None
 
 
 #: P entries below NOISE_W * nu_j (weights W = P / nu below it) are rounding noise of the sparse projections
@@ -98,6 +102,9 @@ class SparseKind(Kind):
         # (a column's largest entry always stays: no column is emptied)
         P = torch.where(P >= torch.minimum((floor / P.shape[0]) * nu, P.amax(0)), P, zero)
         return P * (nu * _safe_inv(P.sum(0)))
+
+    def unproven(self) -> Optional[Tensor]:
+        return None if self._solver is None else self._solver.unproven()
 
     def init_from_plan(self, P: Tensor) -> Tensor:
         # a feasible P is its own projection; its zeros start START_MARGIN / v below every threshold, so that

@@ -423,6 +423,16 @@ class TokenTranslator(nn.Module):
         return self.P() if P is None else P.detach()
 
     @torch.no_grad()
+    def add_unproven(self, b: StatsBatch) -> Callable[[Reduced], float]:
+        """Thresholds the sparse Sinkhorn left a lower bound instead of exact (all calls so far, the largest count
+        over ranks): 0 unless a large plan needed more than its fixed Newton passes and fallback (small plans sort).
+        """
+        n = self.plan_kind.unproven()
+        n = torch.zeros((), device=self.C.device) if n is None else n.to(torch.float64)
+        self._put(b, "P.unproven", n.reshape(1), "max")
+        return lambda r: float(r["P.unproven"].max())
+
+    @torch.no_grad()
     def add_density(self, b: StatsBatch, P: Optional[Tensor] = None) -> Callable[[Reduced], Dict[str, float]]:
         """Non-zeros of the global P (:func:`~s2t2_dist.pfile.sparsity_summary`): per source row (summed over the
         column shards) and per target column (this rank's columns)."""

@@ -1,0 +1,147 @@
+"""Fused (``torch.compile``, inductor) kernels for the passes of the sync-free sparse Sinkhorn.
+
+Pure math: no torch.distributed, no I/O. Each kernel is a plain torch function (the eager REFERENCE, used
+whenever compilation is off or impossible) compiled with ``fullgraph=True``: a host read (``.item()``,
+``nonzero``) would break the graph and fail the compile, so a compiled kernel cannot hide a sync.
+
+Why: on CPU an eager pass ``count and sum of z - t above t`` costs 3-5 full-matrix ops, each writing a fresh
+C-sized temporary (page faults on every allocation), ~0.5 s at 50,304 x 512; the same pass compiled is one loop
+that reads z once and writes nothing but the per-slice results, ~10 ms (``bench/bench_sinkhorn.py``). Outputs that
+are C-sized are written into buffers the caller owns (in place), never freshly allocated.
+
+Every kernel works on a 2-D ``(n, I)`` / ``(O, n)`` matrix ``z2`` whose slices run along ``rd`` (1: rows, contiguous;
+0: columns). Column reductions are split into blocks of ``_COL_BLOCK`` rows (an inner reduction, then a sum over
+blocks): inductor's CPU code for a plain ``sum(0)`` over 50,304 rows was ~25x slower than the split one.
+
+Under a ``TorchDispatchMode`` (the host-sync counter of ``s2t2_dist.utils.syncs``) torch.compile cannot run; the
+eager reference runs instead, so the counter sees exactly the ops the compiled graph was traced from.
+"""
+from __future__ import annotations
+
+import functools
+import shutil
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+__all__ = ["FusedKernels", "fused_available", "resolve_fused", "FUSED_MIN_NUMEL"]
+
+_COL_BLOCK = 48
+# "auto" compiles only for matrices at least this large: compiling costs seconds per shape, and small problems
+# (tests, the demo, v = 243) are cheap eagerly
+FUSED_MIN_NUMEL = 1 << 22
+
+
+def _rsum(x: Tensor, rd: int) -> Tensor:
+    """Sum along ``rd`` of a 2-D tensor (columns: split into row blocks, see the module docstring)."""
+    if rd == 1:
+        return x.sum(1)
+    n = x.shape[0]
+    nb = n // _COL_BLOCK
+    if nb < 2:
+        return x.sum(0)
+    m = nb * _COL_BLOCK
+    s = x[:m].view(nb, _COL_BLOCK, x.shape[1]).sum(1).sum(0)
+    return s + x[m:].sum(0) if m < n else s
+
+
+def _ramax(x: Tensor, rd: int) -> Tensor:
+    if rd == 1:
+        return x.amax(1)
+    n = x.shape[0]
+    nb = n // _COL_BLOCK
+    if nb < 2:
+        return x.amax(0)
+    m = nb * _COL_BLOCK
+    s = x[:m].view(nb, _COL_BLOCK, x.shape[1]).amax(1).amax(0)
+    return torch.maximum(s, x[m:].amax(0)) if m < n else s
+
+
+def _bc(t: Tensor, rd: int) -> Tensor:
+    """A per-slice vector broadcast against the 2-D matrix."""
+    return t.unsqueeze(rd)
+
+
+# ------------------------------------------------------------------ the kernels (eager references)
+def k_bounds(z: Tensor, rd: int) -> Tuple[Tensor, Tensor]:
+    """(sum, max) of every slice."""
+    return _rsum(z, rd), _ramax(z, rd)
+
+
+def k_newton(z: Tensor, rd: int, t: Tensor) -> Tuple[Tensor, Tensor]:
+    """(sum of z - t over z > t, count of z > t) per slice, in z's dtype (counts exact below 2**24 in float32)."""
+    tb = _bc(t, rd)
+    return _rsum((z - tb).clamp_min(0), rd), _rsum((z > tb).to(z.dtype), rd)
+
+
+def k_project(z: Tensor, rd: int, t: Tensor, out: Tensor) -> None:
+    """``out = max(z - t, 0)``; ``z = min(z, t)`` (the Dykstra correction ``z - out``), both in place."""
+    tb = _bc(t, rd)
+    out.copy_((z - tb).clamp_min(0))
+    z.copy_(torch.minimum(z, tb))
+
+
+def k_bwd_sums(g: Tensor, gc: Optional[Tensor], mask: Tensor, rd: int) -> Tensor:
+    """Per-slice sums over the support of ``g - gc`` (``gc`` None: of ``g``)."""
+    h = g if gc is None else g - gc
+    return _rsum(torch.where(mask, h, 0), rd)
+
+
+def k_bwd_update(g: Tensor, gc: Tensor, mask: Tensor, m: Tensor, rd: int, zero: bool) -> None:
+    """``gc = where(mask, g - m, gc)`` in place (``zero``: ``where(mask, g - m, 0)``)."""
+    gc.copy_(torch.where(mask, g - _bc(m, rd), 0.0 if zero else gc))
+
+
+_EAGER = {"bounds": k_bounds, "newton": k_newton, "project": k_project, "bwd_sums": k_bwd_sums,
+          "bwd_update": k_bwd_update}
+
+
+@functools.lru_cache(maxsize=None)
+def fused_available() -> bool:
+    """True when inductor can build CPU kernels here (a C++ compiler on PATH)."""
+    try:
+        import torch._inductor  # noqa: F401 - availability check
+
+        from torch._inductor import config as ic
+    except ImportError:  # pragma: no cover - torch without inductor
+        return False
+    cxx = getattr(ic.cpp, "cxx", (None, "g++"))
+    names = [c for c in (cxx if isinstance(cxx, (tuple, list)) else (cxx,)) if c]
+    return any(shutil.which(c) for c in names) or bool(shutil.which("g++"))
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(name: str):
+    # fullgraph: a graph break (e.g. a host read) is an error, not a silent eager fallback; dynamic=False: one
+    # specialised kernel per shape (training calls one shape)
+    return torch.compile(_EAGER[name], fullgraph=True, dynamic=False)
+
+
+class FusedKernels:
+    """The kernels above, compiled (``compiled=True``) or eager; counts the compiled calls (for tests)."""
+
+    def __init__(self, compiled: bool = True):
+        self.compiled = bool(compiled)
+        self.calls = 0
+
+    def __call__(self, name: str, *args):
+        if self.compiled and _get_current_dispatch_mode() is None:
+            self.calls += 1
+            return _compiled(name)(*args)
+        return _EAGER[name](*args)
+
+
+def resolve_fused(fused, device: torch.device, numel: int) -> Optional[FusedKernels]:
+    """``fused``: True (compile; eager if no compiler), False (eager ops of the threshold code, no kernels), "auto"
+    (compiled on CPU for matrices of at least ``FUSED_MIN_NUMEL`` entries, else False), or a :class:`FusedKernels`."""
+    if isinstance(fused, FusedKernels):
+        return fused
+    if fused == "auto":
+        fused = device.type == "cpu" and numel >= FUSED_MIN_NUMEL
+    elif not isinstance(fused, bool):
+        raise ValueError(f"fused must be True, False or 'auto', got {fused!r}")
+    if not fused:
+        return None
+    return FusedKernels(compiled=fused_available())
