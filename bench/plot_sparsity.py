@@ -33,7 +33,7 @@ def points(out: Path) -> list[dict]:
         if bpb is None:
             continue
         st = load_p(pf).stats()
-        pts.append({"regime": d.parent.name, "name": d.name, "bpb": bpb, "v": st["v"],
+        pts.append({"regime": d.parent.name, "name": d.name, "bpb": bpb, "v": st["v"], "signed": st["signed"],
                     **{k: st[k] for k in ("density", "col_nnz_mean", "max_weight_mean", "col_entropy_mean")}})
     return pts
 
@@ -53,7 +53,7 @@ def grouped(pts: list[dict]) -> list[dict]:
         groups.setdefault((p["regime"], p["name"].split("~")[0]), []).append(p)
     out = []
     for (regime, base), ps in groups.items():
-        g = {"regime": regime, "name": base, "n": len(ps), "v": ps[0]["v"],
+        g = {"regime": regime, "name": base, "n": len(ps), "v": ps[0]["v"], "signed": ps[0]["signed"],
              **{k: sum(p[k] for p in ps) / len(ps) for k in KEYS}}
         b = [p["bpb"] for p in ps]
         g["bpb_min"], g["bpb_max"] = min(b), max(b)
@@ -69,6 +69,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--png", default="docs/sparsity_tradeoff.png")
     ap.add_argument("--default", default="w05,pw05", help="the rows the shipped defaults take (marked), comma-separated")
+    ap.add_argument("--rows", default="", help="only these rows (comma-separated names without ~sN; default: all)")
     a = ap.parse_args(argv)
     import matplotlib
 
@@ -76,6 +77,8 @@ def main(argv=None) -> int:
     import matplotlib.pyplot as plt
 
     pts = grouped(points(Path(a.out)))
+    if a.rows:
+        pts = [p for p in pts if p["name"] in a.rows.split(",")]
     regimes = [r for r in ("v>d", "v<d", "protein") if any(p["regime"] == r for p in pts)]
     defaults = set(a.default.split(","))
 
@@ -100,6 +103,8 @@ def main(argv=None) -> int:
             ax = axes[r][c]
             seen = set()
             for p in ps:
+                if p["signed"] and key != "col_nnz_mean":
+                    continue  # the unconstrained W is signed and its columns do not sum to 1: no mass-based sparsity
                 mark, colour, group = style(p["name"])
                 lo, hi = p[key + "_range"]
                 # error bars: the range over seeds (BpB and the statistic); none for a single seed
@@ -131,9 +136,10 @@ def main(argv=None) -> int:
         bpb = (f"{p['bpb']:.3f} ± {p['bpb_std']:.3f}; {p['bpb_min']:.3f}-{p['bpb_max']:.3f}" if p["n"] > 1
                else f"{p['bpb']:.3f}")
         rng = lambda k, f: f.format(p[k]) if p["n"] == 1 else "-".join(f.format(x) for x in p[k + "_range"])  # noqa: E731
+        mass = ("n/a (signed) | n/a (signed)" if p["signed"] else
+                f"{rng('max_weight_mean', '{:.3f}')} | {rng('col_entropy_mean', '{:.2f}')}")
         print(f"| {p['regime']} | {p['name']} | {p['n']} | {bpb} | {rng('density', '{:.1%}')} | "
-              f"{rng('col_nnz_mean', '{:.1f}')} | {rng('max_weight_mean', '{:.3f}')} | "
-              f"{rng('col_entropy_mean', '{:.2f}')} |")
+              f"{rng('col_nnz_mean', '{:.1f}')} | {mass} |")
     return 0
 
 
