@@ -76,3 +76,6 @@ def test_flat_column_takes_the_best_source_of_C():
     assert int((P[:, u - 1] != 0).sum()) == 1 and float(P[5, u - 1]) == float(nu[u - 1])
     kept = P[:, : u - 1]
     assert torch.equal((kept != 0).sum(0), torch.tensor([2, 2, 2, 1, 1]))  # the learned columns untouched
+    with torch.no_grad():  # the same column with nothing learned (C flat there): it stays uniform
+        tr.C[:, u - 1] = -1.0 / v
+    assert torch.allclose(tr.P().detach()[:, u - 1], nu[u - 1] / v)

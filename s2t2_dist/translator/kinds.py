@@ -105,9 +105,11 @@ class SparseKind(Kind):
         # A column the row step emptied ENTIRELY comes back as nu_j / v on every source token, all tied, so the
         # floor keeps all of them: the target token reads the mean of all source embeddings and its C column gets
         # no gradient again (stories260K seeds 1, 2: ' had', ' saw', +0.06 BpB; BENCHMARKS.md "#24 (session 5)").
-        # Such a flat column takes C's largest entry of that column instead (what it learned last), one-hot.
-        flat = (P.amax(0) - P.amin(0)) <= NOISE_W * nu
-        best = torch.arange(P.shape[0], device=P.device)[:, None] == C.detach().argmax(0)[None, :]
+        # Such a flat column takes C's largest entry of that column instead (what it learned last), one-hot,
+        # unless C's column is flat too (nothing learned: the uniform column is then the honest answer).
+        c = C.detach()
+        flat = ((P.amax(0) - P.amin(0)) <= NOISE_W * nu) & (c.amax(0) > c.amin(0))
+        best = torch.arange(P.shape[0], device=P.device)[:, None] == c.argmax(0)[None, :]
         return torch.where(flat & best, nu, torch.where(flat, zero, P))
 
     def unproven(self) -> Optional[Tensor]:
