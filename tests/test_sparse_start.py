@@ -57,3 +57,25 @@ def test_sparse_start_stays_sparse_and_learns():
     assert r["col_err"] < 1e-6, r  # columns still carry nu_j after the floor's rescaling
     dense = _train(pb, F, nu, floor=0.0)
     assert dense["nnz"] > 4 * r["nnz"], (dense, r)  # the lifted columns the floor removes
+
+
+def test_flat_column_takes_the_best_source_of_C():
+    """A column the row step empties entirely comes back from the column step as nu_j / v on every source (all
+    tied, so the floor keeps them all: seen on stories260K, BENCHMARKS.md "#24 (session 5)"); the plan gives it C's
+    largest entry of that column instead, and leaves the other columns as they were."""
+    v, u = 8, 6
+    tr = TokenTranslator(v, u, floor=1.0)
+    C = torch.full((v, u), -1.0 / v, dtype=tr.C.dtype)
+    C[torch.arange(v), torch.arange(v) % (u - 1)] = 2.0 / v  # every row's mass goes to columns 0..4
+    C[5, u - 1] = -0.5 / v  # column 5: below every row's threshold; its largest entry is source 5
+    with torch.no_grad():
+        tr.C.copy_(C)
+    P = tr.P().detach()
+    nu = tr.nu.to(P.dtype)
+    assert torch.allclose(P.sum(0), nu)  # still feasible in the columns
+    assert int((P[:, u - 1] != 0).sum()) == 1 and float(P[5, u - 1]) == float(nu[u - 1])
+    kept = P[:, : u - 1]
+    assert torch.equal((kept != 0).sum(0), torch.tensor([2, 2, 2, 1, 1]))  # the learned columns untouched
+    with torch.no_grad():  # the same column with nothing learned (C flat there): it stays uniform
+        tr.C[:, u - 1] = -1.0 / v
+    assert torch.allclose(tr.P().detach()[:, u - 1], nu[u - 1] / v)

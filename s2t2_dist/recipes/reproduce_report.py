@@ -287,13 +287,16 @@ def table1_markdown(results: dict) -> str:
     return "\n".join([head, sep, *rows, "",
                       f"Held-out protein sequences; {spread} {n} seed(s). Perplexity per token of each column's "
                       "tokenizer; BpB = total NLL / (ln 2 x UTF-8 bytes). Paper: OLMo-1B on UniRef50 (Table 1). "
-                      "S2T2 (shipped defaults): translator.recipe=default (lr in units of 1/v, the measured default; "
-                      "dense warm-up), P only; the S2T2 column uses the paper's literal recipe. "
+                      "S2T2 (shipped defaults): the config's translator section (translator.recipe=default: the "
+                      "FVT plan blended half-and-half with the uniform one, source marginal mu = that start's row "
+                      "sums, weights below 1/v dropped, entropy weight 0.3, lr in units of 1/v; no dense warm-up), "
+                      "P only; the S2T2 column uses the paper's literal recipe. "
                       "FVT start (not in the paper): S2T2's training-free surface-string start (translator.init=fvt, "
-                      "init_weight 1: each target token's pieces as source tokens), as the translate stage builds it, "
-                      "i.e. projected onto P's marginals (mu, nu), which spreads it over many source tokens (see its "
-                      "mass-based sparsity under P); P only, not trained. bench/bench_real_model.py's FVT row "
-                      "evaluates the unprojected plan. " + PAPER_ORIG_TOK_NOTE
+                      "init_weight 1: each target token's pieces as source tokens), as the translate stage builds it: "
+                      "mu is the plan's own row sums (translator.source_marginal=start), so the plan is feasible and "
+                      "the projection keeps its few source tokens per target token (see its sparsity under P); "
+                      "P only, not trained, the plan bench/bench_real_model.py's FVT row evaluates. "
+                      + PAPER_ORIG_TOK_NOTE
                       + (" Unigram ref. (perplexity / BpB): a model that knows only the train split's token "
                          "frequencies, for the column's tokenizer." if uni else "")])
 

@@ -101,7 +101,16 @@ class SparseKind(Kind):
         # and the column rescaled to nu_j (differentiable), so the plan keeps only the weights it learned.
         # (a column's largest entry always stays: no column is emptied)
         P = torch.where(P >= torch.minimum((floor / P.shape[0]) * nu, P.amax(0)), P, zero)
-        return P * (nu * _safe_inv(P.sum(0)))
+        P = P * (nu * _safe_inv(P.sum(0)))
+        # A column the row step emptied ENTIRELY comes back as nu_j / v on every source token, all tied, so the
+        # floor keeps all of them: the target token reads the mean of all source embeddings and its C column gets
+        # no gradient again (stories260K seeds 1, 2: ' had', ' saw', +0.06 BpB; BENCHMARKS.md "#24 (session 5)").
+        # Such a flat column takes C's largest entry of that column instead (what it learned last), one-hot,
+        # unless C's column is flat too (nothing learned: the uniform column is then the honest answer).
+        c = C.detach()
+        flat = ((P.amax(0) - P.amin(0)) <= NOISE_W * nu) & (c.amax(0) > c.amin(0))
+        best = torch.arange(P.shape[0], device=P.device)[:, None] == c.argmax(0)[None, :]
+        return torch.where(flat & best, nu, torch.where(flat, zero, P))
 
     def unproven(self) -> Optional[Tensor]:
         return None if self._solver is None else self._solver.unproven()
