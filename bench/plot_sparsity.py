@@ -1,6 +1,6 @@
 """BpB against the sparsity of P for every P of a bench_real_model.py output (issue #24): one PNG, one table.
 
-    python bench/plot_sparsity.py --out /tmp/rm --png docs/sparsity_tradeoff.png [--default w05,pw05]
+    python bench/plot_sparsity.py --out /tmp/rm --png docs/sparsity_tradeoff.png [--default ship,pship]
 
 Every run directory OUT/runs/REGIME/NAME holding a P.safetensors is a point: its held-out BpB (the translate run's
 result.json, or the evaluate run OUT/runs/REGIME/eval_NAME for P files written after the fact), its non-zeros per
@@ -39,10 +39,22 @@ def points(out: Path) -> list[dict]:
 
 
 #: rows of bench_real_model.py that are baselines, not S2T2 candidates (drawn apart): the softmax and unconstrained
-#: kinds, the paper's uniform start and the default before #24 session 5 (`old`); p-prefixed: the protein runs
-BASELINES = ("softmax", "softmax_fvt", "unconstrained", "unconstrained_fvt", "s2t2_uniform", "old",
+#: kinds, the paper's uniform start and the default before #24 session 5 (`old`, `prev`: uniform source marginal,
+#: no floor); p-prefixed: the protein runs
+BASELINES = ("softmax", "softmax_fvt", "unconstrained", "unconstrained_fvt", "s2t2_uniform", "old", "prev",
              "psoftmax", "punc", "pold")
 KEYS = ("bpb", "density", "col_nnz_mean", "max_weight_mean", "col_entropy_mean")
+
+
+def unigram_lines(out: Path) -> dict:
+    """The unigram row's BpB per regime from the bench's results*.json (it has no P file)."""
+    lines = {}
+    for f in sorted(out.glob("results*.json")):
+        for reg, r in json.loads(f.read_text()).items():
+            u = (r.get("rows") or {}).get("unigram") if isinstance(r, dict) else None
+            if u and u.get("p_only") is not None:
+                lines[reg] = u["p_only"]
+    return lines
 
 
 def grouped(pts: list[dict]) -> list[dict]:
@@ -68,7 +80,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--png", default="docs/sparsity_tradeoff.png")
-    ap.add_argument("--default", default="w05,pw05", help="the rows the shipped defaults take (marked), comma-separated")
+    ap.add_argument("--default", default="ship,pship", help="the rows the shipped defaults take (marked), comma-separated")
     ap.add_argument("--rows", default="", help="only these rows (comma-separated names without ~sN; default: all)")
     a = ap.parse_args(argv)
     import matplotlib
@@ -81,6 +93,7 @@ def main(argv=None) -> int:
         pts = [p for p in pts if p["name"] in a.rows.split(",")]
     regimes = [r for r in ("v>d", "v<d", "protein") if any(p["regime"] == r for p in pts)]
     defaults = set(a.default.split(","))
+    unigram = unigram_lines(Path(a.out))
 
     def style(name: str) -> tuple[str, str, str]:
         """(marker, colour, legend group) of a row."""
@@ -123,6 +136,8 @@ def main(argv=None) -> int:
             fvt = next((p["bpb"] for p in ps if p["name"] == "fvt"), None)
             if fvt:
                 ax.axhline(fvt, color="tab:gray", ls="--", lw=0.8, label="FVT")
+            if reg in unigram:  # no P: the floor a translation should beat (the proteins')
+                ax.axhline(unigram[reg], color="tab:olive", ls="-.", lw=0.8, label="unigram (no model)")
             ax.set(xlabel=label, ylabel="held-out BpB", title=f"{reg} (v = {ps[0]['v']})")
             ax.legend(fontsize=6)
     fig.suptitle("S2T2 on stories260K: BpB against the sparsity of P (mean over seeds, bars: the range; star: the "
