@@ -38,6 +38,18 @@ def _sort_sparsemax(Z, scale, dim):
     return (Zm - tau).clamp(min=0).movedim(-1, dim)
 
 
+def _assert_equals_sort_reference(solver, C, mu, nu, up):
+    """P and dC of ``solver`` (3 iterations) equal autograd through the sort-based reference, float64 1e-12."""
+    Cf = C.clone().requires_grad_(True)
+    P = solver(Cf, 3)
+    (P * up).sum().backward()
+    Cr = C.clone().requires_grad_(True)
+    Pr = dykstra(Cr, lambda Z: _sort_sparsemax(Z, mu, 1), lambda Z: _sort_sparsemax(Z, nu, 0), 3)
+    (Pr * up).sum().backward()
+    assert torch.allclose(P, Pr, atol=1e-12, rtol=0), float((P - Pr).abs().max())
+    assert torch.allclose(Cf.grad, Cr.grad, atol=1e-12, rtol=0), float((Cf.grad - Cr.grad).abs().max())
+
+
 CASES = [(30, 7, 1e-2, False), (200, 40, 1e-2, True), (120, 33, 0.0, False), (500, 64, 1e-3, False),
          (50, 300, 1.0, True), (64, 9, 1e-4, True),
          # moved plans with large supports (a third of the entries): the fixed Newton passes + fallback left
@@ -295,14 +307,7 @@ def test_exact_against_sort_reference_on_edge_cases(case):
     up = torch.randn(C.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     solver = SparseSinkhorn(mu, nu)
     for call in range(2):
-        Cf = C.clone().requires_grad_(True)
-        P = solver(Cf, 3)
-        (P * up).sum().backward()
-        Cr = C.clone().requires_grad_(True)
-        Pr = dykstra(Cr, lambda Z: _sort_sparsemax(Z, mu, 1), lambda Z: _sort_sparsemax(Z, nu, 0), 3)
-        (Pr * up).sum().backward()
-        assert torch.allclose(P, Pr, atol=1e-12, rtol=0), float((P - Pr).abs().max())
-        assert torch.allclose(Cf.grad, Cr.grad, atol=1e-12, rtol=0), float((Cf.grad - Cr.grad).abs().max())
+        _assert_equals_sort_reference(solver, C, mu, nu, up)
     assert int(solver.unproven()) == 0
 
 
@@ -337,14 +342,7 @@ def test_fused_kernels_exact_and_sync_free():
     kern = FusedKernels()
     solver = SparseSinkhorn(mu, nu, fused=kern)
     for call in range(2):  # cold, then warm
-        Cf = C.clone().requires_grad_(True)
-        P = solver(Cf, 3)
-        (P * up).sum().backward()
-        Cr = C.clone().requires_grad_(True)
-        Pr = dykstra(Cr, lambda Z: _sort_sparsemax(Z, mu, 1), lambda Z: _sort_sparsemax(Z, nu, 0), 3)
-        (Pr * up).sum().backward()
-        assert torch.allclose(P, Pr, atol=1e-12, rtol=0), float((P - Pr).abs().max())
-        assert torch.allclose(Cf.grad, Cr.grad, atol=1e-12, rtol=0), float((Cf.grad - Cr.grad).abs().max())
+        _assert_equals_sort_reference(solver, C, mu, nu, up)
     assert int(solver.unproven()) == 0 and kern.calls > 0
     calls = kern.calls
     Cg = C.clone().requires_grad_(True)

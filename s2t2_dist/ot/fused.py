@@ -34,29 +34,30 @@ _COL_BLOCK = 48
 FUSED_MIN_NUMEL = 1 << 22
 
 
-def _rsum(x: Tensor, rd: int) -> Tensor:
-    """Sum along ``rd`` of a 2-D tensor (columns: split into row blocks, see the module docstring)."""
+def _reduce(x: Tensor, rd: int, op: str) -> Tensor:
+    """``op`` ("sum" or "amax") along ``rd`` of a 2-D tensor (columns: split into row blocks, see the module
+    docstring)."""
+    red = getattr(Tensor, op)
     if rd == 1:
-        return x.sum(1)
+        return red(x, 1)
     n = x.shape[0]
     nb = n // _COL_BLOCK
     if nb < 2:
-        return x.sum(0)
+        return red(x, 0)
     m = nb * _COL_BLOCK
-    s = x[:m].view(nb, _COL_BLOCK, x.shape[1]).sum(1).sum(0)
-    return s + x[m:].sum(0) if m < n else s
+    s = red(red(x[:m].view(nb, _COL_BLOCK, x.shape[1]), 1), 0)
+    if m == n:
+        return s
+    rest = red(x[m:], 0)
+    return s + rest if op == "sum" else torch.maximum(s, rest)
+
+
+def _rsum(x: Tensor, rd: int) -> Tensor:
+    return _reduce(x, rd, "sum")
 
 
 def _ramax(x: Tensor, rd: int) -> Tensor:
-    if rd == 1:
-        return x.amax(1)
-    n = x.shape[0]
-    nb = n // _COL_BLOCK
-    if nb < 2:
-        return x.amax(0)
-    m = nb * _COL_BLOCK
-    s = x[:m].view(nb, _COL_BLOCK, x.shape[1]).amax(1).amax(0)
-    return torch.maximum(s, x[m:].amax(0)) if m < n else s
+    return _reduce(x, rd, "amax")
 
 
 def _bc(t: Tensor, rd: int) -> Tensor:
