@@ -137,7 +137,7 @@ class AllToAllRowProjector(SimplexProjector):
         r0, r1 = self.row_bounds[comm.rank]
         self.local = SimplexProjector(self.scale[r0:r1], n_total=n_total, k=k)
 
-    def threshold(self, z3: Tensor) -> Tuple[Tensor, Support]:
+    def threshold(self, z3: Tensor, with_mask: bool = True) -> Tuple[Tensor, Support]:
         v, n, _ = z3.shape
         comm = self.comm
         me = comm.rank
@@ -157,7 +157,7 @@ class AllToAllRowProjector(SimplexProjector):
         both = torch.stack([tau_l.double(), sup_l.counts.double()], 1)
         allv = comm.all_gather_rows(both, [b - a for a, b in self.row_bounds])
         tau = allv[:, 0].to(z3.dtype)
-        return tau, Support("mask", allv[:, 1].to(z3.dtype), z3 > tau.view(v, 1, 1))
+        return tau, Support("mask", allv[:, 1].to(z3.dtype), z3 > tau.view(v, 1, 1) if with_mask else None)
 
 
 class ShardedSparseSinkhorn:

@@ -42,7 +42,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from .fused import FusedKernels
+from .fused import FusedKernels, lower_bound, newton_step
 
 __all__ = [
     "LocalComm",
@@ -132,7 +132,7 @@ class Support:
 
     kind: str
     counts: Tensor
-    mask: Tensor
+    mask: Optional[Tensor]  # None until the projection pass writes it (``threshold(..., with_mask=False)``)
 
     def tensors(self):
         return [self.counts, self.mask]
@@ -188,8 +188,9 @@ class SimplexProjector:
         if self.iters < 2:
             raise ValueError(f"iters must be >= 2 (the last Newton pass proves convergence), got {iters}")
 
-    def threshold(self, z3: Tensor) -> Tuple[Tensor, Support]:
-        """Exact thresholds ``tau`` (one per slice, compute dtype) and the support of ``max(z3 - tau, 0)``."""
+    def threshold(self, z3: Tensor, with_mask: bool = True) -> Tuple[Tensor, Support]:
+        """Exact thresholds ``tau`` (one per slice, compute dtype) and the support of ``max(z3 - tau, 0)``
+        (``with_mask=False``: the support's mask is left None, for a projection pass that writes it anyway)."""
         O, n, I = z3.shape
         dev, cdt = z3.device, z3.dtype
         n_total = self.n_total if self.n_total is not None else n
@@ -202,7 +203,11 @@ class SimplexProjector:
             tau_c = tau.to(cdt)
             if self.unproven is None:
                 self.unproven = torch.zeros((), dtype=torch.int64, device=dev)
-            return tau_c, Support("mask", counts.to(cdt), z3 > tau_c.view(O, 1, I))
+            return tau_c, Support("mask", counts.to(cdt), z3 > tau_c.view(O, 1, I) if with_mask else None)
+        if self.kernels is not None and self.comm.world_size == 1 and self.k == 1 and z2.numel():
+            # unsharded: the bound and every Newton pass in one compiled graph (no collective between passes)
+            tau, counts, changed = self.kernels("chain", z2, rd, scale, n_total, self.iters)
+            return self._finish(z2, z3, rd, scale, tau, counts, changed, with_mask)
         # blocks of slices small enough to stay in cache: the Newton passes then re-read cache, not memory (one
         # block when sharded, where every block would cost its own collectives)
         S = z2.shape[1 - rd]
@@ -215,6 +220,13 @@ class SimplexProjector:
             zb, sb = z2.narrow(1 - rd, a, min(step, S - a)), scale[a: a + step]
             parts.append(self._newton(zb, rd, self._lower_bound(zb, rd, sb, n_total), sb))
         tau, counts, changed = (torch.cat(x) for x in zip(*parts))
+        return self._finish(z2, z3, rd, scale, tau, counts, changed, with_mask)
+
+    def _finish(self, z2: Tensor, z3: Tensor, rd: int, scale: Tensor, tau: Tensor, counts: Tensor, changed: Tensor,
+                with_mask: bool) -> Tuple[Tensor, Support]:
+        """Fallback passes for unproven slices (step 3), the unproven count, the support."""
+        O, n, I = z3.shape
+        cdt = z3.dtype
         if self.fallback > 0:
             tau, counts, changed = self._fallback(z2, rd, scale, tau, counts, changed)
         if self.exact:
@@ -223,7 +235,7 @@ class SimplexProjector:
         left = changed.sum()
         self.unproven = left if self.unproven is None else self.unproven + left
         tau_c = tau.to(cdt)
-        return tau_c, Support("mask", counts.to(cdt), z3 > tau_c.view(O, 1, I))
+        return tau_c, Support("mask", counts.to(cdt), z3 > tau_c.view(O, 1, I) if with_mask else None)
 
     def _sorted(self, z2: Tensor, rd: int, scale: Tensor) -> Tuple[Tensor, Tensor]:
         """Exact thresholds from whole sorted slices, ``tau = max_j (z_(1) + ... + z_(j) - s) / j`` (float64), and
@@ -262,19 +274,17 @@ class SimplexProjector:
         else:
             sums, mx = z2.sum(rd), None
         sums = comm.all_reduce(sums, "sum").double()
-        bound = (sums - scale) / n_total
         if kl == 0:  # an empty shard: no local candidates
-            cand = torch.full_like(bound, NEG_INF)
+            cand = torch.full_like(sums, NEG_INF)
+        elif kl == 1:  # the maximum: a plain reduction, much cheaper than topk
+            cand = (z2.amax(rd) if mx is None else mx).double() - scale
         else:
-            if kl == 1:  # the maximum: a plain reduction, much cheaper than topk
-                vals = (z2.amax(rd) if mx is None else mx).unsqueeze(0)
-            else:
-                vals = z2.topk(kl, dim=rd).values
-                vals = vals.t() if rd == 1 else vals  # (kl, S), sorted decreasingly
+            vals = z2.topk(kl, dim=rd).values
+            vals = vals.t() if rd == 1 else vals  # (kl, S), sorted decreasingly
             cand = threshold_from_sorted_candidates(vals, scale, 0, with_count=False)[0]
         if comm.world_size > 1:
             cand = comm.all_reduce(cand.to(z2.dtype), "max").double()
-        return torch.maximum(bound, cand)
+        return lower_bound(sums, cand, scale, n_total)
 
     def _newton(self, z2: Tensor, rd: int, tau: Tensor, scale: Tensor,
                 iters: Optional[int] = None) -> Tuple[Tensor, Tensor, Tensor]:
@@ -293,8 +303,7 @@ class SimplexProjector:
                 # the counts are exact in float32 below 2**24 elements per slice and rank
                 dsum, cnt = r.sum(rd), r.sign_().sum(rd)
             dsum, cnt = self.comm.all_reduce(torch.stack([dsum, cnt]), "sum").double()
-            # an empty support (scale 0: tau = max z) keeps tau
-            tau = torch.where(cnt > 0, t.double() + (dsum - scale) / cnt.clamp(min=1), tau)
+            tau = newton_step(tau, t, dsum, cnt, scale)
             changed, prev = (None if prev is None else cnt != prev), cnt
         return tau, prev, changed
 

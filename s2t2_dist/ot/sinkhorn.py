@@ -150,18 +150,20 @@ def _as2d(shp3: Tuple[int, int, int]) -> Optional[Tuple[Tuple[int, int], int]]:
     return None
 
 
-def _project_inplace(z: Tensor, shp3: Tuple[int, int, int], tau: Tensor, out: Optional[Tensor],
+def _project_inplace(z: Tensor, shp3: Tuple[int, int, int], tau: Tensor, out: Optional[Tensor], sup: Support,
                      kernels: Optional[FusedKernels] = None) -> Tensor:
     """Output ``max(z - tau, 0)`` (into ``out`` when given); ``z`` becomes the correction ``z - output =
-    min(z, tau)`` in place. ``z`` is a contiguous buffer seen as ``shp3`` = (O, n, I), slices along dim 1."""
+    min(z, tau)`` in place; ``sup.mask`` becomes ``z > tau`` (a new bool tensor). ``z`` is a contiguous buffer seen
+    as ``shp3`` = (O, n, I), slices along dim 1."""
     O, n, I = shp3
     out = torch.empty_like(z) if out is None else out
+    z3 = z.view(shp3)
+    t = tau.view(O, 1, I)
+    sup.mask = torch.gt(z3, t)
     two = _as2d(shp3)
     if kernels is not None and two is not None:
         kernels("project", z.view(two[0]), two[1], tau, out.view(two[0]))
         return out
-    z3 = z.view(shp3)
-    t = tau.view(O, 1, I)
     torch.sub(z3, t, out=out.view(shp3)).clamp_(min=0)
     z3.clamp_(max=t)
     return out
@@ -176,12 +178,18 @@ def _bwd_step(gin: Tensor, gcorr: Optional[Tensor], sup: Support, proj: SimplexP
     O, n, I = shp3
     two = _as2d(shp3)
     kern = proj.kernels
+    if kern is not None and two is not None and proj.comm.world_size == 1:
+        # unsharded: the sums and the update in one graph (no all-reduce between them)
+        (sh, rd), out = two, (torch.empty_like(gin) if gcorr is None else gcorr)
+        kern("bwd", gin.view(sh), out.view(sh), sup.mask.view(sh).view(torch.uint8), sup.counts, rd, gcorr is None)
+        return out
     if kern is not None and two is not None:
         (sh, rd), g2 = two, gin.view(two[0])
         gc2 = None if gcorr is None else gcorr.view(sh)
-        m = proj.comm.all_reduce(kern("bwd_sums", g2, gc2, sup.mask.view(sh), rd), "sum") / sup.counts.clamp(min=1)
+        m8 = sup.mask.view(sh).view(torch.uint8)  # (0/1 bytes: see fused.k_bwd_sums)
+        m = proj.comm.all_reduce(kern("bwd_sums", g2, gc2, m8, rd), "sum") / sup.counts.clamp(min=1)
         out = torch.empty_like(gin) if gcorr is None else gcorr
-        kern("bwd_update", g2, out.view(sh), sup.mask.view(sh), m, rd, gcorr is None)
+        kern("bwd_update", g2, out.view(sh), m8, m, rd, gcorr is None)
         return out
     g3 = gin.view(shp3)
     h = torch.where(sup.mask, g3 if gcorr is None else g3 - gcorr.view(shp3), 0)  # (where: a float * bool
@@ -220,16 +228,17 @@ class _ThresholdDykstra(torch.autograd.Function):
         for _ in range(n_iter):
             if X is not None:
                 P.add_(X)
-            tau, sup = row_proj.threshold(P.view(r3))
+            # (the supports' masks are written by the projection passes, not by a pass of their own)
+            tau, sup = row_proj.threshold(P.view(r3), with_mask=False)
             sups.append(sup)
             if Q is None:
-                Q = _project_inplace(P, r3, tau, None, row_proj.kernels)  # B_0 = Y_0 (Q_0 = 0)
+                Q = _project_inplace(P, r3, tau, None, sup, row_proj.kernels)  # B_0 = Y_0 (Q_0 = 0)
             else:
-                X = _project_inplace(P, r3, tau, X, row_proj.kernels)  # Y_k, in X's buffer (X_k is in P now)
+                X = _project_inplace(P, r3, tau, X, sup, row_proj.kernels)  # Y_k, in X's buffer (X_k is in P now)
                 Q.add_(X)
-            tau, sup = col_proj.threshold(Q.view(c3))
+            tau, sup = col_proj.threshold(Q.view(c3), with_mask=False)
             sups.append(sup)
-            X = _project_inplace(Q, c3, tau, X, col_proj.kernels)
+            X = _project_inplace(Q, c3, tau, X, sup, col_proj.kernels)
         del P, Q
         ctx.kinds = [s.kind for s in sups]
         ctx.row_proj, ctx.col_proj = row_proj, col_proj
