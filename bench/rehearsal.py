@@ -319,6 +319,7 @@ def inner_share(model_dir: str, out: Path, reps: int, full_steps: list[str]) -> 
     for name in ("single_byte", "all"):
         src = source_token_ids(tok, name, num_embeddings=E.shape[0])
         tr = TokenTranslator(src.numel(), U)
+        tr.register_source_ids(src)  # as the stage does: "all" is one run of ids, its rows a view of E
         with torch.no_grad():  # a moved C (as after the FVT start): supports are not all full
             tr.C.add_(torch.rand_like(tr.C) / src.numel())
 

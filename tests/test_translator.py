@@ -65,6 +65,27 @@ def test_shapes_tying_and_init():
         tr.embed_and_head(E, L)
 
 
+def test_registered_run_of_source_ids_reads_a_view_with_the_same_results():
+    """Registered ids that are one ascending run give the source rows as a view of E and L (no per-step copy) and
+    the same E', L' and gradient on C as the gather; any other ids (registered or not) are gathered."""
+    E, L, _ = _frozen()
+    run, perm = torch.arange(5, 5 + V), torch.randperm(V, generator=torch.Generator().manual_seed(2)) + 3
+    for ids in (run, perm):
+        ref, tr = _make(9), _make(9)
+        tr.register_source_ids(ids)
+        rows = tr._source_rows(E, ids)
+        assert (rows.untyped_storage().data_ptr() == E.untyped_storage().data_ptr()) == (ids is run)
+        assert torch.equal(rows, E[ids])
+        for t in (ref, tr):
+            Ep, Lp = t.embed_and_head(E, L, ids)
+            (Ep.sum() + (Lp ** 2).sum()).backward()
+        assert torch.equal(tr.embed_and_head(E, L, ids)[0], ref.embed_and_head(E, L, ids)[0])
+        torch.testing.assert_close(tr.C.grad, ref.C.grad, rtol=0, atol=1e-15)
+    tr = _make(9)
+    tr.register_source_ids(run)
+    assert tr._source_rows(E, run.clone()).untyped_storage().data_ptr() != E.untyped_storage().data_ptr()
+
+
 def test_normalisations_which_weights_sum_to_one():
     tr_c = _make(9, normalization="convex", freqs=True)
     tr_p = _make(9, normalization="paper", freqs=True)

@@ -178,6 +178,7 @@ class TranslateTask:
                  source_vocab: list[str], eval_docs=None):
         self.lm, self.translator = lm, translator
         self.E, self.L, self.src_ids = E, L, src_ids
+        translator.register_source_ids(src_ids)  # (setup: its one host read is not a step's)
         self.cfg, self.rt = cfg, rt
         self.alpha = cfg.translator.resolved_alpha()
         self.target_vocab, self.source_vocab = target_vocab, source_vocab

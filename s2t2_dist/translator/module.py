@@ -166,6 +166,7 @@ class TokenTranslator(nn.Module):
         self._cache_grad: Optional[Tuple[int, Tensor]] = None
         self._cache_val: Optional[Tuple[int, Tensor]] = None
         self._step = None  # begin_step's (outputs, leaves, inputs) until finish_step
+        self._src_range = None  # (src_ids, its version, first id or None): see register_source_ids
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -346,8 +347,8 @@ class TokenTranslator(nn.Module):
         if src_ids is not None:
             if src_ids.dim() != 1 or src_ids.numel() != self.v:
                 raise ValueError(f"src_ids must be 1-D with v={self.v} entries, got shape {tuple(src_ids.shape)}")
-            E_src = E.index_select(0, src_ids.to(E.device))
-            L_src = E_src if tied else L.index_select(0, src_ids.to(L.device))
+            E_src, L_src = self._source_rows(E, src_ids), (None if tied else self._source_rows(L, src_ids))
+            L_src = E_src if tied else L_src
         else:
             if E.shape[0] != self.v or L.shape[0] != self.v:
                 raise ValueError(f"without src_ids E and L must have v={self.v} rows, got {E.shape[0]}, {L.shape[0]}")
@@ -360,6 +361,25 @@ class TokenTranslator(nn.Module):
             L_full = E_full if L_loc is E_loc else gather_rows_mean_grad(L_loc, self.col_sizes, self.comm())
             return E_full, L_full
         return E_loc, L_loc
+
+    def register_source_ids(self, src_ids: Tensor) -> None:
+        """Tell the translator the source ids it will be given (once, at setup: one host read). When they are one
+        ascending run ``a, a+1, ...`` (the "all" source vocabulary), the source rows are then a view of E and L,
+        not a copy of 50,280 x 2,048 rows per step (144 ms on CPU)."""
+        first = None
+        if src_ids.dim() == 1 and src_ids.numel():
+            a = int(src_ids[0])
+            run = torch.arange(a, a + src_ids.numel(), device=src_ids.device, dtype=src_ids.dtype)
+            first = a if torch.equal(src_ids, run) else None
+        self._src_range = (src_ids, src_ids._version, first)
+
+    def _source_rows(self, M: Tensor, src_ids: Tensor) -> Tensor:
+        """``M[src_ids]``: a view for the registered run of ids (:meth:`register_source_ids`), else a gather."""
+        rng = self._src_range
+        if (rng is not None and rng[0] is src_ids and rng[1] == src_ids._version and rng[2] is not None
+                and rng[2] + src_ids.numel() <= M.shape[0]):
+            return M.narrow(0, rng[2], src_ids.numel())
+        return M.index_select(0, src_ids.to(M.device))
 
     def forward(self, E: Tensor, L: Optional[Tensor] = None, src_ids: Optional[Tensor] = None):
         return self.embed_and_head(E, L, src_ids)
