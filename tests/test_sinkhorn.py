@@ -356,3 +356,45 @@ def test_fused_kernels_exact_and_sync_free():
     Pe = sparse_sinkhorn(C32, mu32, nu32, 3, fused=False)
     assert torch.equal(Pf > 0, Pe > 0)
     torch.testing.assert_close(Pf, Pe, rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_reused_scratch_never_leaks_between_interleaved_calls(fused):
+    """A persistent solver reuses its scratch buffers (CPU), yet two calls whose forwards and backwards interleave
+    give each its own P and dC, equal to fresh solvers'; neither result is a scratch buffer."""
+    C1, mu, nu = _problem(300, 40, 3e-3, seed=21, nonuniform=True)
+    C2 = _problem(300, 40, 3e-3, seed=22)[0]
+    up = torch.randn(C1.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    solver = SparseSinkhorn(mu, nu, fused=fused)
+    a, b = C1.clone().requires_grad_(True), C2.clone().requires_grad_(True)
+    Pa = solver(a, 3)
+    Pb = solver(b, 3)  # the second forward reuses the first one's buffers
+    Pb.backward(up)
+    Pa.backward(2 * up)
+    assert solver.scratch is not None
+    bufs = {t.data_ptr() for t in solver.scratch._bufs.values()}
+    assert not bufs & {Pa.data_ptr(), Pb.data_ptr(), a.grad.data_ptr(), b.grad.data_ptr()}
+    for C, P, grad, scale in ((C1, Pa, a.grad, 2), (C2, Pb, b.grad, 1)):
+        ref_in = C.clone().requires_grad_(True)
+        ref = SparseSinkhorn(mu, nu, fused=fused)(ref_in, 3)
+        (ref * (scale * up)).sum().backward()
+        torch.testing.assert_close(P, ref, rtol=0, atol=1e-15)
+        torch.testing.assert_close(grad, ref_in.grad, rtol=0, atol=1e-13)
+
+
+def test_drop_below_equals_a_where_after_the_solver():
+    """``drop_below`` (the translator's noise filter, inside the solver's Function) equals ``where(P > t, P, 0)``
+    after it, in value and gradient."""
+    C, mu, nu = _problem(200, 30, 3e-3, seed=23, nonuniform=True)
+    up = torch.randn(C.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    P0 = SparseSinkhorn(mu, nu)(C, 3)
+    t = torch.quantile(P0[P0 > 0], 0.3) * torch.linspace(0.5, 1.5, 30, dtype=torch.float64)  # drops some entries
+    a, b = C.clone().requires_grad_(True), C.clone().requires_grad_(True)
+    Pa = SparseSinkhorn(mu, nu)(a, 3, drop_below=t)
+    Pb = SparseSinkhorn(mu, nu)(b, 3)
+    Pb = torch.where(Pb > t, Pb, 0)
+    assert 0 < int((Pa == 0).sum() - (P0 == 0).sum())  # something was dropped
+    torch.testing.assert_close(Pa, Pb, rtol=0, atol=0)
+    Pa.backward(up)
+    Pb.backward(up)
+    torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=1e-14)

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from s2t2_dist.ot.sinkhorn import DEFAULT_COL_K, DEFAULT_ROW_K, dykstra, log_sinkhorn, set_kernels
+from s2t2_dist.ot.sinkhorn import DEFAULT_COL_K, DEFAULT_ROW_K, Scratch, dykstra, log_sinkhorn, set_kernels
 from s2t2_dist.ot.simplex import SORT_MAX_ENTRIES, SimplexProjector, Support, compute_dtype
 
 __all__ = [
@@ -197,6 +197,7 @@ class ShardedSparseSinkhorn:
             self.rows.local.sort_max = sort_max
         self.cols = SimplexProjector(nu_local.detach().to(cdt), k=col_k, sort_max=sort_max)
         self._nu_checked = False
+        self.scratch: Optional[Scratch] = None
 
     def _validate(self, C: Tensor) -> None:
         from s2t2_dist.ot.sinkhorn import validate_plan_inputs
@@ -220,7 +221,7 @@ class ShardedSparseSinkhorn:
         parts = [p.unproven for p in (self.rows, self.cols) if getattr(p, "unproven", None) is not None]
         return sum(parts) if parts else None
 
-    def __call__(self, C_local: Tensor, n_iter: int = 3) -> Tensor:
+    def __call__(self, C_local: Tensor, n_iter: int = 3, drop_below: Optional[Tensor] = None) -> Tensor:
         if self.validate:  # once, as SparseSinkhorn: each check is a host sync and a collective
             self._validate(C_local)
             self.validate = False
@@ -230,7 +231,8 @@ class ShardedSparseSinkhorn:
                 p.scale = m.detach().to(device=C_local.device, dtype=cdt)
         projs = (self.rows, self.cols) + ((self.rows.local,) if isinstance(self.rows, AllToAllRowProjector) else ())
         set_kernels(projs, self.fused, C_local)
-        return dykstra(C_local, self.rows, self.cols, n_iter)
+        self.scratch = Scratch.reuse(self.scratch, C_local.device)
+        return dykstra(C_local, self.rows, self.cols, n_iter, self.scratch, drop_below)
 
 
 # --------------------------------------------------------------------------------------------------------------

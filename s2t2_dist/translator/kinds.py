@@ -86,15 +86,16 @@ class SparseKind(Kind):
         return self._solver
 
     def plan(self, C: Tensor) -> Tensor:
-        P = self.solver()(C, self.tr.n_iter)
-        nu = self.tr.nu_local.to(P.dtype)
-        zero = torch.zeros((), dtype=P.dtype, device=P.device)
         floor = self.tr.floor
         if not floor:
             # A column short of nu_j by a rounding error lifts every zero of its input by that error / v (the
             # threshold drops below the tied zeros): float noise (W < 1e-6) that would count as non-zeros and fill
-            # the P file. Zeroed here; a real weight of the plan is far larger (BENCHMARKS.md #24, session 5).
-            return torch.where(P > NOISE_W * nu, P, zero)
+            # the P file. Zeroed (inside the solver: no extra C-sized temporaries); a real weight of the plan is far
+            # larger (BENCHMARKS.md #24, session 5).
+            return self.solver()(C, self.tr.n_iter, drop_below=NOISE_W * self.tr.nu_local)
+        P = self.solver()(C, self.tr.n_iter)
+        nu = self.tr.nu_local.to(P.dtype)
+        zero = torch.zeros((), dtype=P.dtype, device=P.device)
         # The same lift, at the scale of training: the row step shaves a column's entries (its row gave mass
         # elsewhere), and the column step refills the short column evenly over ALL its zeros (they tie at 0 in
         # its input), i.e. a full column of weights far below 1/v whose C entries get no gradient. Dropped here
