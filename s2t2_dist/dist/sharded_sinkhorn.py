@@ -152,7 +152,7 @@ class AllToAllRowProjector(SimplexProjector):
             off += (r1 - r0) * c
         rows = torch.cat(blocks, 1).contiguous()  # (r1 - r0, u): whole rows, global column order
         self.local.scale = self.scale[r0:r1]
-        tau_l, sup_l = self.local.threshold(rows.view(r1 - r0, -1, 1))
+        tau_l, sup_l = self.local.threshold(rows.view(r1 - r0, -1, 1), with_mask=False)  # (counts only)
         self.unproven = self.local.unproven
         both = torch.stack([tau_l.double(), sup_l.counts.double()], 1)
         allv = comm.all_gather_rows(both, [b - a for a, b in self.row_bounds])
