@@ -25,7 +25,8 @@ Per state of C ("init": every entry 1/v, the paper's initialisation, all ties; "
   Newton passes left unproven (``SparseSinkhorn.unproven``);
 * peak extra memory of one forward + backward, in a child process: the kernel's peak RSS (VmHWM, reset through
   /proc/self/clear_refs just before the call) minus the RSS before it, with C and the upstream gradient already
-  allocated. It includes the result P and dC (2 x C by themselves).
+  allocated. It includes the result P and dC (2 x C by themselves) and the solver's reused scratch buffers (resident
+  between calls; allocated by a warm-up call).
 """
 from __future__ import annotations
 
@@ -111,7 +112,11 @@ def memory_child(args):
         f.write("5")
     fwd_bwd(fn, C, G)
     peak = _status("VmHWM")
-    print(json.dumps({"extra_bytes": peak - base, "C_bytes": C.numel() * 4}))
+    # the solver's reused scratch buffers were allocated by the warm-up call: resident between calls, so counted
+    # here as well (a training step sees them on top of the peak above)
+    scratch = getattr(locals().get("solver"), "scratch", None)
+    sb = sum(b.numel() * b.element_size() for b in scratch._bufs.values()) if scratch is not None else 0
+    print(json.dumps({"extra_bytes": peak - base + sb, "scratch_bytes": sb, "C_bytes": C.numel() * 4}))
 
 
 def run_memory(args, impl, state):
@@ -259,7 +264,9 @@ def _report(state, r, passes, v, u):
         m = r.get(k)
         if m and "extra_bytes" in m:
             print(f"- peak extra memory, {k[4:]}: {m['extra_bytes'] / 2**20:.0f} MiB = "
-                  f"{m['extra_bytes'] / m['C_bytes']:.2f} x size of its C ({m['C_bytes'] / 2**20:.0f} MiB)")
+                  f"{m['extra_bytes'] / m['C_bytes']:.2f} x size of its C ({m['C_bytes'] / 2**20:.0f} MiB)"
+                  + (f", of which {m['scratch_bytes'] / 2**20:.0f} MiB reused scratch resident between calls"
+                     if m.get("scratch_bytes") else ""))
         elif m:
             print(f"- {k}: failed: {m.get('error', '')[-300:]}")
 

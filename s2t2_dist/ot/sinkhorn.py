@@ -208,10 +208,10 @@ def _bwd_step(gin: Tensor, gcorr: Optional[Tensor], sup: Support, proj: SimplexP
     into ``gcorr`` when given and returns it."""
     O, n, I = shp3
     zero = zero or gcorr is None
-    out = torch.empty_like(gin) if gcorr is None else gcorr
     two = _as2d(shp3)
     kern = proj.kernels
     if kern is not None and two is not None:
+        out = torch.empty_like(gin) if gcorr is None else gcorr
         (sh, rd), g2 = two, gin.view(two[0])
         m8 = sup.mask.view(sh).view(torch.uint8)  # (0/1 bytes: see fused.k_bwd_sums)
         if proj.comm.world_size == 1:  # unsharded: the sums and the update in one graph (no all-reduce between)
@@ -222,11 +222,13 @@ def _bwd_step(gin: Tensor, gcorr: Optional[Tensor], sup: Support, proj: SimplexP
         kern("bwd_update", g2, out.view(sh), m8, m, rd, zero)
         return out
     g3 = gin.view(shp3)
-    h = torch.where(sup.mask, g3 if zero else g3 - out.view(shp3), 0)  # (where: a float * bool
+    h = torch.where(sup.mask, g3 if zero else g3 - gcorr.view(shp3), 0)  # (where: a float * bool
     m = proj.comm.all_reduce(h.sum(1).reshape(-1), "sum") / sup.counts.clamp(min=1)  # product is ~20x slower)
     torch.sub(g3, m.view(O, 1, I), out=h)
-    torch.where(sup.mask, h, h.new_zeros(()) if zero else out.view(shp3), out=out.view(shp3))
-    return out
+    if gcorr is None:  # (h is the result)
+        return torch.where(sup.mask, h, h.new_zeros(()), out=h).view(gin.shape)
+    torch.where(sup.mask, h, h.new_zeros(()) if zero else gcorr.view(shp3), out=gcorr.view(shp3))
+    return gcorr
 
 
 class _ThresholdDykstra(torch.autograd.Function):
