@@ -36,7 +36,7 @@ FUSED_MIN_NUMEL = 1 << 22
 
 
 def _reduce(x: Tensor, rd: int, op: str) -> Tensor:
-    """``op`` ("sum" or "amax") along ``rd`` of a 2-D tensor (columns: split into row blocks, see the module
+    """``op`` ("sum", "amax" or "amin") along ``rd`` of a 2-D tensor (columns: split into row blocks, see the module
     docstring)."""
     red = getattr(Tensor, op)
     if rd == 1:
@@ -50,7 +50,7 @@ def _reduce(x: Tensor, rd: int, op: str) -> Tensor:
     if m == n:
         return s
     rest = red(x[m:], 0)
-    return s + rest if op == "sum" else torch.maximum(s, rest)
+    return {"sum": torch.add, "amax": torch.maximum, "amin": torch.minimum}[op](s, rest)
 
 
 def _rsum(x: Tensor, rd: int) -> Tensor:
@@ -142,8 +142,30 @@ def k_bwd(g: Tensor, gc: Tensor, mask: Tensor, counts: Tensor, rd: int, zero: bo
     k_bwd_update(g, gc, mask, m, rd, zero)
 
 
+# ------------------------------------------------------------------ the sparse kind's weight floor (translator/floor.py)
+def k_floor_keep(P: Tensor, thr: Tensor) -> Tuple[Tensor, Tensor]:
+    """``P = where(P >= thr, P, 0)`` in place (a threshold per column); returns the kept column sums and minima."""
+    P.copy_(torch.where(P >= thr.unsqueeze(0), P, 0.0))
+    return _rsum(P, 0), _reduce(P, 0, "amin")
+
+
+def k_col_argmax(z: Tensor) -> Tensor:
+    """Per column, the index of its first largest entry (as ``argmax(0)``; ``max(0)`` is ~6x slower on CPU), in
+    z's dtype (exact below 2**24 rows in float32)."""
+    mx = _ramax(z, 0)
+    rows = torch.arange(z.shape[0], dtype=z.dtype, device=z.device).unsqueeze(1)
+    return _reduce(torch.where(z == mx, rows, float("inf")), 0, "amin")
+
+
+def k_floor_bwd(g: Tensor, out: Tensor, a: Tensor, s_inv: Tensor) -> Tensor:
+    """``where(out > 0, a g - (sum_i g out) s_inv, 0)`` per column (the floor's closed-form backward)."""
+    dot = _rsum(g * out, 0)
+    return torch.where(out > 0, g * a - (dot * s_inv).unsqueeze(0), 0.0)
+
+
 _EAGER = {"bounds": k_bounds, "newton": k_newton, "chain": k_chain, "project": k_project, "bwd_sums": k_bwd_sums,
-          "bwd_update": k_bwd_update, "bwd": k_bwd}
+          "bwd_update": k_bwd_update, "bwd": k_bwd, "floor_keep": k_floor_keep, "col_argmax": k_col_argmax,
+          "floor_bwd": k_floor_bwd}
 
 
 @functools.lru_cache(maxsize=None)

@@ -291,7 +291,7 @@ class _ThresholdDykstra(torch.autograd.Function):
         ctx.save_for_backward(*flat, *([keep] if keep is not None else []))
         # (kind, nnz as a 0-d tensor) per projection: int() them on logging steps only (host reads)
         ctx.stats = [(s.kind, s.nnz()) for s in sups]
-        return X.view(v, u).to(C.dtype)
+        return X.to(C.dtype)  # (X itself when C is in the compute dtype: not a view, so callers may work in place)
 
     @staticmethod
     @torch.autograd.function.once_differentiable

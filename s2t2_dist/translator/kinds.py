@@ -13,11 +13,8 @@ from torch import Tensor
 
 from s2t2_dist.dist.sharded_sinkhorn import ShardedSparseSinkhorn, sharded_softmax_sinkhorn
 from s2t2_dist.ot.sinkhorn import SparseSinkhorn, softmax_sinkhorn, unconstrained_plan
-
-
-def _safe_inv(x: Tensor) -> Tensor:
-    """1/x where x > 0, 0 elsewhere (a zero marginal has an all-zero row/column of P)."""
-    return torch.where(x > 0, 1.0 / x.clamp(min=torch.finfo(x.dtype).tiny), torch.zeros_like(x))
+from s2t2_dist.translator.floor import NOISE_W, floor_plan
+from s2t2_dist.translator.floor import safe_inv as _safe_inv
 
 
 class Kind:
@@ -52,8 +49,6 @@ class Kind:
         return None
 
 
-#: P entries below NOISE_W * nu_j (weights W = P / nu below it) are rounding noise of the sparse projections
-NOISE_W = 1e-6
 #: the zeros of a sparse start sit this far (in units of 1/v) below the projections' thresholds
 START_MARGIN = 0.1
 
@@ -93,25 +88,14 @@ class SparseKind(Kind):
             # the P file. Zeroed (inside the solver: no extra C-sized temporaries); a real weight of the plan is far
             # larger (BENCHMARKS.md #24, session 5).
             return self.solver()(C, self.tr.n_iter, drop_below=NOISE_W * self.tr.nu_local)
-        P = self.solver()(C, self.tr.n_iter)
-        nu = self.tr.nu_local.to(P.dtype)
-        zero = torch.zeros((), dtype=P.dtype, device=P.device)
         # The same lift, at the scale of training: the row step shaves a column's entries (its row gave mass
         # elsewhere), and the column step refills the short column evenly over ALL its zeros (they tie at 0 in
-        # its input), i.e. a full column of weights far below 1/v whose C entries get no gradient. Dropped here
-        # and the column rescaled to nu_j (differentiable), so the plan keeps only the weights it learned.
-        # (a column's largest entry always stays: no column is emptied)
-        P = torch.where(P >= torch.minimum((floor / P.shape[0]) * nu, P.amax(0)), P, zero)
-        P = P * (nu * _safe_inv(P.sum(0)))
-        # A column the row step emptied ENTIRELY comes back as nu_j / v on every source token, all tied, so the
-        # floor keeps all of them: the target token reads the mean of all source embeddings and its C column gets
-        # no gradient again (stories260K seeds 1, 2: ' had', ' saw', +0.06 BpB; BENCHMARKS.md "#24 (session 5)").
-        # Such a flat column takes C's largest entry of that column instead (what it learned last), one-hot,
-        # unless C's column is flat too (nothing learned: the uniform column is then the honest answer).
-        c = C.detach()
-        flat = ((P.amax(0) - P.amin(0)) <= NOISE_W * nu) & (c.amax(0) > c.amin(0))
-        best = torch.arange(P.shape[0], device=P.device)[:, None] == c.argmax(0)[None, :]
-        return torch.where(flat & best, nu, torch.where(flat, zero, P))
+        # its input), i.e. a full column of weights far below 1/v whose C entries get no gradient. Dropped (and
+        # the column rescaled to nu_j, differentiably), so the plan keeps only the weights it learned. A column the
+        # row step emptied ENTIRELY comes back flat (nu_j / v on every source, all tied) and would keep everything:
+        # it takes C's largest entry instead, one-hot (stories260K seeds 1, 2: +0.06 BpB before;
+        # BENCHMARKS.md "#24 (session 5)"). See translator/floor.py (one Function, in place).
+        return floor_plan(self.solver()(C, self.tr.n_iter), C, self.tr.nu_local, floor)
 
     def unproven(self) -> Optional[Tensor]:
         return None if self._solver is None else self._solver.unproven()
