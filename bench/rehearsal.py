@@ -286,6 +286,7 @@ def inner_share(model_dir: str, out: Path, reps: int, full_steps: list[str]) -> 
 
     from s2t2_dist.models.hf import get_embedding_and_head, load_causal_lm, source_token_ids
     from s2t2_dist.models.translated import TranslatedLM
+    from s2t2_dist.stages.translate import DEFAULT_FLOOR
     from s2t2_dist.translator import TokenTranslator
     from transformers import AutoTokenizer
 
@@ -316,9 +317,11 @@ def inner_share(model_dir: str, out: Path, reps: int, full_steps: list[str]) -> 
     print("bare", res["bare_hf_step_s"], flush=True)
     lm = TranslatedLM(model, freeze_model=True)
     ids = torch.randint(0, U, (B, T))
-    for name in ("single_byte", "all"):
-        src = source_token_ids(tok, name, num_embeddings=E.shape[0])
-        tr = TokenTranslator(src.numel(), U)
+    # floor 0: the plain sparse kind; "<name>_recipe": the shipped recipe's weight floor (translator.floor = -1)
+    for name, floor in (("single_byte", 0.0), ("all", 0.0), ("single_byte_recipe", DEFAULT_FLOOR),
+                        ("all_recipe", DEFAULT_FLOOR)):
+        src = source_token_ids(tok, name.replace("_recipe", ""), num_embeddings=E.shape[0])
+        tr = TokenTranslator(src.numel(), U, floor=floor)
         tr.register_source_ids(src)  # as the stage does: "all" is one run of ids, its rows a view of E
         with torch.no_grad():  # a moved C (as after the FVT start): supports are not all full
             tr.C.add_(torch.rand_like(tr.C) / src.numel())
@@ -335,8 +338,9 @@ def inner_share(model_dir: str, out: Path, reps: int, full_steps: list[str]) -> 
 
         t0 = time.perf_counter()
         translator_only()  # warm-up, not timed: the solver's one-off validation and the pass kernels' compilation
-        r = {"v": src.numel(), "warmup_s": round(time.perf_counter() - t0, 2), "translator_s": timed(translator_only)}
-        if name in full_steps:
+        r = {"v": src.numel(), "floor": floor, "warmup_s": round(time.perf_counter() - t0, 2),
+             "translator_s": timed(translator_only)}
+        if name.replace("_recipe", "") in full_steps:
             r["step_s"] = timed(step)
             r["translator_share"] = min(r["translator_s"]) / min(r["step_s"])
         else:  # the LM's part of the step taken as the bare HF step of the same batch (its head is larger: v rows)
@@ -573,12 +577,12 @@ def table(R: dict) -> str:
         rows.append("")
         rows.append(f"bare HF forward + backward, 2 x {T} fp32, 1 process: {min(s['bare_hf_step_s']):.1f} s "
                     f"(runs: {', '.join(f'{x:.1f}' for x in s['bare_hf_step_s'])}); peak {max(s['peak_gib_per_rank'].values()):.2f} GiB")
-        for k in ("single_byte", "all"):
+        for k in ("single_byte", "all", "single_byte_recipe", "all_recipe"):
             if k in s:
                 x = s[k]
                 step = (f"stage-1 step {min(x['step_s']):.2f} s" if "step_s" in x
                         else "share of translator + bare HF step")
-                rows.append(f"- v = {x['v']}: {step}, translator alone (forward + backward) "
+                rows.append(f"- v = {x['v']}, floor {x.get('floor', 0)}: {step}, translator alone (forward + backward) "
                             f"{min(x['translator_s']):.3f} s: share {100 * x['translator_share']:.2f}%")
     return "\n".join(rows) + "\n"
 
