@@ -142,6 +142,12 @@ class Support:
         return self.counts.sum()
 
 
+def _support(z3: Tensor, tau_c: Tensor, counts: Tensor, with_mask: bool) -> Tuple[Tensor, Support]:
+    """(tau, the support of ``max(z3 - tau, 0)``); ``with_mask=False`` leaves its mask to the projection pass."""
+    O, n, I = z3.shape
+    return tau_c, Support("mask", counts.to(z3.dtype), z3 > tau_c.view(O, 1, I) if with_mask else None)
+
+
 def _slices_2d(z3: Tensor) -> Tuple[Tensor, int]:
     """The slices of ``z3`` (O, n, I) as a 2-D tensor (a view when O == 1 or I == 1), and the dim they run along."""
     O, n, I = z3.shape
@@ -200,10 +206,9 @@ class SimplexProjector:
         z2, rd = _slices_2d(z3)
         if self.kernels is None and n_total * O * I <= self.sort_max:
             tau, counts = self._sorted(z2, rd, scale)
-            tau_c = tau.to(cdt)
             if self.unproven is None:
                 self.unproven = torch.zeros((), dtype=torch.int64, device=dev)
-            return tau_c, Support("mask", counts.to(cdt), z3 > tau_c.view(O, 1, I) if with_mask else None)
+            return _support(z3, tau.to(cdt), counts, with_mask)
         if self.kernels is not None and self.comm.world_size == 1 and self.k == 1 and z2.numel():
             # unsharded: the bound and every Newton pass in one compiled graph (no collective between passes)
             tau, counts, changed = self.kernels("chain", z2, rd, scale, n_total, self.iters)
@@ -225,8 +230,6 @@ class SimplexProjector:
     def _finish(self, z2: Tensor, z3: Tensor, rd: int, scale: Tensor, tau: Tensor, counts: Tensor, changed: Tensor,
                 with_mask: bool) -> Tuple[Tensor, Support]:
         """Fallback passes for unproven slices (step 3), the unproven count, the support."""
-        O, n, I = z3.shape
-        cdt = z3.dtype
         if self.fallback > 0:
             tau, counts, changed = self._fallback(z2, rd, scale, tau, counts, changed)
         if self.exact:
@@ -234,8 +237,7 @@ class SimplexProjector:
                 tau, counts, changed = self._newton(z2, rd, tau, scale)
         left = changed.sum()
         self.unproven = left if self.unproven is None else self.unproven + left
-        tau_c = tau.to(cdt)
-        return tau_c, Support("mask", counts.to(cdt), z3 > tau_c.view(O, 1, I) if with_mask else None)
+        return _support(z3, tau.to(z3.dtype), counts, with_mask)
 
     def _sorted(self, z2: Tensor, rd: int, scale: Tensor) -> Tuple[Tensor, Tensor]:
         """Exact thresholds from whole sorted slices, ``tau = max_j (z_(1) + ... + z_(j) - s) / j`` (float64), and

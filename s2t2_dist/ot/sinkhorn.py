@@ -303,8 +303,7 @@ class _ThresholdDykstra(torch.autograd.Function):
         gX = g.to(cdt).contiguous()
         if ctx.has_keep:  # the dropped entries pass no gradient
             buf = None if ctx.scratch is None else ctx.scratch.get("b", (v, u), cdt, gX.device)
-            gX = torch.where(saved[-1], gX, gX.new_zeros(()), out=buf) if buf is not None else \
-                torch.where(saved[-1], gX, gX.new_zeros(()))
+            gX = torch.where(saved[-1], gX, gX.new_zeros(()), out=buf)
         gP: Optional[Tensor] = None
         gQ: Optional[Tensor] = None
         if ctx.scratch is not None:  # gQ's buffer (gP, the result, is always fresh)

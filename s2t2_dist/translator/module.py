@@ -347,8 +347,8 @@ class TokenTranslator(nn.Module):
         if src_ids is not None:
             if src_ids.dim() != 1 or src_ids.numel() != self.v:
                 raise ValueError(f"src_ids must be 1-D with v={self.v} entries, got shape {tuple(src_ids.shape)}")
-            E_src, L_src = self._source_rows(E, src_ids), (None if tied else self._source_rows(L, src_ids))
-            L_src = E_src if tied else L_src
+            E_src = self._source_rows(E, src_ids)
+            L_src = E_src if tied else self._source_rows(L, src_ids)
         else:
             if E.shape[0] != self.v or L.shape[0] != self.v:
                 raise ValueError(f"without src_ids E and L must have v={self.v} rows, got {E.shape[0]}, {L.shape[0]}")
