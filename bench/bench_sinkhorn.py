@@ -3,11 +3,15 @@
     PYTHONPATH=. python bench/bench_sinkhorn.py --u 512
     PYTHONPATH=. python bench/bench_sinkhorn.py --u 4096 --naive-rows 6288
     PYTHONPATH=. python bench/bench_sinkhorn.py --fused true --compare-eager   # compiled kernels vs the eager ops
+    PYTHONPATH=. python bench/bench_sinkhorn.py --moving 8                   # warm starts along a moving C
 
 Per state of C ("init": every entry 1/v, the paper's initialisation, all ties; "moved": 1/v + N(0, 1e-3)):
 
 * time of forward and backward (3 Dykstra iterations, float32), best of ``--repeats``: "cold" = a fresh solver each
-  call, "warm" = a persistent solver (as the TokenTranslator uses from one training step to the next);
+  call, "warm" = a persistent solver (as the TokenTranslator uses from one training step to the next: each
+  projection starts from its thresholds of the previous call, ``DEFAULT_WARM_ITERS`` Newton passes after one pass
+  at that start, against a cold start's bound and ``DEFAULT_ITERS`` passes; the pass count is fixed, so the time
+  does not depend on how good the start is);
 * the naive reference in the same run: autograd through a sort-based scaled sparsemax (torch.sort + cumsum),
   measured once; with ``--naive-rows R`` on the first R rows only and scaled by v/R (its column sorts are then
   shorter, so the scaled figure UNDERestimates the naive time: the speed-up is conservative);
@@ -27,6 +31,11 @@ Per state of C ("init": every entry 1/v, the paper's initialisation, all ties; "
   /proc/self/clear_refs just before the call) minus the RSS before it, with C and the upstream gradient already
   allocated. It includes the result P and dC (2 x C by themselves) and the solver's reused scratch buffers (resident
   between calls; allocated by a warm-up call).
+
+``--moving K`` instead measures what the warm starts cost in exactness: K training-like steps (every entry of C
+moves by ``lr`` in an Adam-like direction, ``lr * v`` = 0.025, the recommended rate, and 2.5, 100 x that) for
+several ``warm_iters`` (0: always cold); per step, the slices whose threshold the fixed passes and the fallback
+left unproven, and the time of the step's forward + backward.
 """
 from __future__ import annotations
 
@@ -144,6 +153,8 @@ def main():
     ap.add_argument("--json", default="", help="also write the results here")
     ap.add_argument("--fused", default="auto", choices=["auto", "true", "false"], help="compiled pass kernels")
     ap.add_argument("--compare-eager", action="store_true", help="also time the eager ops (fused off), warm")
+    ap.add_argument("--moving", type=int, default=0, help="K: warm starts along K moving steps (see the docstring)")
+    ap.add_argument("--warm-iters", default="0,2,3,4", help="--moving: the warm_iters compared (0: cold)")
     ap.add_argument("--child-memory", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--impl", default="fused", help=argparse.SUPPRESS)
     ap.add_argument("--state", default="moved", help=argparse.SUPPRESS)
@@ -152,6 +163,8 @@ def main():
         torch.set_num_threads(args.threads)
     if args.child_memory:
         return memory_child(args)
+    if args.moving:
+        return run_moving(args)
     v, u, n = args.v, args.u, args.iters
     print(f"# sparse Sinkhorn benchmark: C = {v} x {u} float32, {n} Dykstra iterations, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
@@ -231,6 +244,51 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+
+
+def run_moving(args):
+    """Unproven thresholds and step time of warm-started solvers along a moving C (see the docstring)."""
+    v, u, n = args.v, args.u, args.iters
+    fused = {"auto": "auto", "true": True, "false": False}[args.fused]
+    mu, nu = torch.full((v,), 1.0 / v), torch.full((u,), 1.0 / u)
+    wis = [int(x) for x in args.warm_iters.split(",")]
+    print(f"# warm starts along a moving C: {v} x {u} float32, {n} Dykstra iterations, {args.moving} steps, "
+          f"{torch.get_num_threads()} threads")
+    print("| C start | lr x v | warm_iters | unproven slices per step (all 2 x n projections) | step fwd + bwd s, "
+          "median |")
+    print("|---|---|---|---|---|")
+    out = []
+    for state in args.states.split(","):
+        for lrv in (0.025, 2.5):
+            for wi in wis:
+                g = torch.Generator().manual_seed(0)
+                C = make_C(v, u, state)
+                G = torch.empty(v, u).normal_(generator=g)
+                solver = SparseSinkhorn(mu, nu, fused=fused)
+                for p in (solver.rows, solver.cols):
+                    p.warm_iters = wi
+                    p.iters = p.iters if not args.newton else args.newton
+                fwd_bwd(lambda c: solver(c, n), C, G)  # compile; then a fresh solver state below
+                for p in (solver.rows, solver.cols):
+                    p.reset_warm()
+                    p.unproven = None
+                per_step, times, seen = [], [], 0
+                for _ in range(args.moving):
+                    f, b, _, dC = fwd_bwd(lambda c: solver(c, n), C, G)
+                    tot = int(solver.unproven())
+                    per_step.append(tot - seen)
+                    seen = tot
+                    times.append(f + b)
+                    # an Adam-like step: every entry by lr, mostly along the gradient
+                    noise = torch.empty(v, u).normal_(generator=g)
+                    C = C - (lrv / v) * torch.sign(noise + 0.3 * torch.sign(dC))
+                    G = torch.empty(v, u).normal_(generator=g)
+                med = sorted(times[1:] or times)[len(times[1:] or times) // 2]
+                print(f"| {state} | {lrv} | {wi or 'cold'} | {per_step} | {med:.3f} |", flush=True)
+                out.append({"state": state, "lr_v": lrv, "warm_iters": wi, "unproven": per_step, "step_s": med})
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
 
 
 def _report(state, r, passes, v, u):

@@ -238,3 +238,64 @@ def test_fallback_and_unproven_count():
         ok = ~(np.abs(np.maximum(z2 - tau.numpy()[:, None], 0) - r) > 1e-9).any(1)
         assert ok.sum() == S - left
         np.testing.assert_array_equal(sup.counts.numpy()[ok], (r > 0).sum(1)[ok])
+
+
+def test_warm_bound_is_a_lower_bound_from_any_point():
+    """The warm start's pass at ANY point t (below, at or above the root, past every element) gives a lower bound
+    of the threshold (f is convex), the root itself when t is the root."""
+    from s2t2_dist.ot.fused import k_warm, warm_bound
+
+    g = torch.Generator().manual_seed(12)
+    n, S = 500, 16
+    z = torch.randn(1, n, S, generator=g, dtype=torch.float64)
+    s = torch.rand(S, generator=g, dtype=torch.float64) * 3
+    s[3] = 0.0  # zero scale: the root is the maximum
+    z2, r = _ref_tau(z, s)
+    root = torch.from_numpy((z2 - r).max(1))  # z - p = tau on the support, z <= tau off it
+    rows = torch.from_numpy(z2)  # (S, n)
+    starts = [root - 1, root - 1e-3, root, root + 1e-3, root + 0.5, rows.max(1).values + 1]
+    for i, t in enumerate(starts):
+        lb = warm_bound(t, *k_warm(rows, 1, t), s, n)
+        assert (lb <= root + 1e-12).all(), (i, (lb - root).max())
+        if i == 2:
+            torch.testing.assert_close(lb, root, atol=1e-12, rtol=0)
+    # the same bound with the slices as columns (the column kernels' blocked reductions)
+    t = root + 1e-3
+    torch.testing.assert_close(warm_bound(t, *k_warm(rows.t().contiguous(), 0, t), s, n),
+                               warm_bound(t, *k_warm(rows, 1, t), s, n), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("layout", ["cols", "rows"])
+def test_warm_start_proves_with_fewer_passes(layout):
+    """A slot's previous thresholds start its next call: after a small move, one pass and 2 Newton passes prove every
+    slice (the sort reference, 1e-12) where a cold start's bound and 2 passes leave slices unproven. A large move or
+    an unrelated input may need more passes, but a warm start never makes a threshold wrong: what the passes do not
+    prove is counted, as from a cold start."""
+    g = torch.Generator().manual_seed(13)
+    n, S = 3000, 12
+    z = torch.rand(1, n, S, generator=g, dtype=torch.float64)  # uniform values: a cold start needs > 6 passes
+    s = torch.full((S,), 5.0, dtype=torch.float64)
+    as3 = (lambda x: x) if layout == "cols" else (lambda x: x.permute(2, 1, 0).contiguous())  # rows: (S, n, 1)
+    moved = z + 1e-7 * torch.randn(z.shape, generator=g, dtype=torch.float64)
+
+    cold = SimplexProjector(s, k=1, iters=2, fallback=0, sort_max=0, warm_iters=0)
+    cold.threshold(as3(z), slot=0)
+    cold.threshold(as3(moved), slot=0)
+    assert int(cold.unproven) > 3 and not cold._warm
+
+    warm = SimplexProjector(s, k=1, iters=2, fallback=0, sort_max=0, warm_iters=2, exact=True)
+    warm.threshold(as3(z), slot=0)  # exact (host reads): the stored start is the exact threshold of z
+    warm.exact = False
+    tau, sup = warm.threshold(as3(moved), slot=0)  # 1 + 2 passes from z's thresholds
+    assert int(warm.unproven) == 0
+    z2, r = _ref_tau(moved, s)
+    np.testing.assert_allclose(tau.numpy(), (z2 - r).max(1), atol=1e-12, rtol=0)
+    np.testing.assert_array_equal(sup.counts.numpy(), (r > 0).sum(1))
+
+    other = torch.randn(1, n, S, generator=g, dtype=torch.float64)  # unrelated: a bad start
+    tau_o, _ = warm.threshold(as3(other), slot=0)
+    left = int(warm.unproven)
+    z2, r = _ref_tau(other, s)
+    exact = np.abs(tau_o.numpy() - (z2 - r).max(1)) <= 1e-12
+    assert (tau_o.numpy() <= (z2 - r).max(1) + 1e-12).all()  # unproven slices keep lower bounds
+    assert (~exact).sum() <= left  # every inexact threshold is counted

@@ -270,3 +270,37 @@ def test_sharded_fused_kernels_equal_single_process(method):
         assert torch.allclose(G, Cg.grad, atol=1e-11, rtol=0), (G - Cg.grad).abs().max()
     for _, counts, unproven, calls in results:
         assert counts == {} and unproven == 0 and calls > 0, (counts, unproven, calls)
+
+
+def _warm_sharded(method):
+    rank, R = dist.get_rank(), dist.get_world_size()
+    C, mu, nu, up = _problem(300, 41, 1e-3, 21)
+    a, b = shard_bounds(41, R, rank)
+    # sort_max=0: the Newton passes (and so the warm starts) at this size
+    solver = ShardedSparseSinkhorn(mu, nu[a:b], 41, method=method, validate=False, sort_max=0)
+    out = []
+    for call in range(3):
+        Cl = (C[:, a:b] + call * 1e-5 * up[:, a:b]).clone().requires_grad_(True)
+        P = solver(Cl, 3)
+        (P * up[:, a:b]).sum().backward()
+        out.append((P.detach(), Cl.grad))
+    rows = solver.rows.local if method == "alltoall" else solver.rows
+    return out, sorted(rows._warm), sorted(solver.cols._warm), int(solver.unproven())
+
+
+@pytest.mark.parametrize("method", ["threshold", "alltoall"])
+def test_sharded_warm_starts_equal_single_process(method):
+    """Column-sharded over 2 ranks, the second and third calls start from the previous thresholds (each pass's
+    partials all-reduced as in a cold start) and still give the single-process sort reference's P and dC."""
+    results = run_distributed(_warm_sharded, 2, method, timeout=120)
+    C, mu, nu, up = _problem(300, 41, 1e-3, 21)
+    for call in range(3):
+        Cg = (C + call * 1e-5 * up).clone().requires_grad_(True)
+        P_ref = sparse_sinkhorn(Cg, mu, nu, 3)  # sorted thresholds: exact
+        (P_ref * up).sum().backward()
+        P = torch.cat([results[r][0][call][0] for r in range(2)], 1)
+        G = torch.cat([results[r][0][call][1] for r in range(2)], 1)
+        assert torch.allclose(P, P_ref, atol=1e-13, rtol=0), (call, (P - P_ref).abs().max())
+        assert torch.allclose(G, Cg.grad, atol=1e-11, rtol=0), (call, (G - Cg.grad).abs().max())
+    for r in range(2):
+        assert results[r][1] == results[r][2] == [0, 1, 2] and results[r][3] == 0

@@ -137,7 +137,7 @@ class AllToAllRowProjector(SimplexProjector):
         r0, r1 = self.row_bounds[comm.rank]
         self.local = SimplexProjector(self.scale[r0:r1], n_total=n_total, k=k)
 
-    def threshold(self, z3: Tensor, with_mask: bool = True) -> Tuple[Tensor, Support]:
+    def threshold(self, z3: Tensor, with_mask: bool = True, slot=None) -> Tuple[Tensor, Support]:
         v, n, _ = z3.shape
         comm = self.comm
         me = comm.rank
@@ -152,7 +152,7 @@ class AllToAllRowProjector(SimplexProjector):
             off += (r1 - r0) * c
         rows = torch.cat(blocks, 1).contiguous()  # (r1 - r0, u): whole rows, global column order
         self.local.scale = self.scale[r0:r1]
-        tau_l, sup_l = self.local.threshold(rows.view(r1 - r0, -1, 1), with_mask=False)  # (counts only)
+        tau_l, sup_l = self.local.threshold(rows.view(r1 - r0, -1, 1), with_mask=False, slot=slot)  # (counts only)
         self.unproven = self.local.unproven
         both = torch.stack([tau_l.double(), sup_l.counts.double()], 1)
         allv = comm.all_gather_rows(both, [b - a for a, b in self.row_bounds])

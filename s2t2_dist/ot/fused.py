@@ -93,13 +93,23 @@ def newton_step(tau: Tensor, t: Tensor, dsum: Tensor, cnt: Tensor, scale: Tensor
     return torch.where(cnt > 0, t.double() + (dsum.double() - scale) / cnt.clamp(min=1), tau)
 
 
-def k_chain(z: Tensor, rd: int, scale: Tensor, n_total: int, iters: int) -> Tuple[Tensor, Tensor, Tensor]:
-    """The whole threshold search of an unsharded projection in one graph: the starting bound and ``iters`` Newton
-    steps. Returns (tau float64, support counts, not proven) per slice (see ``SimplexProjector._newton``).
-    Compiled, the row version is ONE loop over the rows whose passes re-read the row from L1 (softmax-like), not
-    ``iters + 1`` passes over memory."""
+def k_warm(z: Tensor, rd: int, t: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The warm start's pass: (sum of z - t over z > t, count of z > t, sum z, max z) per slice."""
+    dsum, cnt = k_newton(z, rd, t)
     sums, mx = k_bounds(z, rd)
-    tau = lower_bound(sums, mx.double() - scale, scale, n_total)
+    return dsum, cnt, sums, mx
+
+
+def warm_bound(t: Tensor, dsum: Tensor, cnt: Tensor, sums: Tensor, mx: Tensor, scale: Tensor,
+               n_total: int) -> Tensor:
+    """A lower bound of the threshold from a pass at ANY point ``t`` (e.g. the previous step's threshold), float64:
+    the Newton step from ``t`` (at or below the root, f being convex), and at least the cold start's bound
+    (:func:`lower_bound`; also when ``t`` is above every element: no support, no step)."""
+    lb = lower_bound(sums, mx.double() - scale, scale, n_total)
+    return torch.maximum(newton_step(lb, t, dsum, cnt, scale), lb)
+
+
+def _newton_chain(z: Tensor, rd: int, tau: Tensor, scale: Tensor, iters: int) -> Tuple[Tensor, Tensor, Tensor]:
     prev = changed = None
     for _ in range(iters):
         t = tau.to(z.dtype)
@@ -108,6 +118,23 @@ def k_chain(z: Tensor, rd: int, scale: Tensor, n_total: int, iters: int) -> Tupl
         tau = newton_step(tau, t, dsum, cnt, scale)
         changed, prev = (None if prev is None else cnt != prev), cnt
     return tau, prev, changed
+
+
+def k_chain(z: Tensor, rd: int, scale: Tensor, n_total: int, iters: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """The whole threshold search of an unsharded projection in one graph: the starting bound and ``iters`` Newton
+    steps. Returns (tau float64, support counts, not proven) per slice (see ``SimplexProjector._newton``).
+    Compiled, the row version is ONE loop over the rows whose passes re-read the row from L1 (softmax-like), not
+    ``iters + 1`` passes over memory."""
+    sums, mx = k_bounds(z, rd)
+    return _newton_chain(z, rd, lower_bound(sums, mx.double() - scale, scale, n_total), scale, iters)
+
+
+def k_chain_warm(z: Tensor, rd: int, scale: Tensor, n_total: int, warm: Tensor, iters: int
+                 ) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`k_chain` started from a warm point (float64 thresholds of a previous call): its pass gives the
+    starting lower bound (:func:`warm_bound`), then ``iters`` Newton steps."""
+    t = warm.to(z.dtype)
+    return _newton_chain(z, rd, warm_bound(t, *k_warm(z, rd, t), scale, n_total), scale, iters)
 
 
 def k_project(z: Tensor, rd: int, t: Tensor, out: Tensor) -> None:
@@ -163,7 +190,8 @@ def k_floor_bwd(g: Tensor, out: Tensor, a: Tensor, s_inv: Tensor) -> Tensor:
     return torch.where(out > 0, g * a - (dot * s_inv).unsqueeze(0), 0.0)
 
 
-_EAGER = {"bounds": k_bounds, "newton": k_newton, "chain": k_chain, "project": k_project, "bwd_sums": k_bwd_sums,
+_EAGER = {"bounds": k_bounds, "newton": k_newton, "chain": k_chain, "warm": k_warm, "chain_warm": k_chain_warm,
+          "project": k_project, "bwd_sums": k_bwd_sums,
           "bwd_update": k_bwd_update, "bwd": k_bwd, "floor_keep": k_floor_keep, "col_argmax": k_col_argmax,
           "floor_bwd": k_floor_bwd}
 
@@ -182,10 +210,18 @@ def fused_available() -> bool:
     return any(shutil.which(c) for c in names) or bool(shutil.which("g++"))
 
 
+# graphs per kernel: one per (shape, slice dim, dtype); dynamo's default of 8 is an error under fullgraph=True once a
+# process (tests, benchmarks, a stage with several plan shapes) has solved more shapes than that
+_RECOMPILE_LIMIT = 64
+
+
 @functools.lru_cache(maxsize=None)
 def _compiled(name: str):
     # fullgraph: a graph break (e.g. a host read) is an error, not a silent eager fallback; dynamic=False: one
     # specialised kernel per shape (training calls one shape)
+    import torch._dynamo.config as dcfg
+
+    dcfg.recompile_limit = max(dcfg.recompile_limit, _RECOMPILE_LIMIT)
     return torch.compile(_EAGER[name], fullgraph=True, dynamic=False)
 
 

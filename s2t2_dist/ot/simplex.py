@@ -16,7 +16,10 @@ set of top elements is a LOWER bound of ``tau``.
 1. Start from the best of two lower bounds: ``(sum z - s) / n`` (exact when the support is everything, e.g. the
    paper's initialisation where all entries tie) and ``max_{j <= k} t_j`` over the top ``k`` values (exact when the
    support has at most ``k`` elements, typical of rows; with sharded slices, the max over ranks of each rank's own
-   candidate bound).
+   candidate bound). WARM START (a call with a ``slot`` that has a previous threshold, e.g. the same projection of
+   the previous training step): one pass at the previous threshold ``t`` and one Newton step from there, which
+   lands at or below the root from ANY ``t`` (f is convex), and at least ``max z - s``; then only
+   ``warm_iters`` Newton steps (C moves little between steps: the support is usually proven in those two).
 2. ``iters`` Newton steps on ``f`` (Michelot's fixed point) ``S <- {z > tau}; tau <- (sum_S z - s) / |S|``: from a
    lower bound, tau increases monotonically and reaches the exact root once S stops changing (finitely many steps;
    at most 3 at the S2T2 shapes from these starting points). A slice is PROVEN exact when its support count did not
@@ -42,7 +45,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from .fused import FusedKernels, lower_bound, newton_step
+from .fused import FusedKernels, lower_bound, newton_step, warm_bound
 
 __all__ = [
     "LocalComm",
@@ -53,11 +56,17 @@ __all__ = [
     "threshold_from_sorted_candidates",
     "DEFAULT_ITERS",
     "DEFAULT_FALLBACK",
+    "DEFAULT_WARM_ITERS",
     "SORT_MAX_ENTRIES",
 ]
 
 NEG_INF = float("-inf")
 DEFAULT_ITERS = 6  # Newton passes per projection (the last one proves convergence)
+# Newton passes after a warm start (the previous call's threshold of the same slot, one pass to a lower bound): 5
+# passes in all against the cold start's 7. 2 (the fewest that can prove a slice) left hundreds of slices unproven
+# when C moved 100x the recommended step, or sat on a lattice of ties; 4 left as few as the cold start
+# (bench/bench_sinkhorn.py --moving)
+DEFAULT_WARM_ITERS = 4
 DEFAULT_FALLBACK = 16  # slices per projection that get FALLBACK_ITERS more passes when Newton did not converge
 FALLBACK_ITERS = 16
 #: projections of at most this many entries (over all ranks) take the exact threshold from a sort instead of the
@@ -167,7 +176,8 @@ class SimplexProjector:
     ranks compute the same thresholds). ``iters``: Newton passes (>= 2). ``fallback``: slices per call that may get
     more passes (see the module docstring). ``exact``: iterate (reading a flag on the host) until every slice is
     proven exact, instead of counting the unproven ones. ``kernels``: a :class:`~s2t2_dist.ot.fused.FusedKernels`
-    (one fused kernel per pass, no C-sized temporaries) or None (eager ops; the reference).
+    (one fused kernel per pass, no C-sized temporaries) or None (eager ops; the reference). ``warm_iters``: Newton
+    passes after a warm start (0: never start warm); the threshold of each ``slot`` is kept for the next call.
 
     ``threshold(z3) -> (tau, support)`` does not modify ``z3``; ``slice_sums`` (backward) reduces per-slice sums over
     the support across ranks. ``unproven``: running count (device tensor) of slices whose threshold was left a lower
@@ -178,7 +188,7 @@ class SimplexProjector:
 
     def __init__(self, scale: Tensor, n_total: Optional[int] = None, k: int = 16, comm=None,
                  iters: int = DEFAULT_ITERS, fallback: int = DEFAULT_FALLBACK, exact: bool = False,
-                 sort_max: int = SORT_MAX_ENTRIES):
+                 sort_max: int = SORT_MAX_ENTRIES, warm_iters: int = DEFAULT_WARM_ITERS):
         self.scale = scale.reshape(-1)
         self.n_total = n_total
         self.k = int(k)
@@ -189,14 +199,30 @@ class SimplexProjector:
         self.sort_max = int(sort_max)
         self.unproven: Optional[Tensor] = None
         self.kernels: Optional[FusedKernels] = None
+        self.warm_iters = int(warm_iters)
+        self._warm: dict = {}  # slot -> the last float64 thresholds found there (device tensors, no host read)
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if self.iters < 2:
             raise ValueError(f"iters must be >= 2 (the last Newton pass proves convergence), got {iters}")
+        if self.warm_iters < 0 or self.warm_iters == 1:
+            raise ValueError(f"warm_iters must be 0 (no warm starts) or >= 2, got {warm_iters}")
 
-    def threshold(self, z3: Tensor, with_mask: bool = True) -> Tuple[Tensor, Support]:
+    def _warm_start(self, slot, S: int, dev: torch.device) -> Optional[Tensor]:
+        """The thresholds ``slot`` found last time, when usable for S slices on ``dev`` (a host-side check)."""
+        if slot is None or not self.warm_iters:
+            return None
+        t = self._warm.get(slot)
+        return t if t is not None and t.numel() == S and t.device == dev else None
+
+    def reset_warm(self) -> None:
+        """Forget the warm starts (e.g. before a C unrelated to the previous calls'; never needed for exactness)."""
+        self._warm.clear()
+
+    def threshold(self, z3: Tensor, with_mask: bool = True, slot=None) -> Tuple[Tensor, Support]:
         """Exact thresholds ``tau`` (one per slice, compute dtype) and the support of ``max(z3 - tau, 0)``
-        (``with_mask=False``: the support's mask is left None, for a projection pass that writes it anyway)."""
+        (``with_mask=False``: the support's mask is left None, for a projection pass that writes it anyway).
+        ``slot``: a key under which the thresholds are kept as the next call's warm start (None: a cold start)."""
         O, n, I = z3.shape
         dev, cdt = z3.device, z3.dtype
         n_total = self.n_total if self.n_total is not None else n
@@ -209,10 +235,14 @@ class SimplexProjector:
             if self.unproven is None:
                 self.unproven = torch.zeros((), dtype=torch.int64, device=dev)
             return _support(z3, tau.to(cdt), counts, with_mask)
+        warm = self._warm_start(slot, O * I, dev)
         if self.kernels is not None and self.comm.world_size == 1 and self.k == 1 and z2.numel():
             # unsharded: the bound and every Newton pass in one compiled graph (no collective between passes)
-            tau, counts, changed = self.kernels("chain", z2, rd, scale, n_total, self.iters)
-            return self._finish(z2, z3, rd, scale, tau, counts, changed, with_mask)
+            if warm is None:
+                tau, counts, changed = self.kernels("chain", z2, rd, scale, n_total, self.iters)
+            else:
+                tau, counts, changed = self.kernels("chain_warm", z2, rd, scale, n_total, warm, self.warm_iters)
+            return self._finish(z2, z3, rd, scale, tau, counts, changed, with_mask, slot)
         # blocks of slices small enough to stay in cache: the Newton passes then re-read cache, not memory (one
         # block when sharded, where every block would cost its own collectives)
         S = z2.shape[1 - rd]
@@ -223,13 +253,17 @@ class SimplexProjector:
         parts = []
         for a in range(0, S, step):
             zb, sb = z2.narrow(1 - rd, a, min(step, S - a)), scale[a: a + step]
-            parts.append(self._newton(zb, rd, self._lower_bound(zb, rd, sb, n_total), sb))
+            if warm is None:
+                parts.append(self._newton(zb, rd, self._lower_bound(zb, rd, sb, n_total), sb))
+            else:
+                parts.append(self._newton(zb, rd, self._warm_bound(zb, rd, warm[a: a + step], sb, n_total), sb,
+                                          self.warm_iters))
         tau, counts, changed = (torch.cat(x) for x in zip(*parts))
-        return self._finish(z2, z3, rd, scale, tau, counts, changed, with_mask)
+        return self._finish(z2, z3, rd, scale, tau, counts, changed, with_mask, slot)
 
     def _finish(self, z2: Tensor, z3: Tensor, rd: int, scale: Tensor, tau: Tensor, counts: Tensor, changed: Tensor,
-                with_mask: bool) -> Tuple[Tensor, Support]:
-        """Fallback passes for unproven slices (step 3), the unproven count, the support."""
+                with_mask: bool, slot=None) -> Tuple[Tensor, Support]:
+        """Fallback passes for unproven slices (step 3), the unproven count, the warm start kept, the support."""
         if self.fallback > 0:
             tau, counts, changed = self._fallback(z2, rd, scale, tau, counts, changed)
         if self.exact:
@@ -237,6 +271,8 @@ class SimplexProjector:
                 tau, counts, changed = self._newton(z2, rd, tau, scale)
         left = changed.sum()
         self.unproven = left if self.unproven is None else self.unproven + left
+        if slot is not None and self.warm_iters:
+            self._warm[slot] = tau
         return _support(z3, tau.to(z3.dtype), counts, with_mask)
 
     def _sorted(self, z2: Tensor, rd: int, scale: Tensor) -> Tuple[Tensor, Tensor]:
@@ -287,6 +323,23 @@ class SimplexProjector:
         if comm.world_size > 1:
             cand = comm.all_reduce(cand.to(z2.dtype), "max").double()
         return lower_bound(sums, cand, scale, n_total)
+
+    def _warm_bound(self, z2: Tensor, rd: int, warm: Tensor, scale: Tensor, n_total: int) -> Tensor:
+        """The warm start's lower bound (see :func:`~s2t2_dist.ot.fused.warm_bound`): one pass at ``warm``, reduced
+        over ranks."""
+        t = warm.to(z2.dtype)
+        if z2.shape[rd] == 0:  # an empty shard
+            dsum = cnt = sums = torch.zeros_like(t)
+            mx = torch.full_like(t, NEG_INF)
+        elif self.kernels is not None:
+            dsum, cnt, sums, mx = self.kernels("warm", z2, rd, t)
+        else:
+            r = (z2 - t.unsqueeze(rd)).clamp_(min=0)
+            sums, mx, dsum, cnt = z2.sum(rd), z2.amax(rd), r.sum(rd), r.sign_().sum(rd)
+        dsum, cnt, sums = self.comm.all_reduce(torch.stack([dsum, cnt, sums]), "sum").double()
+        if self.comm.world_size > 1:
+            mx = self.comm.all_reduce(mx, "max")
+        return warm_bound(t, dsum, cnt, sums, mx, scale, n_total)
 
     def _newton(self, z2: Tensor, rd: int, tau: Tensor, scale: Tensor,
                 iters: Optional[int] = None) -> Tuple[Tensor, Tensor, Tensor]:

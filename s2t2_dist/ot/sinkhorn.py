@@ -260,11 +260,12 @@ class _ThresholdDykstra(torch.autograd.Function):
         Q: Optional[Tensor] = None
         X: Optional[Tensor] = None
         sups: List[Support] = []
-        for _ in range(n_iter):
+        for it in range(n_iter):
             if X is not None:
                 P.add_(X)
             # (the supports' masks are written by the projection passes, not by a pass of their own)
-            tau, sup = row_proj.threshold(P.view(r3), with_mask=False)
+            # (slot: each projection starts from its own thresholds of the previous call)
+            tau, sup = row_proj.threshold(P.view(r3), with_mask=False, slot=it)
             sups.append(sup)
             if Q is None:  # B_0 = Y_0 (Q_0 = 0)
                 Q = _project_inplace(P, r3, tau, None if scratch is None else scratch.get("b", (v, u), cdt, C.device),
@@ -272,7 +273,7 @@ class _ThresholdDykstra(torch.autograd.Function):
             else:
                 X = _project_inplace(P, r3, tau, X, sup, row_proj.kernels)  # Y_k, in X's buffer (X_k is in P now)
                 Q.add_(X)
-            tau, sup = col_proj.threshold(Q.view(c3), with_mask=False)
+            tau, sup = col_proj.threshold(Q.view(c3), with_mask=False, slot=it)
             sups.append(sup)
             X = _project_inplace(Q, c3, tau, X, sup, col_proj.kernels)
         del P, Q
