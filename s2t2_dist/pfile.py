@@ -20,6 +20,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from s2t2_dist.ot.marginals import safe_inv
 from s2t2_dist.utils.io import atomic_path
 
 FORMAT = "s2t2-sparse-p/1"
@@ -27,10 +28,6 @@ FORMAT = "s2t2-sparse-p/1"
 
 class PFileError(ValueError):
     pass
-
-
-def _safe_inv(x: torch.Tensor) -> torch.Tensor:
-    return torch.where(x > 0, 1.0 / x.clamp_min(torch.finfo(x.dtype).tiny), torch.zeros_like(x))
 
 
 def sparsity_summary(row_nnz, col_nnz, col_max_weight: torch.Tensor | None = None,
@@ -104,7 +101,7 @@ class SparseP:
         pos = vals[vals > 0]
         # W = P / nu, the head weights (each column sums to one), from the non-zeros only: no v x u temporary
         col = self.indices[1]
-        w = vals * _safe_inv(self.nu.double())[col]
+        w = vals * safe_inv(self.nu.double())[col]
         live = self.nu > 0
         col_max = torch.full((u,), -math.inf, dtype=torch.float64).scatter_reduce(0, col, w, "amax")
         col_max = torch.where(col_max.isfinite(), col_max, torch.zeros_like(col_max))

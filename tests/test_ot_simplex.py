@@ -299,3 +299,15 @@ def test_warm_start_proves_with_fewer_passes(layout):
     exact = np.abs(tau_o.numpy() - (z2 - r).max(1)) <= 1e-12
     assert (tau_o.numpy() <= (z2 - r).max(1) + 1e-12).all()  # unproven slices keep lower bounds
     assert (~exact).sum() <= left  # every inexact threshold is counted
+
+
+def test_safe_inv_zero_marginals():
+    """1/x for positive marginals (down to the smallest subnormal), 0 for zero ones: no inf, no NaN."""
+    from s2t2_dist.ot.marginals import safe_inv
+
+    for dt in (torch.float32, torch.float64):
+        tiny = torch.finfo(dt).tiny
+        x = torch.tensor([0.0, 0.25, 1e-30 if dt == torch.float32 else 1e-300, tiny / 4, 2.0], dtype=dt)
+        y = safe_inv(x)
+        assert torch.isfinite(y).all() and y[0] == 0 and y[1] == 4 and y[4] == 0.5
+        assert y[3] == 1 / tiny  # a subnormal marginal is clamped to the smallest normal, not inverted to inf

@@ -3,7 +3,7 @@
     from s2t2_dist.ot import sparsemax, sparse_sinkhorn, softmax_sinkhorn
 
 Modules: ``simplex`` (sparsemax and the simplex projector behind it), ``sinkhorn`` (sparse and softmax Sinkhorn
-plans), ``entropy``.
+plans), ``entropy``, ``marginals`` (division by a plan's marginals), ``fused`` (compiled pass kernels).
 """
 
 from .simplex import SimplexProjector, sparsemax

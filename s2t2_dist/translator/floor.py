@@ -20,16 +20,12 @@ import torch
 from torch import Tensor
 
 from s2t2_dist.ot.fused import FusedKernels, resolve_fused
+from s2t2_dist.ot.marginals import safe_inv
 
-__all__ = ["NOISE_W", "floor_plan", "floor_plan_reference", "safe_inv"]
+__all__ = ["NOISE_W", "floor_plan", "floor_plan_reference"]
 
 #: P entries below NOISE_W * nu_j (weights W = P / nu below it) are rounding noise of the sparse projections
 NOISE_W = 1e-6
-
-
-def safe_inv(x: Tensor) -> Tensor:
-    """1/x where x > 0, 0 elsewhere (a zero marginal has an all-zero row/column of P)."""
-    return torch.where(x > 0, 1.0 / x.clamp(min=torch.finfo(x.dtype).tiny), torch.zeros_like(x))
 
 
 def floor_plan_reference(P: Tensor, C: Tensor, nu: Tensor, floor: float) -> Tensor:

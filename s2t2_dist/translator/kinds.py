@@ -14,7 +14,7 @@ from torch import Tensor
 from s2t2_dist.dist.sharded_sinkhorn import ShardedSparseSinkhorn, sharded_softmax_sinkhorn
 from s2t2_dist.ot.sinkhorn import SparseSinkhorn, softmax_sinkhorn, unconstrained_plan
 from s2t2_dist.translator.floor import NOISE_W, floor_plan
-from s2t2_dist.translator.floor import safe_inv as _safe_inv
+from s2t2_dist.ot.marginals import safe_inv
 
 
 class Kind:
@@ -139,7 +139,7 @@ class UnconstrainedKind(Kind):
         return unconstrained_plan(C, self.tr.nu_local)
 
     def init_from_plan(self, P: Tensor) -> Tensor:
-        return P * _safe_inv(self.tr.nu_local.double()).unsqueeze(0)
+        return P * safe_inv(self.tr.nu_local.double()).unsqueeze(0)
 
 
 #: name -> kind class; the names are translator.kind's values

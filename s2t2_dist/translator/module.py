@@ -41,9 +41,10 @@ from s2t2_dist.dist.sharded_sinkhorn import (
     world_of,
 )
 from s2t2_dist.ot.entropy import entropy as _entropy
+from s2t2_dist.ot.marginals import safe_inv
 from s2t2_dist.ot.sinkhorn import validate_plan_inputs
 from s2t2_dist.pfile import sparsity_summary
-from s2t2_dist.translator.kinds import REGISTRY, Kind, _safe_inv
+from s2t2_dist.translator.kinds import REGISTRY, Kind
 
 __all__ = ["TokenTranslator", "KINDS", "NORMALIZATIONS", "translated_rows", "translation_weights"]
 
@@ -67,8 +68,8 @@ def translation_weights(P: Tensor, mu: Tensor, nu: Tensor, normalization: str, p
     if part not in ("embed", "head"):
         raise ValueError(f"part must be 'embed' or 'head', got {part!r}")
     if normalization == "paper" and part == "embed":
-        return P * _safe_inv(mu).to(P.dtype).unsqueeze(1)
-    return P * _safe_inv(nu).to(P.dtype).unsqueeze(0)
+        return P * safe_inv(mu).to(P.dtype).unsqueeze(1)
+    return P * safe_inv(nu).to(P.dtype).unsqueeze(0)
 
 
 def translated_rows(P: Tensor, E_src: Tensor, L_src: Tensor, mu: Tensor, nu: Tensor, normalization: str
@@ -79,12 +80,12 @@ def translated_rows(P: Tensor, E_src: Tensor, L_src: Tensor, mu: Tensor, nu: Ten
     ``P`` (v x u, or a column block with its ``nu``), ``E_src``/``L_src`` the v source rows (``L_src is E_src``:
     a tied model, computed once under "convex"). W = P / nu and W = P / mu are never formed (v x u temporaries):
     the 1/nu scales the u x d result, the 1/mu the v x d source rows."""
-    inv_nu = _safe_inv(nu).to(P.dtype).unsqueeze(1)
+    inv_nu = safe_inv(nu).to(P.dtype).unsqueeze(1)
     L_new = (P.t() @ L_src.to(P.dtype)) * inv_nu
     if normalization == "convex":
         E_new = L_new if E_src is L_src else (P.t() @ E_src.to(P.dtype)) * inv_nu
     else:
-        E_new = P.t() @ (E_src.to(P.dtype) * _safe_inv(mu).to(P.dtype).unsqueeze(1))
+        E_new = P.t() @ (E_src.to(P.dtype) * safe_inv(mu).to(P.dtype).unsqueeze(1))
     return E_new, L_new
 
 
