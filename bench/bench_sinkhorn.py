@@ -4,6 +4,7 @@
     PYTHONPATH=. python bench/bench_sinkhorn.py --u 4096 --naive-rows 6288
     PYTHONPATH=. python bench/bench_sinkhorn.py --fused true --compare-eager   # compiled kernels vs the eager ops
     PYTHONPATH=. python bench/bench_sinkhorn.py --moving 8                   # warm starts along a moving C
+    PYTHONPATH=. python bench/bench_sinkhorn.py --device cuda --skip-memory  # on a GPU (#21 item 4's GPU half)
 
 Per state of C ("init": every entry 1/v, the paper's initialisation, all ties; "moved": 1/v + N(0, 1e-3)):
 
@@ -36,6 +37,13 @@ Per state of C ("init": every entry 1/v, the paper's initialisation, all ties; "
 moves by ``lr`` in an Adam-like direction, ``lr * v`` = 0.025, the recommended rate, and 2.5, 100 x that) for
 several ``warm_iters`` (0: always cold); per step, the slices whose threshold the fixed passes and the fallback
 left unproven, and the time of the step's forward + backward.
+
+``--device cuda``: the same on a GPU (every timing between ``torch.cuda.synchronize`` calls; the copy is a
+device-to-device copy). It adds what #21 item 4 asks for a GPU: the achieved bandwidth (the 2 n_iter + 3 C-sized
+transfers of the floor over the warm fwd + bwd time) against the measured copy bandwidth and the card's datasheet
+peak, one warm fwd + bwd under ``torch.cuda.set_sync_debug_mode("error")``, and the peak of
+``torch.cuda.max_memory_allocated`` instead of the child process's RSS. ``--fused true`` on a GPU compiles the same
+pass kernels to Triton (inductor); ``auto`` keeps the eager ops there.
 """
 from __future__ import annotations
 
@@ -52,13 +60,32 @@ import torch
 from s2t2_dist.ot.sinkhorn import SparseSinkhorn, dykstra
 from s2t2_dist.utils.syncs import count_host_syncs
 
+#: the device measured (``--device``); every timing waits for it
+DEV = torch.device("cpu")
+#: datasheet memory bandwidth (B/s) by device-name substring, first match wins
+PEAK_HBM = [("H200", 4.8e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12), ("A100", 2.0e12), ("L40S", 0.864e12),
+            ("L4", 0.3e12), ("A10", 0.6e12), ("V100", 0.9e12)]
+
+
+def _sync():
+    if DEV.type == "cuda":
+        torch.cuda.synchronize(DEV)
+
+
+def peak_bandwidth():
+    """(datasheet bytes/s or None, device name)."""
+    if DEV.type != "cuda":
+        return None, "cpu"
+    name = torch.cuda.get_device_name(DEV)
+    return next((bw for k, bw in PEAK_HBM if k in name), None), name
+
 
 def naive_sparsemax(Z: torch.Tensor, scale: torch.Tensor, dim: int) -> torch.Tensor:
     """Scaled sparsemax by a full sort, differentiated by autograd (the reference the targets compare with)."""
     Zm = Z.movedim(dim, -1)
     zs = Zm.sort(-1, descending=True).values
     cs = zs.cumsum(-1)
-    j = torch.arange(1, Zm.shape[-1] + 1, dtype=Z.dtype)
+    j = torch.arange(1, Zm.shape[-1] + 1, dtype=Z.dtype, device=Z.device)
     tau = ((cs - scale.unsqueeze(-1)) / j).amax(-1, keepdim=True)
     return (Zm - tau).clamp(min=0).movedim(-1, dim)
 
@@ -73,26 +100,60 @@ def make_C(v, u, state, seed=0):
         C.fill_(1.0 / v)
     else:
         C.normal_(1.0 / v, 1e-3, generator=torch.Generator().manual_seed(seed))
-    return C
+    return C.to(DEV)
+
+
+def randn(v, u, g):
+    """N(0, 1) of shape (v, u) on DEV, drawn on the CPU (the same numbers on every device)."""
+    return torch.empty(v, u).normal_(generator=g).to(DEV)
 
 
 def best(fn, repeats):
     ts = []
     for _ in range(repeats):
+        _sync()
         t0 = time.perf_counter()
         fn()
+        _sync()
         ts.append(time.perf_counter() - t0)
     return min(ts)
 
 
 def fwd_bwd(solver_fn, C, G):
     Cg = C.detach().requires_grad_(True)
+    _sync()
     t0 = time.perf_counter()
     P = solver_fn(Cg)
+    _sync()
     t1 = time.perf_counter()
     P.backward(G)
+    _sync()
     t2 = time.perf_counter()
     return t1 - t0, t2 - t1, P, Cg.grad
+
+
+def gpu_memory(solver_fn, C, G):
+    """Peak extra device memory of one warm fwd + bwd (CUDA's allocator statistics; C and G already allocated)."""
+    fwd_bwd(solver_fn, C, G)
+    _sync()
+    torch.cuda.reset_peak_memory_stats(DEV)
+    base = torch.cuda.memory_allocated(DEV)
+    fwd_bwd(solver_fn, C, G)
+    return {"extra_bytes": torch.cuda.max_memory_allocated(DEV) - base, "scratch_bytes": 0,
+            "C_bytes": C.numel() * C.element_size()}
+
+
+def gpu_sync_debug(solver_fn, C, G):
+    """One warm fwd + bwd under ``torch.cuda.set_sync_debug_mode("error")``: "none", or the first sync's error."""
+    fwd_bwd(solver_fn, C, G)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fwd_bwd(solver_fn, C, G)
+        return "none"
+    except RuntimeError as e:
+        return f"sync: {str(e).splitlines()[0]}"
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
 
 
 def _status(key):
@@ -153,12 +214,19 @@ def main():
     ap.add_argument("--json", default="", help="also write the results here")
     ap.add_argument("--fused", default="auto", choices=["auto", "true", "false"], help="compiled pass kernels")
     ap.add_argument("--compare-eager", action="store_true", help="also time the eager ops (fused off), warm")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where C lives (cuda: the first GPU)")
     ap.add_argument("--moving", type=int, default=0, help="K: warm starts along K moving steps (see the docstring)")
     ap.add_argument("--warm-iters", default="0,2,3,4", help="--moving: the warm_iters compared (0: cold)")
     ap.add_argument("--child-memory", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--impl", default="fused", help=argparse.SUPPRESS)
     ap.add_argument("--state", default="moved", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global DEV
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            print("bench_sinkhorn.py: --device cuda: no CUDA device here", file=sys.stderr)
+            sys.exit(2)
+        DEV = torch.device("cuda", torch.cuda.current_device())
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.child_memory:
@@ -166,10 +234,13 @@ def main():
     if args.moving:
         return run_moving(args)
     v, u, n = args.v, args.u, args.iters
+    peak_bw, dev_name = peak_bandwidth()
     print(f"# sparse Sinkhorn benchmark: C = {v} x {u} float32, {n} Dykstra iterations, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads")
-    mu, nu = torch.full((v,), 1.0 / v), torch.full((u,), 1.0 / u)
-    results = {"v": v, "u": u, "iters": n, "threads": torch.get_num_threads(), "states": {}}
+          f"{dev_name}" + (f" (datasheet {peak_bw / 1e12:.2f} TB/s)" if peak_bw else "")
+          + ("" if DEV.type == "cuda" else f", {torch.get_num_threads()} threads"))
+    mu, nu = torch.full((v,), 1.0 / v, device=DEV), torch.full((u,), 1.0 / u, device=DEV)
+    results = {"v": v, "u": u, "iters": n, "threads": torch.get_num_threads(), "device": dev_name,
+               "peak_bandwidth": peak_bw, "states": {}}
     passes = 2 * n + 3
     kw = {} if not args.newton else {"iters": args.newton}
     fused = {"auto": "auto", "true": True, "false": False}[args.fused]
@@ -181,7 +252,7 @@ def main():
         return s_
     for state in args.states.split(","):
         C = make_C(v, u, state)
-        G = torch.empty(v, u).normal_(generator=torch.Generator().manual_seed(1))
+        G = randn(v, u, torch.Generator().manual_seed(1))
         B = torch.empty_like(C)
 
         def paired(fn):
@@ -212,6 +283,8 @@ def main():
         with count_host_syncs() as syncs:
             _, _, P, dC = fwd_bwd(lambda c: solver(c, n), C, G)
         r["syncs"] = syncs.summary()
+        if DEV.type == "cuda":
+            r["sync_debug"] = gpu_sync_debug(lambda c: solver(c, n), C, G)
         r["unproven"] = int(solver.unproven())
         r["bandwidth"] = 2 * C.numel() * C.element_size() / min(x[2] for x in cold + warm)
         for name, runs in (("cold", cold), ("warm", warm)):
@@ -223,10 +296,13 @@ def main():
         r["density"] = float((P.detach() > 0).float().mean())
         r["row_err"] = float((P.detach().double().sum(1) - mu.double()).abs().max())
         r["floor"] = passes / 2 * r["t_copy"]
+        # achieved bandwidth: the floor's bytes over the warm step (what the kernel would need at the copy's speed)
+        r["achieved_bandwidth"] = passes * C.numel() * C.element_size() / (r["warm_fwd"] + r["warm_bwd"])
+        r["peak_bandwidth"] = peak_bw
         if not args.skip_naive:
             rows = args.naive_rows or v
             Cs, Gs = C[:rows].clone(), G[:rows].clone()
-            mus = torch.full((rows,), 1.0 / rows)
+            mus = torch.full((rows,), 1.0 / rows, device=DEV)
             f, b, Pn, dCn = fwd_bwd(lambda c: naive_sinkhorn(c, mus, nu, n), Cs, Gs)
             scale = v / rows
             r["naive_fwd"], r["naive_bwd"], r["naive_rows"] = f * scale, b * scale, rows
@@ -235,7 +311,9 @@ def main():
                 r["naive_max_abs_diff_grad"] = float((dCn - dC).abs().max())
             del Pn, dCn, Cs, Gs
         del P, dC
-        if not args.skip_memory:
+        if not args.skip_memory and DEV.type == "cuda":
+            r["mem_fused"] = gpu_memory(lambda c: solver(c, n), C, G)
+        elif not args.skip_memory:
             r["mem_fused"] = run_memory(args, "fused", state)
             if not args.skip_naive:
                 r["mem_naive"] = run_memory(args, "naive", state)
@@ -250,7 +328,7 @@ def run_moving(args):
     """Unproven thresholds and step time of warm-started solvers along a moving C (see the docstring)."""
     v, u, n = args.v, args.u, args.iters
     fused = {"auto": "auto", "true": True, "false": False}[args.fused]
-    mu, nu = torch.full((v,), 1.0 / v), torch.full((u,), 1.0 / u)
+    mu, nu = torch.full((v,), 1.0 / v, device=DEV), torch.full((u,), 1.0 / u, device=DEV)
     wis = [int(x) for x in args.warm_iters.split(",")]
     print(f"# warm starts along a moving C: {v} x {u} float32, {n} Dykstra iterations, {args.moving} steps, "
           f"{torch.get_num_threads()} threads")
@@ -263,7 +341,7 @@ def run_moving(args):
             for wi in wis:
                 g = torch.Generator().manual_seed(0)
                 C = make_C(v, u, state)
-                G = torch.empty(v, u).normal_(generator=g)
+                G = randn(v, u, g)
                 solver = SparseSinkhorn(mu, nu, fused=fused)
                 for p in (solver.rows, solver.cols):
                     p.warm_iters = wi
@@ -280,9 +358,8 @@ def run_moving(args):
                     seen = tot
                     times.append(f + b)
                     # an Adam-like step: every entry by lr, mostly along the gradient
-                    noise = torch.empty(v, u).normal_(generator=g)
-                    C = C - (lrv / v) * torch.sign(noise + 0.3 * torch.sign(dC))
-                    G = torch.empty(v, u).normal_(generator=g)
+                    C = C - (lrv / v) * torch.sign(randn(v, u, g) + 0.3 * torch.sign(dC))
+                    G = randn(v, u, g)
                 med = sorted(times[1:] or times)[len(times[1:] or times) // 2]
                 print(f"| {state} | {lrv} | {wi or 'cold'} | {per_step} | {med:.3f} |", flush=True)
                 out.append({"state": state, "lr_v": lrv, "warm_iters": wi, "unproven": per_step, "step_s": med})
@@ -298,7 +375,12 @@ def _report(state, r, passes, v, u):
           f"{r['row_err']:.3g} = {r['row_err'] * v:.3g} mu_i)")
     print(f"- copy of C (best in the run): {r['t_copy'] * 1e3:.1f} ms = {r['bandwidth'] / 1e9:.1f} GB/s; floor = "
           f"{passes} C-sized transfers / bandwidth = {r['floor']:.3f} s")
-    print(f"- host syncs per fwd + bwd (warm): {r['syncs']}; unproven thresholds: {r['unproven']}")
+    print(f"- host syncs per fwd + bwd (warm): {r['syncs']}; unproven thresholds: {r['unproven']}"
+          + (f"; under set_sync_debug_mode(\"error\"): {r['sync_debug']}" if "sync_debug" in r else ""))
+    bw = r["achieved_bandwidth"]
+    print(f"- achieved bandwidth (the floor's {passes} C-sized transfers over the warm fwd + bwd): {bw / 1e9:.1f} GB/s = "
+          f"{100 * bw / r['bandwidth']:.1f}% of the copy's" + (f", {100 * bw / r['peak_bandwidth']:.1f}% of the "
+                                                              f"datasheet peak" if r.get("peak_bandwidth") else ""))
     for name, tot in (("warm", tot_w), ("cold", tot_c)):
         print(f"- fused, {name} solver: forward {r[name + '_fwd']:.3f} s + backward {r[name + '_bwd']:.3f} s = "
               f"{tot:.3f} s ({tot / r['floor']:.2f} x the best floor); each call vs the copy time measured next to "
