@@ -277,10 +277,15 @@ def block_activation_bytes(d: int, heads: int) -> float:
 # in-process measurements (run as a subprocess of the rehearsal: `--inner share`)
 
 
-def inner_share(model_dir: str, out: Path, reps: int, full_steps: list[str]) -> None:
+def inner_share(model_dir: str, out: Path, reps: int, full_steps: list[str], device: str = "cpu") -> None:
     """Bare HF forward + backward (to inputs_embeds) of the model at batch 2 x 512 fp32, then for v = 243 and
     50,280: the stage-1 step (translator + frozen LM, forward + backward) and the translator alone (forward +
-    backward with the step's cotangents replaced by random ones of the same shape)."""
+    backward with the step's cotangents replaced by random ones of the same shape). ``device`` "cuda": the same on
+    the first GPU, the LM under bf16 autocast as the stage runs it (the translator's product keeps fp32), every
+    timing between synchronize calls, plus one step under ``torch.cuda.set_sync_debug_mode("error")`` and the
+    allocator's peak."""
+    import contextlib
+
     import torch
     import torch.nn.functional as F
 
@@ -291,44 +296,57 @@ def inner_share(model_dir: str, out: Path, reps: int, full_steps: list[str]) -> 
     from transformers import AutoTokenizer
 
     torch.manual_seed(0)
-    model = load_causal_lm(model_dir, dtype="float32", device="cpu", frozen=True)
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    model = load_causal_lm(model_dir, dtype="float32", device=str(dev), frozen=True)
     tok = AutoTokenizer.from_pretrained(model_dir)
     E, L, _ = get_embedding_and_head(model)
     body = model.base_model
-    res: dict = {"threads": torch.get_num_threads()}
+    res: dict = {"threads": torch.get_num_threads(), "device": torch.cuda.get_device_name(dev) if cuda else "cpu"}
+
+    def amp():
+        return torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
 
     def timed_once(fn):
+        if cuda:
+            torch.cuda.synchronize(dev)
         t0 = time.perf_counter()
         fn()
+        if cuda:
+            torch.cuda.synchronize(dev)
         return time.perf_counter() - t0
 
     def timed(fn):
         return [timed_once(fn) for _ in range(reps)]
 
-    ids_src = torch.randint(0, 50280, (B, T))
+    ids_src = torch.randint(0, 50280, (B, T)).to(dev)
 
     def bare():
         x = E[ids_src].detach().requires_grad_(True)
-        h = body(inputs_embeds=x, use_cache=False).last_hidden_state
-        logits = h @ L.T
+        with amp():
+            h = body(inputs_embeds=x, use_cache=False).last_hidden_state
+            logits = h @ L.T
         F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids_src[:, 1:].reshape(-1)).backward()
 
     res["bare_hf_step_s"] = timed(bare)
     print("bare", res["bare_hf_step_s"], flush=True)
     lm = TranslatedLM(model, freeze_model=True)
-    ids = torch.randint(0, U, (B, T))
+    ids = torch.randint(0, U, (B, T)).to(dev)
     # floor 0: the plain sparse kind; "<name>_recipe": the shipped recipe's weight floor (translator.floor = -1)
     for name, floor in (("single_byte", 0.0), ("all", 0.0), ("single_byte_recipe", DEFAULT_FLOOR),
                         ("all_recipe", DEFAULT_FLOOR)):
         src = source_token_ids(tok, name.replace("_recipe", ""), num_embeddings=E.shape[0])
-        tr = TokenTranslator(src.numel(), U, floor=floor)
+        src = src.to(dev)
+        tr = TokenTranslator(src.numel(), U, floor=floor).to(dev)
         tr.register_source_ids(src)  # as the stage does: "all" is one run of ids, its rows a view of E
         with torch.no_grad():  # a moved C (as after the FVT start): supports are not all full
             tr.C.add_(torch.rand_like(tr.C) / src.numel())
 
         def step():
             E_new, L_new = tr.embed_and_head(E, L, src)
-            lm(ids, E_new=E_new, L_new=L_new).loss.backward()
+            with amp():
+                loss = lm(ids, E_new=E_new, L_new=L_new).loss
+            loss.backward()
             tr.zero_grad(set_to_none=True)
 
         def translator_only():
@@ -349,12 +367,23 @@ def inner_share(model_dir: str, out: Path, reps: int, full_steps: list[str]) -> 
             ratios = sorted(a / b for a, b in pairs)
             r["translator_share_paired"] = ratios  # per interleaved pair, sorted
             r["translator_share_paired_median"] = ratios[len(ratios) // 2]
+            if cuda:  # a whole step (translator + LM) with any device -> host read an error
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    step()
+                    r["sync_debug"] = "none"
+                except RuntimeError as e:
+                    r["sync_debug"] = f"sync: {str(e).splitlines()[0]}"
+                finally:
+                    torch.cuda.set_sync_debug_mode(0)
         else:  # the LM's part of the step taken as the bare HF step of the same batch (its head is larger: v rows)
             r["translator_s"] = timed(translator_only)
             r["translator_share"] = min(r["translator_s"]) / (min(r["translator_s"]) + min(res["bare_hf_step_s"]))
             r["share_denominator"] = "translator + bare HF step"
         res[name] = r
         print(name, r, flush=True)
+    if cuda:
+        res["cuda_max_allocated_gib"] = round(torch.cuda.max_memory_allocated(dev) / GIB, 2)
     (out / "share.json").write_text(json.dumps(res, indent=1))
 
 
@@ -396,6 +425,8 @@ def main() -> None:
     ap.add_argument("--share-steps", default="single_byte,all",
                     help="source vocabularies whose whole stage-1 step is timed for the translator's share (the "
                          "others divide by translator + bare HF step)")
+    ap.add_argument("--share-device", default="cpu", choices=["cpu", "cuda"],
+                    help="where the share leg runs (cuda: the first GPU, the LM under bf16 autocast)")
     ap.add_argument("--report", action="store_true", help="only re-render OUT/table.md from OUT/results.json")
     ap.add_argument("--inner", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
@@ -403,7 +434,8 @@ def main() -> None:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     if args.inner == "share":
-        return inner_share(args.model, out, args.reps, [x for x in args.share_steps.split(",") if x])
+        return inner_share(args.model, out, args.reps, [x for x in args.share_steps.split(",") if x],
+                           args.share_device)
     legs = set(args.legs.split(",")) if not args.report else set()
     res_path = out / "results.json"
     R = json.loads(res_path.read_text()) if res_path.is_file() else {}
@@ -514,8 +546,8 @@ def main() -> None:
         save()
     if "share" in legs:
         R["share"] = run_leg("share", [py, __file__, "--out", str(out), "--inner", "share", "--model", str(model),
-                                       "--reps", str(args.reps), "--share-steps", args.share_steps], out,
-                                min_free=args.min_free_gib)
+                                       "--reps", str(args.reps), "--share-steps", args.share_steps,
+                                       "--share-device", args.share_device], out, min_free=args.min_free_gib)
         R["share"].update(json.loads((out / "share.json").read_text()))
         save()
     attach_predictions(R)
@@ -582,7 +614,8 @@ def table(R: dict) -> str:
     s = R.get("share")
     if s:
         rows.append("")
-        rows.append(f"bare HF forward + backward, 2 x {T} fp32, 1 process: {min(s['bare_hf_step_s']):.1f} s "
+        rows.append(f"bare HF forward + backward, 2 x {T} {'bf16 autocast' if s.get('device', 'cpu') != 'cpu' else 'fp32'}"
+                    f" on {s.get('device', 'cpu')}, 1 process: {min(s['bare_hf_step_s']):.1f} s "
                     f"(runs: {', '.join(f'{x:.1f}' for x in s['bare_hf_step_s'])}); peak {max(s['peak_gib_per_rank'].values()):.2f} GiB")
         for k in ("single_byte", "all", "single_byte_recipe", "all_recipe"):
             if k in s:
@@ -592,8 +625,9 @@ def table(R: dict) -> str:
                 paired = (f"; interleaved pairs: median {100 * x['translator_share_paired_median']:.2f}%, range "
                           f"{100 * x['translator_share_paired'][0]:.2f}-{100 * x['translator_share_paired'][-1]:.2f}%"
                           if "translator_share_paired" in x else "")
+                sync = f"; under set_sync_debug_mode(\"error\"): {x['sync_debug']}" if "sync_debug" in x else ""
                 rows.append(f"- v = {x['v']}, floor {x.get('floor', 0)}: {step}, translator alone (forward + backward) "
-                            f"{min(x['translator_s']):.3f} s: share {100 * x['translator_share']:.2f}%{paired}")
+                            f"{min(x['translator_s']):.3f} s: share {100 * x['translator_share']:.2f}%{paired}{sync}")
     return "\n".join(rows) + "\n"
 
 

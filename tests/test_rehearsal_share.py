@@ -1,0 +1,32 @@
+"""bench/rehearsal.py's share leg (#21 item 4) runs as typed at a tiny width: the translator and the stage-1 step
+timed in interleaved pairs for v = 243 and 50,280, with and without the recipe's weight floor."""
+
+import json
+import sys
+
+import pytest
+
+from stage_fixtures import REPO, run_cmd
+
+pytestmark = pytest.mark.slow
+
+
+def test_share_leg_runs_at_a_tiny_width(tmp_path):
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    proc = run_cmd([sys.executable, str(REPO / "bench" / "rehearsal.py"), "--out", str(out), "--cache", str(cache),
+                    "--layers", "1", "--d-model", "128", "--heads", "2", "--legs", "share", "--reps", "2",
+                    "--share-steps", "all"], timeout=900)
+    assert "interleaved pairs" in proc.stdout, proc.stdout[-3000:]
+    s = json.loads((out / "share.json").read_text())
+    assert s["device"] == "cpu" and "sync_debug" not in s["all"]  # (the sync debug mode is CUDA's)
+    for name, v in (("single_byte", 243), ("all", 50280), ("single_byte_recipe", 243), ("all_recipe", 50280)):
+        r = s[name]
+        # (at this width the LM is tiny: the translator is most of a step, its share near 1, noise either side)
+        assert r["v"] == v and len(r["translator_s"]) == 2 and 0 < r["translator_share"] < 2, (name, r)
+        if name.startswith("all"):  # timed against the whole step, in pairs
+            assert len(r["step_s"]) == 2 and len(r["translator_share_paired"]) == 2
+            assert r["translator_share_paired"][0] <= r["translator_share_paired_median"]
+        else:
+            assert r["share_denominator"] == "translator + bare HF step"
+    table = json.loads((out / "results.json").read_text())
+    assert "share" in table
