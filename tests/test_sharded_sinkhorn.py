@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from distributed import DistributedTestError, run_distributed
 from s2t2_dist.dist.sharded_sinkhorn import ShardedSparseSinkhorn, shard_bounds, sharded_softmax_sinkhorn
+from s2t2_dist.ot.simplex import DEFAULT_WARM_ITERS
 from s2t2_dist.ot.sinkhorn import softmax_sinkhorn, sparse_sinkhorn
 
 # (v, u, noise, seed, method, row_k, n_iter): moved C, the paper's init (all ties: full supports), big noise,
@@ -278,19 +279,20 @@ def _warm_sharded(method):
     a, b = shard_bounds(41, R, rank)
     # sort_max=0: the Newton passes (and so the warm starts) at this size
     solver = ShardedSparseSinkhorn(mu, nu[a:b], 41, method=method, validate=False, sort_max=0)
+    rows = solver.rows.local if method == "alltoall" else solver.rows
+    rows.warm_iters = solver.cols.warm_iters = DEFAULT_WARM_ITERS  # opted in (off by default)
     out = []
     for call in range(3):
         Cl = (C[:, a:b] + call * 1e-5 * up[:, a:b]).clone().requires_grad_(True)
         P = solver(Cl, 3)
         (P * up[:, a:b]).sum().backward()
         out.append((P.detach(), Cl.grad))
-    rows = solver.rows.local if method == "alltoall" else solver.rows
     return out, sorted(rows._warm), sorted(solver.cols._warm), int(solver.unproven())
 
 
 @pytest.mark.parametrize("method", ["threshold", "alltoall"])
 def test_sharded_warm_starts_equal_single_process(method):
-    """Column-sharded over 2 ranks, the second and third calls start from the previous thresholds (each pass's
+    """Column-sharded over 2 ranks, opted in, the second and third calls start from the previous thresholds (each pass's
     partials all-reduced as in a cold start) and still give the single-process sort reference's P and dC."""
     results = run_distributed(_warm_sharded, 2, method, timeout=120)
     C, mu, nu, up = _problem(300, 41, 1e-3, 21)
@@ -303,4 +305,4 @@ def test_sharded_warm_starts_equal_single_process(method):
         assert torch.allclose(P, P_ref, atol=1e-13, rtol=0), (call, (P - P_ref).abs().max())
         assert torch.allclose(G, Cg.grad, atol=1e-11, rtol=0), (call, (G - Cg.grad).abs().max())
     for r in range(2):
-        assert results[r][1] == [] and results[r][2] == [0, 1, 2] and results[r][3] == 0  # (rows start cold)
+        assert results[r][1] == results[r][2] == [0, 1, 2] and results[r][3] == 0

@@ -402,29 +402,32 @@ def test_drop_below_equals_a_where_after_the_solver():
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_warm_starts_stay_exact_over_a_moving_sequence(fused):
-    """A persistent solver starts each of its 3 column projections from that projection's thresholds of the previous
-    call (fewer Newton passes; the rows start cold). Over a training-like sequence (tiny moves, a large one, an
-    unrelated C) P and dC stay the sort reference's (float64, 1e-12), every threshold proven."""
+    """Opted in (``warm_iters``, off by default), a persistent solver starts each of its 2 x 3 projections from that
+    projection's thresholds of the previous call (fewer Newton passes). Over a training-like sequence (tiny moves, a
+    large one, an unrelated C) P and dC stay the sort reference's (float64, 1e-12), every threshold proven."""
+    from s2t2_dist.ot.simplex import DEFAULT_WARM_ITERS
+
     C, mu, nu = _problem(400, 48, 1e-3, seed=31, nonuniform=True)
     g = torch.Generator().manual_seed(8)
     up = torch.randn(C.shape, dtype=torch.float64, generator=g)
     solver = SparseSinkhorn(mu, nu, fused=fused)
     for p in (solver.rows, solver.cols):
         p.sort_max = 0  # the threshold search at any size (small plans are otherwise sorted whole)
+        p.warm_iters = DEFAULT_WARM_ITERS
     for step, move in enumerate([0.0, 1e-6, 1e-6, 1e-4, None]):
         if move is None:
             C = _problem(400, 48, 5e-3, seed=32)[0]
         else:
             C = C + move * torch.randn(C.shape, dtype=torch.float64, generator=g)
         _assert_equals_sort_reference(solver, C, mu, nu, up)
-        assert set(solver.cols._warm) == {0, 1, 2} and not solver.rows._warm, step  # kept for the next call
+        assert set(solver.rows._warm) == set(solver.cols._warm) == {0, 1, 2}, step  # kept for the next call
     assert int(solver.unproven()) == 0
 
 
 def test_first_step_from_an_exactly_sparse_start_stays_exact():
     """The shipped FVT start: C = P0 with exact zeros, then one optimiser step moves every entry by ~lr. The rows'
     supports change wholesale; with rows warm-started (4 passes from the previous thresholds) a hundred rows stayed
-    unproven here (the full-size rehearsal: 49,943 of 50,280), so rows start cold and the plan stays exact."""
+    unproven here (the full-size rehearsal: 49,943 of 50,280), so the solver starts cold and the plan stays exact."""
     g = torch.Generator().manual_seed(0)
     v, u = 3000, 64
     mu = torch.rand(v, generator=g, dtype=torch.float64) ** 4 + 1e-3
@@ -447,6 +450,6 @@ def test_first_step_from_an_exactly_sparse_start_stays_exact():
 
     assert unproven(4)[0] > 50  # the fixture does defeat warm-started rows (else this test checks nothing)
     rows, cols, solver = unproven(SparseSinkhorn(mu, nu).rows.warm_iters)  # the shipped defaults
-    assert rows == 0 and cols == 0 and set(solver.cols._warm) == {0, 1, 2}
+    assert rows == 0 and cols == 0 and not solver.rows._warm and not solver.cols._warm
     up = torch.randn(v, u, generator=g, dtype=torch.float64)
     _assert_equals_sort_reference(solver, C - step, mu, nu, up)

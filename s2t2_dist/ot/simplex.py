@@ -16,10 +16,11 @@ set of top elements is a LOWER bound of ``tau``.
 1. Start from the best of two lower bounds: ``(sum z - s) / n`` (exact when the support is everything, e.g. the
    paper's initialisation where all entries tie) and ``max_{j <= k} t_j`` over the top ``k`` values (exact when the
    support has at most ``k`` elements, typical of rows; with sharded slices, the max over ranks of each rank's own
-   candidate bound). WARM START (a call with a ``slot`` that has a previous threshold, e.g. the same projection of
-   the previous training step): one pass at the previous threshold ``t`` and one Newton step from there, which
-   lands at or below the root from ANY ``t`` (f is convex), and at least ``max z - s``; then only
-   ``warm_iters`` Newton steps (C moves little between steps: the support is usually proven in those two).
+   candidate bound). WARM START (opt-in, ``warm_iters`` > 0; a call with a ``slot`` that has a previous threshold,
+   e.g. the same projection of the previous training step): one pass at the previous threshold ``t`` and one
+   Newton step from there, which lands at or below the root from ANY ``t`` (f is convex), and at least the cold
+   bound; then only ``warm_iters`` Newton steps. Fewer passes, but where the support changes wholesale between
+   calls (the first step from an exactly sparse C) fewer slices are proven than from the cold bound's ``iters``.
 2. ``iters`` Newton steps on ``f`` (Michelot's fixed point) ``S <- {z > tau}; tau <- (sum_S z - s) / |S|``: from a
    lower bound, tau increases monotonically and reaches the exact root once S stops changing (finitely many steps;
    at most 3 at the S2T2 shapes from these starting points). A slice is PROVEN exact when its support count did not
@@ -62,10 +63,11 @@ __all__ = [
 
 NEG_INF = float("-inf")
 DEFAULT_ITERS = 6  # Newton passes per projection (the last one proves convergence)
-# Newton passes after a warm start (the previous call's threshold of the same slot, one pass to a lower bound): 5
-# passes in all against the cold start's 7. 2 (the fewest that can prove a slice) left hundreds of slices unproven
-# when C moved 100x the recommended step, or sat on a lattice of ties; 4 left as few as the cold start
-# (bench/bench_sinkhorn.py --moving)
+# Newton passes after a warm start, when one is asked for (``warm_iters``; off by default, see
+# ot/sinkhorn.py DEFAULT_COL_WARM_ITERS): 5 passes in all against the cold start's 7. 2 (the fewest that can prove
+# a slice) left hundreds of slices unproven when C moved 100x the recommended step, or sat on a lattice of ties; 4
+# left as few as the cold start there (bench/bench_sinkhorn.py --moving), but not after the first step from an
+# exactly sparse C (the FVT start)
 DEFAULT_WARM_ITERS = 4
 DEFAULT_FALLBACK = 16  # slices per projection that get FALLBACK_ITERS more passes when Newton did not converge
 FALLBACK_ITERS = 16
@@ -177,7 +179,8 @@ class SimplexProjector:
     more passes (see the module docstring). ``exact``: iterate (reading a flag on the host) until every slice is
     proven exact, instead of counting the unproven ones. ``kernels``: a :class:`~s2t2_dist.ot.fused.FusedKernels`
     (one fused kernel per pass, no C-sized temporaries) or None (eager ops; the reference). ``warm_iters``: Newton
-    passes after a warm start (0: never start warm); the threshold of each ``slot`` is kept for the next call.
+    passes after a warm start (0, the default: never start warm; e.g. ``DEFAULT_WARM_ITERS``); the thresholds of each
+    ``slot`` are then kept for the next call.
 
     ``threshold(z3) -> (tau, support)`` does not modify ``z3``; ``slice_sums`` (backward) reduces per-slice sums over
     the support across ranks. ``unproven``: running count (device tensor) of slices whose threshold was left a lower
@@ -188,7 +191,7 @@ class SimplexProjector:
 
     def __init__(self, scale: Tensor, n_total: Optional[int] = None, k: int = 16, comm=None,
                  iters: int = DEFAULT_ITERS, fallback: int = DEFAULT_FALLBACK, exact: bool = False,
-                 sort_max: int = SORT_MAX_ENTRIES, warm_iters: int = DEFAULT_WARM_ITERS):
+                 sort_max: int = SORT_MAX_ENTRIES, warm_iters: int = 0):
         self.scale = scale.reshape(-1)
         self.n_total = n_total
         self.k = int(k)

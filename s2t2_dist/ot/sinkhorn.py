@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from .fused import FusedKernels, resolve_fused
-from .simplex import DEFAULT_WARM_ITERS, SimplexProjector, Support, compute_dtype, sparsemax
+from .simplex import SimplexProjector, Support, compute_dtype, sparsemax
 
 __all__ = [
     "dykstra",
@@ -44,12 +44,13 @@ __all__ = [
 # shapes (bench/bench_sinkhorn.py, issue 21)
 DEFAULT_ROW_K = 1
 DEFAULT_COL_K = 1
-# Warm starts (simplex.py): the columns start from the previous call's thresholds (5 passes, not 7); the rows start
-# cold. A row's support can change wholesale in one optimiser step: from an informed (FVT) start whose C has exact
-# zeros, the first Adam step moves every zero by ~lr, and 4 passes from the previous thresholds left 49,943 of
-# 50,280 rows unproven in the full-size rehearsal (6 from the cold bound: 0). Row passes are the cheap ones (L1).
+# Warm starts (simplex.py, ``warm_iters``) are off: both projections start cold. From the shipped informed (FVT)
+# start, whose C has exact zeros, the first Adam step moves every entry by ~lr and changes supports wholesale: in
+# the full-size rehearsal's translate2 leg, 4 passes from the previous thresholds left 49,943 of 50,280 rows
+# unproven at step 2 and, with the rows cold, still 1 column (the cold bound's 6 passes: 0). They save 2 of 7
+# passes (~20% of the CPU fwd + bwd at 50,304 x 512) where C moves smoothly (bench_sinkhorn.py --moving).
 DEFAULT_ROW_WARM_ITERS = 0
-DEFAULT_COL_WARM_ITERS = DEFAULT_WARM_ITERS
+DEFAULT_COL_WARM_ITERS = 0
 
 Projection = Union[SimplexProjector, Callable[[Tensor], Tensor]]
 
