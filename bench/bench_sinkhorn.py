@@ -9,10 +9,10 @@
 Per state of C ("init": every entry 1/v, the paper's initialisation, all ties; "moved": 1/v + N(0, 1e-3)):
 
 * time of forward and backward (3 Dykstra iterations, float32), best of ``--repeats``: "cold" = a fresh solver each
-  call, "warm" = a persistent solver (as the TokenTranslator uses from one training step to the next: each
-  projection starts from its thresholds of the previous call, ``DEFAULT_WARM_ITERS`` Newton passes after one pass
-  at that start, against a cold start's bound and ``DEFAULT_ITERS`` passes; the pass count is fixed, so the time
-  does not depend on how good the start is);
+  call, "warm" = a persistent solver (as the TokenTranslator uses from one training step to the next; its
+  thresholds start cold unless ``--warm N`` sets its projectors' ``warm_iters``: then each projection starts
+  from its thresholds of the previous call, ``DEFAULT_WARM_ITERS`` Newton passes after one pass there; the pass
+  count is fixed, so the time does not depend on how good the start is);
 * the naive reference in the same run: autograd through a sort-based scaled sparsemax (torch.sort + cumsum),
   measured once; with ``--naive-rows R`` on the first R rows only and scaled by v/R (its column sorts are then
   shorter, so the scaled figure UNDERestimates the naive time: the speed-up is conservative);
@@ -57,7 +57,7 @@ import time
 
 import torch
 
-from s2t2_dist.ot.sinkhorn import DEFAULT_ROW_WARM_ITERS, SparseSinkhorn, dykstra
+from s2t2_dist.ot.sinkhorn import SparseSinkhorn, dykstra
 from s2t2_dist.utils.syncs import count_host_syncs
 
 #: the device measured (``--device``); every timing waits for it
@@ -217,8 +217,10 @@ def main():
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where C lives (cuda: the first GPU)")
     ap.add_argument("--moving", type=int, default=0, help="K: warm starts along K moving steps (see the docstring)")
     ap.add_argument("--warm-iters", default="0,2,3,4", help="--moving: the columns' warm_iters compared (0: cold)")
-    ap.add_argument("--row-warm-iters", type=int, default=DEFAULT_ROW_WARM_ITERS,
-                    help="--moving: the rows' warm_iters (default: the shipped one)")
+    ap.add_argument("--warm", type=int, default=0,
+                    help="warm_iters of both projections (0: cold starts, as shipped; 4: the option measured)")
+    ap.add_argument("--row-warm-iters", type=int, default=0,
+                    help="--moving: the rows' warm_iters (default 0: cold, as shipped)")
     ap.add_argument("--child-memory", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--impl", default="fused", help=argparse.SUPPRESS)
     ap.add_argument("--state", default="moved", help=argparse.SUPPRESS)
@@ -242,7 +244,7 @@ def main():
           + ("" if DEV.type == "cuda" else f", {torch.get_num_threads()} threads"))
     mu, nu = torch.full((v,), 1.0 / v, device=DEV), torch.full((u,), 1.0 / u, device=DEV)
     results = {"v": v, "u": u, "iters": n, "threads": torch.get_num_threads(), "device": dev_name,
-               "peak_bandwidth": peak_bw, "states": {}}
+               "peak_bandwidth": peak_bw, "warm_iters": args.warm, "states": {}}
     passes = 2 * n + 3
     kw = {} if not args.newton else {"iters": args.newton}
     fused = {"auto": "auto", "true": True, "false": False}[args.fused]
@@ -251,6 +253,7 @@ def main():
         s_ = SparseSinkhorn(mu, nu, fused=fused)
         for p in (s_.rows, s_.cols):
             p.iters = kw.get("iters", p.iters)
+            p.warm_iters = args.warm
         return s_
     for state in args.states.split(","):
         C = make_C(v, u, state)

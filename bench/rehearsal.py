@@ -356,7 +356,7 @@ def inner_share(model_dir: str, out: Path, reps: int, full_steps: list[str], dev
 
         t0 = time.perf_counter()
         translator_only()  # warm-up, not timed: the solver's one-off validation and the pass kernels' compilation
-        translator_only()  # the second call: a persistent solver's warm-start graphs compile here (once)
+        translator_only()  # a second untimed call (with the opt-in warm starts on, their graphs compile here)
         r = {"v": src.numel(), "floor": floor, "warmup_s": round(time.perf_counter() - t0, 2)}
         if name.replace("_recipe", "") in full_steps:
             # interleaved, each translator timing next to a step timing: the box's speed drifts by tens of percent

@@ -17,9 +17,11 @@ SMALL = ["--v", "2000", "--u", "40", "--fused", "true", "--threads", "1", "--sta
 def test_bench_sinkhorn_reports_warm_cold_and_bandwidth(tmp_path):
     out = tmp_path / "b.json"
     proc = run_cmd([sys.executable, BENCH, *SMALL, "--repeats", "1", "--naive-rows", "500", "--skip-memory",
-                    "--json", str(out)], timeout=600)
+                    "--warm", "4", "--json", str(out)], timeout=600)
     assert "achieved bandwidth" in proc.stdout, proc.stdout
-    r = json.loads(out.read_text())["states"]["moved"]
+    res = json.loads(out.read_text())
+    r = res["states"]["moved"]
+    assert res["warm_iters"] == 4
     assert r["syncs"].startswith("0 host syncs") and r["unproven"] == 0
     assert r["warm_fwd"] > 0 and r["cold_fwd"] > 0 and 0 < r["achieved_bandwidth"] < r["bandwidth"] * 10
     assert 0 < r["density"] < 1 and r["naive_rows"] == 500

@@ -28,10 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from s2t2_dist.ot.sinkhorn import (
-    DEFAULT_COL_K, DEFAULT_COL_WARM_ITERS, DEFAULT_ROW_K, DEFAULT_ROW_WARM_ITERS, Scratch, dykstra, log_sinkhorn,
-    set_kernels,
-)
+from s2t2_dist.ot.sinkhorn import DEFAULT_COL_K, DEFAULT_ROW_K, Scratch, dykstra, log_sinkhorn, set_kernels
 from s2t2_dist.ot.simplex import SORT_MAX_ENTRIES, SimplexProjector, Support, compute_dtype
 
 __all__ = [
@@ -138,7 +135,7 @@ class AllToAllRowProjector(SimplexProjector):
         self.col_sizes = list(col_sizes)
         self.row_bounds = [shard_bounds(v, R, r) for r in range(R)]
         r0, r1 = self.row_bounds[comm.rank]
-        self.local = SimplexProjector(self.scale[r0:r1], n_total=n_total, k=k, warm_iters=DEFAULT_ROW_WARM_ITERS)
+        self.local = SimplexProjector(self.scale[r0:r1], n_total=n_total, k=k)
 
     def threshold(self, z3: Tensor, with_mask: bool = True, slot=None) -> Tuple[Tensor, Support]:
         v, n, _ = z3.shape
@@ -194,12 +191,11 @@ class ShardedSparseSinkhorn:
         cdt = compute_dtype(mu.dtype)
         if method == "threshold":
             self.rows = SimplexProjector(mu.detach().to(cdt), n_total=self.u, k=row_k, comm=self.comm,
-                                         sort_max=sort_max, warm_iters=DEFAULT_ROW_WARM_ITERS)
+                                         sort_max=sort_max)
         else:
             self.rows = AllToAllRowProjector(mu.detach().to(cdt), self.u, self.col_sizes, self.comm, k=row_k)
             self.rows.local.sort_max = sort_max
-        self.cols = SimplexProjector(nu_local.detach().to(cdt), k=col_k, sort_max=sort_max,
-                                     warm_iters=DEFAULT_COL_WARM_ITERS)
+        self.cols = SimplexProjector(nu_local.detach().to(cdt), k=col_k, sort_max=sort_max)
         self._nu_checked = False
         self.scratch: Optional[Scratch] = None
 

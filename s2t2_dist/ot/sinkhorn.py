@@ -36,21 +36,12 @@ __all__ = [
     "Scratch",
     "DEFAULT_ROW_K",
     "DEFAULT_COL_K",
-    "DEFAULT_ROW_WARM_ITERS",
-    "DEFAULT_COL_WARM_ITERS",
 ]
 
 # starting bounds from the maximum only: a top-k costs ~100 passes on CPU and saved no Newton pass at the S2T2
 # shapes (bench/bench_sinkhorn.py, issue 21)
 DEFAULT_ROW_K = 1
 DEFAULT_COL_K = 1
-# Warm starts (simplex.py, ``warm_iters``) are off: both projections start cold. From the shipped informed (FVT)
-# start, whose C has exact zeros, the first Adam step moves every entry by ~lr and changes supports wholesale: in
-# the full-size rehearsal's translate2 leg, 4 passes from the previous thresholds left 49,943 of 50,280 rows
-# unproven at step 2 and, with the rows cold, still 1 column (the cold bound's 6 passes: 0). They save 2 of 7
-# passes (~20% of the CPU fwd + bwd at 50,304 x 512) where C moves smoothly (bench_sinkhorn.py --moving).
-DEFAULT_ROW_WARM_ITERS = 0
-DEFAULT_COL_WARM_ITERS = 0
 
 Projection = Union[SimplexProjector, Callable[[Tensor], Tensor]]
 
@@ -356,8 +347,9 @@ class SparseSinkhorn:
         self.validate = validate
         self.fused = fused
         cdt = compute_dtype(mu.dtype) if mu.dtype.is_floating_point else torch.float32
-        self.rows = SimplexProjector(mu.detach().to(cdt), k=row_k, warm_iters=DEFAULT_ROW_WARM_ITERS)
-        self.cols = SimplexProjector(nu.detach().to(cdt), k=col_k, warm_iters=DEFAULT_COL_WARM_ITERS)
+        # (cold starts: the projectors' warm_iters stays 0, see simplex.DEFAULT_WARM_ITERS)
+        self.rows = SimplexProjector(mu.detach().to(cdt), k=row_k)
+        self.cols = SimplexProjector(nu.detach().to(cdt), k=col_k)
         self.scratch: Optional[Scratch] = None
 
     def __call__(self, C: Tensor, n_iter: int = 3, drop_below: Optional[Tensor] = None) -> Tensor:
