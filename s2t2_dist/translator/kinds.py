@@ -27,6 +27,8 @@ class Kind:
     name = ""
     #: P is a transport plan (non-negative, marginals mu and nu); False: signed weights scaled by nu
     is_probability = True
+    #: :meth:`plan`'s backward reads P's gradient only on P's support (see translator/product.py)
+    support_grad = False
 
     def __init__(self, tr):
         self.tr = tr
@@ -57,6 +59,8 @@ class SparseKind(Kind):
     """The paper's S2T2: sparse Sinkhorn (Dykstra with sparsemax projections). C lives at P's scale, 1/v."""
 
     name = "sparse"
+    # sparsemax's Jacobian S * (h - mean_S h) and the floor's backward read the gradient on the support only
+    support_grad = True
 
     def __init__(self, tr):
         super().__init__(tr)
