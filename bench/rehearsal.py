@@ -277,6 +277,52 @@ def block_activation_bytes(d: int, heads: int) -> float:
 # in-process measurements (run as a subprocess of the rehearsal: `--inner share`)
 
 
+def target_tokenizer(out: Path) -> Path:
+    """The rehearsal's protein tokenizer (the prepare leg's), else a char BPE of U tokens trained here on the
+    shipped protein FASTA (seconds): the share leg runs alone too."""
+    prepared = out / "data" / "tokenizer"
+    if (prepared / "tokenizer.json").is_file():
+        return prepared
+    own = out / "share_tokenizer"
+    if not (own / "tokenizer.json").is_file():
+        from s2t2_dist.data.bpe import build_bpe_tokenizer, save_tokenizer_dir
+        from s2t2_dist.data.fasta import read_fasta
+
+        seqs = [r.text for r in read_fasta(REPO / "s2t2_dist/assets/protein/mmseqs2_QUERY_uniprotkb.fasta")
+                if r.bad is None]
+        save_tokenizer_dir(build_bpe_tokenizer(seqs, vocab_size=U), own)
+    return own
+
+
+def shipped_translator(model_dir: str, src_tok, src_ids, tok_dir: Path, floor: float, steps: int = 2):
+    """The stage's sparse translator as configs/translate_olmo1b.yaml starts it at these source ids (FVT start at
+    weight 0.5, source marginal "start", ``floor``), moved by ``steps`` AdamW steps at the recipe's lr against
+    random cotangents: C's entries with a gradient move, the rest stay (what P's live rows depend on)."""
+    import torch
+
+    from s2t2_dist.data.bpe import load_tokenizer
+    from s2t2_dist.stages.translate import surface_prior
+    from s2t2_dist.translator import TokenTranslator
+    from s2t2_dist.translator.schedule import resolve_step
+
+    tgt = load_tokenizer(tok_dir)
+    v, u = src_ids.numel(), tgt.vocab_size
+    uniform = (torch.full((v,), 1.0 / v, dtype=torch.float64), torch.full((u,), 1.0 / u, dtype=torch.float64))
+    P0, _, mu = surface_prior(model_dir, src_tok, src_ids.tolist(), tgt, *uniform, 0.5, marginal="start")
+    tr = TokenTranslator(v, u, mu=mu, floor=floor)
+    tr.init_from_dense(P0)
+    opt = torch.optim.AdamW([tr.C], lr=resolve_step("sparse", v, init="informed").lr, betas=(0.9, 0.95), eps=1e-5,
+                            weight_decay=0.0)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        M = torch.randn(v, 64, generator=g)  # a narrow stand-in for E: only the pattern of C's gradient matters
+        E_new, _ = tr.embed_and_head(M, M)
+        E_new.backward(torch.randn(E_new.shape, generator=g))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return tr
+
+
 def inner_share(model_dir: str, out: Path, reps: int, full_steps: list[str], device: str = "cpu") -> None:
     """Bare HF forward + backward (to inputs_embeds) of the model at batch 2 x 512 fp32, then for v = 243 and
     50,280: the stage-1 step (translator + frozen LM, forward + backward) and the translator alone (forward +
@@ -331,16 +377,24 @@ def inner_share(model_dir: str, out: Path, reps: int, full_steps: list[str], dev
     res["bare_hf_step_s"] = timed(bare)
     print("bare", res["bare_hf_step_s"], flush=True)
     lm = TranslatedLM(model, freeze_model=True)
-    ids = torch.randint(0, U, (B, T)).to(dev)
-    # floor 0: the plain sparse kind; "<name>_recipe": the shipped recipe's weight floor (translator.floor = -1)
-    for name, floor in (("single_byte", 0.0), ("all", 0.0), ("single_byte_recipe", DEFAULT_FLOOR),
-                        ("all_recipe", DEFAULT_FLOOR)):
-        src = source_token_ids(tok, name.replace("_recipe", ""), num_embeddings=E.shape[0])
+    # floor 0: the plain sparse kind; "<name>_recipe": the shipped recipe's weight floor (translator.floor = -1);
+    # both from a moved uniform C with the uniform source marginal. "all_shipped": the shipped recipe whole (FVT
+    # start, its own source marginal, floor 1) on the protein tokenizer, after two AdamW steps at its lr.
+    cases = [("single_byte", 0.0, "moved"), ("all", 0.0, "moved"), ("single_byte_recipe", DEFAULT_FLOOR, "moved"),
+             ("all_recipe", DEFAULT_FLOOR, "moved"), ("all_shipped", DEFAULT_FLOOR, "shipped")]
+    for name, floor, start in cases:
+        vocab = name.split("_")[0] if name.startswith("all") else "single_byte"
+        src = source_token_ids(tok, vocab, num_embeddings=E.shape[0])
+        if start == "shipped":
+            tr = shipped_translator(model_dir, tok, src, target_tokenizer(out), floor)
+        else:
+            tr = TokenTranslator(src.numel(), U, floor=floor)
+            with torch.no_grad():  # a moved C (as after the FVT start): supports are not all full
+                tr.C.add_(torch.rand_like(tr.C) / src.numel())
         src = src.to(dev)
-        tr = TokenTranslator(src.numel(), U, floor=floor).to(dev)
+        tr = tr.to(dev)
         tr.register_source_ids(src)  # as the stage does: "all" is one run of ids, its rows a view of E
-        with torch.no_grad():  # a moved C (as after the FVT start): supports are not all full
-            tr.C.add_(torch.rand_like(tr.C) / src.numel())
+        ids = torch.randint(0, tr.u, (B, T)).to(dev)
 
         def step():
             E_new, L_new = tr.embed_and_head(E, L, src)
@@ -357,8 +411,13 @@ def inner_share(model_dir: str, out: Path, reps: int, full_steps: list[str], dev
         t0 = time.perf_counter()
         translator_only()  # warm-up, not timed: the solver's one-off validation and the pass kernels' compilation
         translator_only()  # a second untimed call (with the opt-in warm starts on, their graphs compile here)
-        r = {"v": src.numel(), "floor": floor, "warmup_s": round(time.perf_counter() - t0, 2)}
-        if name.replace("_recipe", "") in full_steps:
+        r = {"v": src.numel(), "u": tr.u, "floor": floor, "start": start,
+             "warmup_s": round(time.perf_counter() - t0, 2)}
+        with torch.no_grad():  # what the product reads (translator/product.py: only P's live rows on a CPU)
+            P = tr.P()
+            r["p_density"] = float((P != 0).double().mean())
+            r["p_live_rows"] = int(P.any(1).sum())
+        if vocab in full_steps:
             # interleaved, each translator timing next to a step timing: the box's speed drifts by tens of percent
             # within a run, which a ratio of two separate minima takes for a change of share
             pairs = [(timed_once(translator_only), timed_once(step)) for _ in range(reps)]
@@ -617,7 +676,7 @@ def table(R: dict) -> str:
         rows.append(f"bare HF forward + backward, 2 x {T} {'bf16 autocast' if s.get('device', 'cpu') != 'cpu' else 'fp32'}"
                     f" on {s.get('device', 'cpu')}, 1 process: {min(s['bare_hf_step_s']):.1f} s "
                     f"(runs: {', '.join(f'{x:.1f}' for x in s['bare_hf_step_s'])}); peak {max(s['peak_gib_per_rank'].values()):.2f} GiB")
-        for k in ("single_byte", "all", "single_byte_recipe", "all_recipe"):
+        for k in ("single_byte", "all", "single_byte_recipe", "all_recipe", "all_shipped"):
             if k in s:
                 x = s[k]
                 step = (f"stage-1 step {min(x['step_s']):.2f} s" if "step_s" in x
@@ -626,7 +685,10 @@ def table(R: dict) -> str:
                           f"{100 * x['translator_share_paired'][0]:.2f}-{100 * x['translator_share_paired'][-1]:.2f}%"
                           if "translator_share_paired" in x else "")
                 sync = f"; under set_sync_debug_mode(\"error\"): {x['sync_debug']}" if "sync_debug" in x else ""
-                rows.append(f"- v = {x['v']}, floor {x.get('floor', 0)}: {step}, translator alone (forward + backward) "
+                plan = (f" (P {100 * x['p_density']:.2f}% non-zero, {x['p_live_rows']} live rows)"
+                        if "p_live_rows" in x else "")
+                start = ", the shipped FVT start" if x.get("start") == "shipped" else ""
+                rows.append(f"- v = {x['v']}, floor {x.get('floor', 0)}{start}{plan}: {step}, translator alone (forward + backward) "
                             f"{min(x['translator_s']):.3f} s: share {100 * x['translator_share']:.2f}%{paired}{sync}")
     return "\n".join(rows) + "\n"
 
