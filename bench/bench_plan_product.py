@@ -1,0 +1,119 @@
+"""The translator's product P^T E (translator/product.py): the CPU kernel that reads only P's live rows against
+the dense GEMMs, at OLMo-1B's shapes (v = 50,280, u = 512, d = 2,048), in interleaved pairs.
+
+    PYTHONPATH=. python bench/bench_plan_product.py                       # ~3 min, 2 threads
+    PYTHONPATH=. python bench/bench_plan_product.py --d 256 --reps 2      # a quick check
+
+Plans (each C moved off its start, see bench/rehearsal.py):
+
+* ``shipped``: the shipped recipe's start (configs/translate_olmo1b.yaml: FVT at weight 0.5 from OLMo's tokenizer
+  and a protein BPE of 512 tokens, the FVT plan's own source marginal, floor 1), after two AdamW steps at its lr;
+* ``moved``: the uniform source marginal and a moved uniform C (C = 1/v + U(0, 1/v)), floor 1: the plan of the
+  share leg's ``all_recipe`` (every row live).
+
+Per plan: the product alone (forward + backward into P, E frozen) and the whole translator (sparse Sinkhorn, floor,
+product, forward + backward with random cotangents), each with the live-row kernel and with the dense GEMMs
+(``P.t() @ E``), alternating; the minimum of ``--reps``; and C's gradient from both (their largest difference).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from rehearsal import shipped_translator, target_tokenizer  # noqa: E402
+
+import s2t2_dist.translator.module as module  # noqa: E402
+from s2t2_dist.models.hf import source_token_ids  # noqa: E402
+from s2t2_dist.recipes.tiny import save_olmo_tokenizer  # noqa: E402
+from s2t2_dist.stages.translate import DEFAULT_FLOOR  # noqa: E402
+from s2t2_dist.translator import TokenTranslator  # noqa: E402
+from s2t2_dist.translator.product import live_rows, plan_product  # noqa: E402
+
+
+def dense(P, M, support_grad=False):
+    return P.t() @ M.to(P.dtype)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--d", type=int, default=2048, help="model width (OLMo-1B: 2,048)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--plans", default="shipped,moved")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        save_olmo_tokenizer(tmp)  # OLMo's tokenizer, from the copy shipped in the package
+        src_tok = AutoTokenizer.from_pretrained(tmp)
+        src = source_token_ids(src_tok, "all", num_embeddings=50304)
+        tok_dir = target_tokenizer(Path(tmp))  # (a protein BPE of 512 tokens, trained here)
+        trs = {}
+        for name in args.plans.split(","):
+            if name == "shipped":
+                trs[name] = shipped_translator(tmp, src_tok, src, tok_dir, DEFAULT_FLOOR)
+            elif name == "moved":
+                tr = TokenTranslator(src.numel(), 512, floor=DEFAULT_FLOOR)
+                with torch.no_grad():
+                    tr.C.add_(torch.rand_like(tr.C) / src.numel())
+                trs[name] = tr
+            else:
+                raise SystemExit(f"--plans: unknown plan {name!r} (shipped, moved)")
+    v = src.numel()
+    E = torch.randn(v, args.d)
+    print(f"v = {v}, d = {args.d}, {torch.get_num_threads()} threads; min of {args.reps}, interleaved")
+    print("| plan | P non-zeros | live rows | product fwd + bwd: live kernel / dense s | translator fwd + bwd: "
+          "live kernel / dense s | C's gradient, largest difference |")
+    print("|---|---|---|---|---|---|")
+    for name, tr in trs.items():
+        with torch.no_grad():
+            P = tr.P().clone()
+        live = live_rows(P)
+        G = torch.randn(tr.u, args.d)
+
+        def product(fn):
+            Pg = P.clone().requires_grad_()
+            fn(Pg, E, True).backward(G)
+
+        def translator(fn):
+            module.plan_product = fn
+            try:
+                E_new, _ = tr.embed_and_head(E, E)
+                E_new.backward(G)
+                g = tr.C.grad.clone()
+                tr.zero_grad(set_to_none=True)
+                return g
+            finally:
+                module.plan_product = plan_product
+
+        def timed(f, *a):
+            t0 = time.perf_counter()
+            f(*a)
+            return time.perf_counter() - t0
+
+        g_live, g_dense = translator(plan_product), translator(dense)  # (also the warm-up)
+        t = {k: [] for k in ("pl", "pd", "tl", "td")}
+        for _ in range(args.reps):
+            t["pl"].append(timed(product, plan_product))
+            t["pd"].append(timed(product, dense))
+            t["tl"].append(timed(translator, plan_product))
+            t["td"].append(timed(translator, dense))
+        m = {k: min(x) for k, x in t.items()}
+        nz = float((P != 0).double().mean())
+        n_live = v if live is None else live.numel()
+        print(f"| {name} | {100 * nz:.2f}% | {n_live} | {m['pl']:.3f} / {m['pd']:.3f} ({m['pd'] / m['pl']:.1f} x) | "
+              f"{m['tl']:.3f} / {m['td']:.3f} ({m['td'] / m['tl']:.1f} x) | "
+              f"{float((g_live - g_dense).abs().max()):.2e} (of {float(g_dense.abs().max()):.2e}) |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
