@@ -3,6 +3,7 @@ the dense GEMMs, at OLMo-1B's shapes (v = 50,280, u = 512, d = 2,048), in interl
 
     PYTHONPATH=. python bench/bench_plan_product.py                       # ~3 min, 2 threads
     PYTHONPATH=. python bench/bench_plan_product.py --d 256 --reps 2      # a quick check
+    PYTHONPATH=. python bench/bench_plan_product.py --device cuda         # the Triton kernels on a GPU
 
 Plans (each C moved off its start, see bench/rehearsal.py):
 
@@ -14,6 +15,8 @@ Plans (each C moved off its start, see bench/rehearsal.py):
 Per plan: the product alone (forward + backward into P, E frozen) and the whole translator (sparse Sinkhorn, floor,
 product, forward + backward with random cotangents), each with the live-row kernel and with the dense GEMMs
 (``P.t() @ E``), alternating; the minimum of ``--reps``; and C's gradient from both (their largest difference).
+``--device cuda``: the same on the first GPU (the live kernel is then product_triton's), every timing between
+synchronize calls, and the product's forward + backward once under ``torch.cuda.set_sync_debug_mode("error")``.
 """
 from __future__ import annotations
 
@@ -34,10 +37,10 @@ from s2t2_dist.models.hf import source_token_ids  # noqa: E402
 from s2t2_dist.recipes.tiny import save_olmo_tokenizer  # noqa: E402
 from s2t2_dist.stages.translate import DEFAULT_FLOOR  # noqa: E402
 from s2t2_dist.translator import TokenTranslator  # noqa: E402
-from s2t2_dist.translator.product import live_rows, plan_product  # noqa: E402
+from s2t2_dist.translator.product import plan_product  # noqa: E402
 
 
-def dense(P, M, support_grad=False):
+def dense(P, M, sparse=False):
     return P.t() @ M.to(P.dtype)
 
 
@@ -47,6 +50,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--plans", default="shipped,moved")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -69,16 +73,21 @@ def main() -> None:
             else:
                 raise SystemExit(f"--plans: unknown plan {name!r} (shipped, moved)")
     v = src.numel()
-    E = torch.randn(v, args.d)
-    print(f"v = {v}, d = {args.d}, {torch.get_num_threads()} threads; min of {args.reps}, interleaved")
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    E = torch.randn(v, args.d, device=dev)
+    where = torch.cuda.get_device_name(dev) if cuda else f"{torch.get_num_threads()} threads"
+    print(f"v = {v}, d = {args.d}, {where}; min of {args.reps}, interleaved")
     print("| plan | P non-zeros | live rows | product fwd + bwd: live kernel / dense s | translator fwd + bwd: "
           "live kernel / dense s | C's gradient, largest difference |")
     print("|---|---|---|---|---|---|")
+    sync_debug = {}
     for name, tr in trs.items():
+        tr = tr.to(dev)
         with torch.no_grad():
             P = tr.P().clone()
-        live = live_rows(P)
-        G = torch.randn(tr.u, args.d)
+        n_live = int(P.any(1).sum())
+        G = torch.randn(tr.u, args.d, device=dev)
 
         def product(fn):
             Pg = P.clone().requires_grad_()
@@ -96,8 +105,12 @@ def main() -> None:
                 module.plan_product = plan_product
 
         def timed(f, *a):
+            if cuda:
+                torch.cuda.synchronize(dev)
             t0 = time.perf_counter()
             f(*a)
+            if cuda:
+                torch.cuda.synchronize(dev)
             return time.perf_counter() - t0
 
         g_live, g_dense = translator(plan_product), translator(dense)  # (also the warm-up)
@@ -107,12 +120,22 @@ def main() -> None:
             t["pd"].append(timed(product, dense))
             t["tl"].append(timed(translator, plan_product))
             t["td"].append(timed(translator, dense))
+        if cuda:  # the live kernels' forward + backward with any device -> host read an error
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                product(plan_product)
+                sync_debug[name] = "none"
+            except RuntimeError as e:
+                sync_debug[name] = f"sync: {str(e).splitlines()[0]}"
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
         m = {k: min(x) for k, x in t.items()}
         nz = float((P != 0).double().mean())
-        n_live = v if live is None else live.numel()
         print(f"| {name} | {100 * nz:.2f}% | {n_live} | {m['pl']:.3f} / {m['pd']:.3f} ({m['pd'] / m['pl']:.1f} x) | "
               f"{m['tl']:.3f} / {m['td']:.3f} ({m['td'] / m['tl']:.1f} x) | "
               f"{float((g_live - g_dense).abs().max()):.2e} (of {float(g_dense.abs().max()):.2e}) |", flush=True)
+    for name, r in sync_debug.items():
+        print(f"{name}: host syncs under set_sync_debug_mode(\"error\"): {r}")
 
 
 if __name__ == "__main__":

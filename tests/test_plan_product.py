@@ -1,5 +1,10 @@
 """The translated rows' product (translator/product.py): the CPU kernel reads only P's live rows, and the gradient
 on C through the sparse translator equals (float64) the dense product's, with dead rows in P."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -7,6 +12,8 @@ import s2t2_dist.translator.module as module
 from s2t2_dist.translator import TokenTranslator
 from s2t2_dist.translator.product import DENSE_FRACTION, live_rows, plan_product
 from s2t2_dist.utils.syncs import count_host_syncs
+
+TESTS = Path(__file__).resolve().parent
 
 
 def _sparse_rows(v, u, live, seed=0):
@@ -19,8 +26,8 @@ def _sparse_rows(v, u, live, seed=0):
     return torch.where(keep[:, None], P, torch.zeros(())), keep
 
 
-@pytest.mark.parametrize("support_grad", [True, False])
-def test_product_and_gradients_against_the_dense_product(support_grad):
+@pytest.mark.parametrize("sparse", [True, False])
+def test_product_and_gradients_against_the_dense_product(sparse):
     v, u, d = 200, 24, 16
     P, keep = _sparse_rows(v, u, live=30)
     assert live_rows(P) is not None and live_rows(P).numel() <= 30  # the gathering path, not the dense fallback
@@ -28,13 +35,13 @@ def test_product_and_gradients_against_the_dense_product(support_grad):
     G = torch.randn(u, d, dtype=torch.float64)
     P1, M1 = P.clone().requires_grad_(), M.clone().requires_grad_()
     P2, M2 = P.clone().requires_grad_(), M.clone().requires_grad_()
-    out = plan_product(P1, M1, support_grad)
+    out = plan_product(P1, M1, sparse)
     ref = P2.t() @ M2
     assert torch.allclose(out, ref, atol=1e-13, rtol=0)
     out.backward(G)
     ref.backward(G)
     assert torch.allclose(M1.grad, M2.grad, atol=1e-13, rtol=0)  # dead rows of P: exactly 0 in both
-    if support_grad:  # the live rows exact, the dead rows (never read by the sparse kind) left at 0
+    if sparse:  # the live rows exact, the dead rows (never read by the sparse kind) left at 0
         assert torch.allclose(P1.grad[keep], P2.grad[keep], atol=1e-13, rtol=0)
         assert P1.grad[~keep].abs().max() == 0 and P2.grad[~keep].abs().max() > 0
     else:
@@ -101,7 +108,7 @@ def test_translator_gradient_on_C_equals_the_dense_product(monkeypatch, floor, n
         return tr.C.grad, tr.P().detach()
 
     g_live, P = grad(plan_product)
-    g_dense, P_ref = grad(lambda P, M, support_grad=False: P.t() @ M.to(P.dtype))
+    g_dense, P_ref = grad(lambda P, M, sparse=False: P.t() @ M.to(P.dtype))
     assert torch.equal(P, P_ref)
     dead = int((P.abs().sum(1) == 0).sum())
     if floor:  # the floor drops the column step's refill: the 70 rows of mu = 0 stay dead, the gathering path runs
@@ -110,3 +117,15 @@ def test_translator_gradient_on_C_equals_the_dense_product(monkeypatch, floor, n
         assert dead == 0, dead
     assert g_dense.abs().max() > 0
     assert torch.allclose(g_live, g_dense, atol=1e-12, rtol=0), (g_live - g_dense).abs().max()
+
+
+def test_gpu_kernels_under_the_triton_interpreter():
+    """tests/gpu_kernels_interpreted.py (the Triton kernels against the dense product, their device-side index
+    under the sync counter, C's gradient through them, the fallback) in a process started with TRITON_INTERPRET=1."""
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
+        [str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                           str(TESTS / "gpu_kernels_interpreted.py")], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=TESTS.parent)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "8 passed" in proc.stdout and "failed" not in proc.stdout, proc.stdout[-2000:]

@@ -27,8 +27,9 @@ class Kind:
     name = ""
     #: P is a transport plan (non-negative, marginals mu and nu); False: signed weights scaled by nu
     is_probability = True
-    #: :meth:`plan`'s backward reads P's gradient only on P's support (see translator/product.py)
-    support_grad = False
+    #: P's rows are mostly all-zero and :meth:`plan`'s backward reads P's gradient only on P's support: the
+    #: product E' = P^T E may take the live-row kernels (translator/product.py)
+    sparse_product = False
 
     def __init__(self, tr):
         self.tr = tr
@@ -60,7 +61,7 @@ class SparseKind(Kind):
 
     name = "sparse"
     # sparsemax's Jacobian S * (h - mean_S h) and the floor's backward read the gradient on the support only
-    support_grad = True
+    sparse_product = True
 
     def __init__(self, tr):
         super().__init__(tr)

@@ -5,29 +5,38 @@ translated_rows` multiplies with. It is one dispatcher op (``torch.library.custo
 
 * CPU: only the LIVE rows of P (any non-zero) are read: ``P[live]^T M[live]`` forward, ``M[live] G^T`` into
   those rows of dP backward. The shipped sparse recipe's plan at v = 50,280 (the FVT start with its own source
-  marginal) has ~320 live rows: the two GEMMs of v x u x d (211 GFLOP per step at OLMo-1B's d, ~1.1 s on 2 CPU
-  threads, most of the translator) become ~0.6% of that. Finding the live rows reads P on the host, which on a CPU
-  is no sync; a plan whose rows are mostly live (over :data:`DENSE_FRACTION`) takes the dense GEMMs.
-* every other device (CUDA): the dense GEMMs. Finding live rows there is a ``nonzero``, a device -> host read in
-  every step; the dense product has none.
+  marginal) has ~320 live rows: the two GEMMs of v x u x d (211 GFLOP per step at OLMo-1B's d, ~1.2 s on 2 CPU
+  threads, most of the translator) take ~0.09 s (BENCHMARKS.md "#21 (session 9)"). Finding the live rows reads P
+  on the host, which on a CPU is no sync; a plan whose rows are mostly live (over :data:`DENSE_FRACTION`) takes the
+  dense GEMMs.
+* every other device (CUDA): for a sparse plan (``sparse``, the sparse kind) the Triton kernels of
+  :mod:`~s2t2_dist.translator.product_triton`, which find and count the live rows on the device and read nothing
+  back; otherwise, or without Triton, or with ``S2T2_PRODUCT_KERNEL=dense``, the dense GEMMs.
 
-The two agree up to rounding (the same terms summed in another order) in the forward and in ``dM``. ``dP`` differs
-only where it is never read: with ``support_grad`` (the sparse kind) the CPU kernel leaves the dead rows of dP at
-0, where the dense product has ``M_i . G_j``. That is exact for the sparse kind: P comes out of a sparsemax
-projection and, for ``translator.floor``, the floor Function, and both backwards read the incoming gradient only
-on P's support (``J h = S * (h - mean_S h)``; the floor's ``dP_kj`` on kept entries), which lies in the live rows.
-The other kinds' P can have zero rows whose gradient matters (the unconstrained kind's ``C = 0`` rows): they pass
-``support_grad=False`` and get dP on every row.
+The kernels agree up to rounding (the same terms summed in another order) in the forward and in ``dM``. ``dP``
+differs only where it is never read: with ``sparse`` the live-row kernels leave the dead rows of dP at 0, where
+the dense product has ``M_i . G_j``. That is exact for the sparse kind: P comes out of a sparsemax projection and,
+for ``translator.floor``, the floor Function, and both backwards read the incoming gradient only on P's support
+(``J h = S * (h - mean_S h)``; the floor's ``dP_kj`` on kept entries), which lies in the live rows. The other
+kinds' P can have zero rows whose gradient matters (the unconstrained kind's ``C = 0`` rows): they pass
+``sparse=False`` and get dP on every row.
 
 A :class:`~s2t2_dist.utils.syncs.SyncCounter` sees this op as one op (a kernel, like any aten op that reads its
-own data on the CPU), not the CPU kernel's ``nonzero``: the CUDA kernel is the one a GPU runs, and it has none.
+own data on the CPU), not the CPU kernel's ``nonzero``; the GPU kernels have no host read (their device-side part
+is counted by the tests with the counter on).
 """
 from __future__ import annotations
 
+import logging
+import os
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
+
+from s2t2_dist.translator import product_triton as _triton
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DENSE_FRACTION", "plan_product", "live_rows"]
 
@@ -46,13 +55,48 @@ def live_rows(P: Tensor) -> Optional[Tensor]:
 # M may be in another dtype than P (a bf16 model's rows): the kernels cast what they read, so the CPU kernel casts
 # only the live rows, not a v x d copy per step
 
-@torch.library.custom_op("s2t2::plan_product", mutates_args=())
-def _product(P: Tensor, M: Tensor) -> Tensor:
+_warned: list = []
+
+
+def _gpu_live(P: Tensor, sparse: bool) -> bool:
+    """Whether a non-CPU call takes the Triton live-row kernels."""
+    kernel = os.environ.get("S2T2_PRODUCT_KERNEL", "auto")
+    if kernel not in ("auto", "dense", "live"):
+        raise ValueError(f"S2T2_PRODUCT_KERNEL: 'auto', 'dense' or 'live', got {kernel!r}")
+    return (kernel == "live" or (kernel == "auto" and sparse)) and P.dtype == torch.float32 and _triton.available()
+
+
+def _gpu_call(live_fn, dense_fn):
+    """The Triton kernel, or the dense GEMMs (with one warning) if it cannot be compiled on this device."""
+    if not _warned:
+        try:
+            return live_fn()
+        except Exception as e:  # noqa: BLE001 - a Triton compile error on an untested device: the dense form
+            _warned.append(e)
+            log.warning("translator product: the Triton live-row kernel failed (%s: %s); the dense GEMMs are used "
+                        "from now on (S2T2_PRODUCT_KERNEL=dense silences this)", type(e).__name__, e)
+    return dense_fn()
+
+
+def _product_gpu(P: Tensor, M: Tensor, sparse: bool) -> Tensor:
+    if _gpu_live(P, sparse):
+        return _gpu_call(lambda: _triton.live_product(P, M), lambda: P.t() @ M.to(P.dtype))
     return P.t() @ M.to(P.dtype)
 
 
+def _grad_p_gpu(P: Tensor, M: Tensor, G: Tensor, sparse: bool) -> Tensor:
+    if _gpu_live(P, sparse):
+        return _gpu_call(lambda: _triton.live_grad_p(P, M, G), lambda: M.to(P.dtype) @ G.t())
+    return M.to(P.dtype) @ G.t()
+
+
+@torch.library.custom_op("s2t2::plan_product", mutates_args=())
+def _product(P: Tensor, M: Tensor, sparse: bool) -> Tensor:
+    return _product_gpu(P, M, sparse)
+
+
 @_product.register_kernel("cpu")
-def _product_cpu(P: Tensor, M: Tensor) -> Tensor:
+def _product_cpu(P: Tensor, M: Tensor, sparse: bool) -> Tensor:
     idx = live_rows(P)
     if idx is None:
         return P.t() @ M.to(P.dtype)
@@ -60,18 +104,18 @@ def _product_cpu(P: Tensor, M: Tensor) -> Tensor:
 
 
 @_product.register_fake
-def _(P: Tensor, M: Tensor) -> Tensor:
+def _(P: Tensor, M: Tensor, sparse: bool) -> Tensor:
     return P.new_empty((P.shape[1], M.shape[1]))
 
 
 @torch.library.custom_op("s2t2::plan_product_dp", mutates_args=())
-def _grad_p(P: Tensor, M: Tensor, G: Tensor, support_grad: bool) -> Tensor:
-    return M.to(P.dtype) @ G.t()
+def _grad_p(P: Tensor, M: Tensor, G: Tensor, sparse: bool) -> Tensor:
+    return _grad_p_gpu(P, M, G, sparse)
 
 
 @_grad_p.register_kernel("cpu")
-def _grad_p_cpu(P: Tensor, M: Tensor, G: Tensor, support_grad: bool) -> Tensor:
-    idx = live_rows(P) if support_grad else None
+def _grad_p_cpu(P: Tensor, M: Tensor, G: Tensor, sparse: bool) -> Tensor:
+    idx = live_rows(P) if sparse else None
     if idx is None:
         return M.to(P.dtype) @ G.t()
     dP = P.new_zeros(P.shape)
@@ -80,7 +124,7 @@ def _grad_p_cpu(P: Tensor, M: Tensor, G: Tensor, support_grad: bool) -> Tensor:
 
 
 @_grad_p.register_fake
-def _(P: Tensor, M: Tensor, G: Tensor, support_grad: bool) -> Tensor:
+def _(P: Tensor, M: Tensor, G: Tensor, sparse: bool) -> Tensor:
     return P.new_empty(P.shape)
 
 
@@ -106,27 +150,27 @@ def _(P: Tensor, G: Tensor) -> Tensor:
 
 class _PlanProduct(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, P: Tensor, M: Tensor, support_grad: bool) -> Tensor:
+    def forward(ctx, P: Tensor, M: Tensor, sparse: bool) -> Tensor:
         ctx.save_for_backward(P, M)
-        ctx.support_grad = support_grad
-        return _product(P, M)
+        ctx.sparse = sparse
+        return _product(P, M, sparse)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, G: Tensor) -> Tuple[Optional[Tensor], Optional[Tensor], None]:
         P, M = ctx.saved_tensors
         G = G.contiguous()
-        dP = _grad_p(P, M, G, ctx.support_grad) if ctx.needs_input_grad[0] else None
+        dP = _grad_p(P, M, G, ctx.sparse) if ctx.needs_input_grad[0] else None
         dM = _grad_m(P, G).to(M.dtype) if ctx.needs_input_grad[1] else None
         return dP, dM, None
 
 
-def plan_product(P: Tensor, M: Tensor, support_grad: bool = False) -> Tensor:
-    """``P.t() @ M`` in P's dtype (P: v x u, M: v x d, cast as read), differentiable in both, by the kernels of the module
-    docstring. ``support_grad``: P's consumer reads dP only on P's support (the sparse kind), so the CPU kernel may
-    leave the rows of dP where P is all zero at 0."""
+def plan_product(P: Tensor, M: Tensor, sparse: bool = False) -> Tensor:
+    """``P.t() @ M`` in P's dtype (P: v x u, M: v x d, cast as read), differentiable in both, by the kernels of the
+    module docstring. ``sparse``: P is the sparse kind's plan, mostly dead rows, and its consumer reads dP only on
+    P's support, so the live-row kernels may leave the rows of dP where P is all zero at 0."""
     if P.dim() != 2 or M.dim() != 2 or P.shape[0] != M.shape[0]:
         raise ValueError(f"plan_product: need P (v x u) and M (v x d), got {tuple(P.shape)} and {tuple(M.shape)}")
     if P.requires_grad or M.requires_grad:
-        return _PlanProduct.apply(P, M, bool(support_grad))
-    return _product(P, M)
+        return _PlanProduct.apply(P, M, bool(sparse))
+    return _product(P, M, bool(sparse))
