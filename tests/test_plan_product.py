@@ -129,3 +129,20 @@ def test_gpu_kernels_under_the_triton_interpreter():
                           timeout=600, cwd=TESTS.parent)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "8 passed" in proc.stdout and "failed" not in proc.stdout, proc.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_bench_plan_product_runs_as_typed():
+    """bench/bench_plan_product.py at a small width: the shipped plan has few live rows, the moved uniform one all,
+    and C's gradient is the same from both kernels."""
+    env = dict(os.environ, PYTHONPATH=str(TESTS.parent))
+    proc = subprocess.run([sys.executable, str(TESTS.parent / "bench" / "bench_plan_product.py"), "--d", "32",
+                           "--reps", "1"], env=env, capture_output=True, text=True, timeout=600, cwd=TESTS.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in proc.stdout.splitlines() if line.startswith("| shipped") or line.startswith("| moved")}
+    assert set(rows) == {"shipped", "moved"}, proc.stdout
+    assert 0 < int(rows["shipped"][1]) < 2000 and int(rows["moved"][1]) == 50280
+    for cells in rows.values():
+        diff, of = cells[4].split(" (of ")
+        assert float(diff) <= 1e-6 * float(of.rstrip(")")), cells
