@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import s2t2_dist.translator.module as module
+from distributed import run_distributed
 from s2t2_dist.translator import TokenTranslator
 from s2t2_dist.translator.product import DENSE_FRACTION, live_rows, plan_product
 from s2t2_dist.utils.syncs import count_host_syncs
@@ -146,3 +148,39 @@ def test_bench_plan_product_runs_as_typed():
     for cells in rows.values():
         diff, of = cells[4].split(" (of ")
         assert float(diff) <= 1e-6 * float(of.rstrip(")")), cells
+
+
+def _sharded_grad(v, u, d, dense):
+    """On each rank: the sharded sparse translator from the dead-row start, floor 1; its block of C's gradient."""
+    P0, g = _start(v, u, dead=70, seed=1)
+    E = torch.randn(v, d, dtype=torch.float64, generator=g)
+    G = torch.randn(u, d, dtype=torch.float64, generator=g)
+    move = 0.3 / v * torch.sign(torch.randn(v, u, dtype=torch.float64, generator=g))
+    group = dist.group.WORLD if dist.is_initialized() else None
+    tr = TokenTranslator(v, u, mu=P0.sum(1), nu=P0.sum(0), floor=1.0, dtype=torch.float64, group=group)
+    tr.init_from_dense(P0)
+    with torch.no_grad():
+        tr.C.add_(torch.where(P0 > 0, move, torch.zeros(()))[:, tr.col_start: tr.col_end])
+    live_product = module.plan_product
+    if dense:
+        module.plan_product = lambda P, M, sparse=False: P.t() @ M.to(P.dtype)
+    try:
+        E_new, _ = tr.embed_and_head(E, E)
+        E_new.backward(G)
+    finally:
+        module.plan_product = live_product
+    with torch.no_grad():
+        live = int(tr.P().any(1).sum())
+    return tr.C.grad, live
+
+
+def test_sharded_translator_with_dead_rows_equals_one_process_with_the_dense_product():
+    """C's columns over 2 gloo ranks, each rank's block with its own live rows (gathered on each): the gradient is
+    one process's with the dense product (float64)."""
+    v, u, d = 120, 16, 12
+    res = run_distributed(_sharded_grad, 2, v, u, d, False, timeout=120)
+    G = torch.cat([r[0] for r in res], 1)
+    ref, live = _sharded_grad(v, u, d, True)
+    assert all(r[1] <= 50 for r in res) and live <= 50, ([r[1] for r in res], live)  # the gathering path ran
+    assert ref.abs().max() > 0
+    assert torch.allclose(G, ref, atol=1e-11, rtol=0), (G - ref).abs().max()
