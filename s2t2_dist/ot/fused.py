@@ -240,14 +240,24 @@ class FusedKernels:
 
 
 def resolve_fused(fused, device: torch.device, numel: int) -> Optional[FusedKernels]:
-    """``fused``: True (compile; eager if no compiler), False (eager ops of the threshold code, no kernels), "auto"
-    (compiled on CPU for matrices of at least ``FUSED_MIN_NUMEL`` entries, else False), or a :class:`FusedKernels`."""
+    """``fused``: True (compile; eager if no compiler), False (eager ops of the threshold code, no kernels),
+    "native" (the hand-written C kernels of :mod:`s2t2_dist.ot.native` for whole unsharded projections on CPU, the
+    compiled passes for the rest), "auto" (on CPU, for matrices of at least ``FUSED_MIN_NUMEL`` entries: "native"
+    where the C kernels build, else True; otherwise False), or a :class:`FusedKernels`."""
     if isinstance(fused, FusedKernels):
         return fused
     if fused == "auto":
         fused = device.type == "cpu" and numel >= FUSED_MIN_NUMEL
-    elif not isinstance(fused, bool):
-        raise ValueError(f"fused must be True, False or 'auto', got {fused!r}")
+        if fused:
+            from .native import native_available
+
+            fused = "native" if native_available() else True
+    elif not isinstance(fused, bool) and fused != "native":
+        raise ValueError(f"fused must be True, False, 'native' or 'auto', got {fused!r}")
     if not fused:
         return None
+    if fused == "native":
+        from .native import NativeKernels
+
+        return NativeKernels()
     return FusedKernels(compiled=fused_available())

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from .fused import FusedKernels, resolve_fused
+from .native import NativeKernels
 from .simplex import SimplexProjector, Support, compute_dtype, sparsemax
 
 __all__ = [
@@ -105,12 +106,22 @@ def validate_plan_inputs(
 # --------------------------------------------------------------------------------------------------------------
 
 
+def _sole_owner(t: Tensor) -> bool:
+    """True when ``t`` is the only tensor on its storage (counted by the storage's reference count: ``t`` itself
+    and the temporary storage object of this call). False when torch cannot say."""
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    if count is None:
+        return False
+    return count(t.untyped_storage()._cdata) == 2
+
+
 class Scratch:
     """Reused scratch buffers of the threshold Dykstra (the forward's two internal C-sized buffers, the backward's
     one), kept between calls. On CPU a fresh 100 MB buffer pays its page faults on first touch (~40 ms at
     50,304 x 512 against 5 ms to fill an existing one); CUDA's caching allocator reuses memory by itself. Costs two
-    C-sized buffers of resident memory between calls. Never holds a result: the forward's output and the gradient
-    of C are always fresh tensors, and no content is carried from one use to the next (calls may interleave)."""
+    C-sized buffers of resident memory between calls, and (:meth:`fresh`) the storages of the last results and
+    supports, which are handed out again only once nobody holds them: a result is never shared with a live one,
+    and no content is carried from one use to the next (calls may interleave)."""
 
     def __init__(self):
         self._bufs = {}
@@ -121,6 +132,20 @@ class Scratch:
         if b is None or b.shape != tuple(shape) or b.dtype != dtype or b.device != device:
             b = self._bufs[name] = torch.empty(tuple(shape), dtype=dtype, device=device)
         return b
+
+    def fresh(self, name: str, shape, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """A tensor that nobody else holds, for a result or a saved support: the storage kept under ``name`` when
+        every tensor handed out on it has been dropped (its storage's only owner is then this pool), else a new
+        one, kept for next time. A caching allocator for these buffers: the CPU allocator returns every freed
+        100 MB block to the OS, and the next call pays ~40 ms of page faults to get it back (4 copies of C at
+        50,304 x 512). Handed out as a separate tensor on the storage (``set_``), not a view: autograd and the
+        version counters see an ordinary tensor."""
+        shape = tuple(shape)
+        b = self._bufs.get(name)
+        if b is None or b.shape != shape or b.dtype != dtype or b.device != device or not _sole_owner(b):
+            b = self._bufs[name] = torch.empty(shape, dtype=dtype, device=device)
+        with torch.no_grad():
+            return torch.empty(0, dtype=dtype, device=device).set_(b.untyped_storage(), 0, shape, b.stride())
 
     @classmethod
     def reuse(cls, cur: Optional["Scratch"], device: torch.device) -> Optional["Scratch"]:
@@ -200,6 +225,34 @@ def _project_inplace(z: Tensor, shp3: Tuple[int, int, int], tau: Tensor, out: Op
     return out
 
 
+def _native(proj: SimplexProjector, dtype: torch.dtype, device: torch.device) -> Optional[NativeKernels]:
+    """The projector's C kernels when they may run its projections whole: unsharded, cold (no warm start), not the
+    functional ``exact`` mode, a CPU float32/float64 computation outside a dispatch mode."""
+    k = proj.kernels
+    if (isinstance(k, NativeKernels) and proj.comm.world_size == 1 and proj.n_total is None and not proj.warm_iters
+            and not proj.exact and k.usable(torch.empty(0, dtype=dtype, device=device))):
+        return k
+    return None
+
+
+def _count_unproven(proj: SimplexProjector, left: int) -> None:
+    """Add ``left`` to ``proj.unproven`` (a tensor, as on the other paths)."""
+    t = torch.tensor(left, dtype=torch.int64)
+    proj.unproven = t if proj.unproven is None else proj.unproven + t
+
+
+def _mask(scratch: Optional["Scratch"], slot: int, shape, device: torch.device) -> Tensor:
+    """A support's bool mask: from ``scratch``'s pool (a tensor nobody else holds) when there is one."""
+    if scratch is None:
+        return torch.empty(shape, dtype=torch.bool, device=device)
+    return scratch.fresh(f"mask{slot}", shape, torch.bool, device)
+
+
+def _u8(mask: Tensor, shape) -> Tensor:
+    """A bool mask's storage as 0/1 bytes of ``shape`` (what the C kernels write and read)."""
+    return mask.view(shape).view(torch.uint8)
+
+
 def _bwd_step(gin: Tensor, gcorr: Optional[Tensor], sup: Support, proj: SimplexProjector,
               shp3: Tuple[int, int, int], zero: bool = False) -> Tensor:
     """Adjoint of one projection + correction update: ``where(S, gin - m, gcorr)``, ``m = mean_S(gin - gcorr)``.
@@ -209,6 +262,11 @@ def _bwd_step(gin: Tensor, gcorr: Optional[Tensor], sup: Support, proj: SimplexP
     O, n, I = shp3
     zero = zero or gcorr is None
     two = _as2d(shp3)
+    nk = _native(proj, gin.dtype, gin.device)
+    if nk is not None and two is not None and two[1] == 0:  # a lone column projection (rows sharded)
+        out = torch.empty_like(gin) if gcorr is None else gcorr
+        nk.col_bwd(gin.view(two[0]), out.view(two[0]), _u8(sup.mask, two[0]), sup.counts, zero)
+        return out
     kern = proj.kernels
     if kern is not None and two is not None:
         out = torch.empty_like(gin) if gcorr is None else gcorr
@@ -231,6 +289,73 @@ def _bwd_step(gin: Tensor, gcorr: Optional[Tensor], sup: Support, proj: SimplexP
     return gcorr
 
 
+def _forward(C: Tensor, row_proj: SimplexProjector, col_proj: SimplexProjector, n_iter: int,
+             scratch: Optional[Scratch], cdt: torch.dtype) -> Tuple[Tensor, List[Support]]:
+    """The iterations projection by projection (each projection's threshold search, then its output pass): the
+    eager reference, the compiled passes, and the column-sharded solver (whose rows span ranks; its columns may take
+    the C kernels). Returns the plan and the 2 * n_iter supports."""
+    v, u = C.shape
+    r3, c3 = (v, u, 1), (1, v, u)
+    if scratch is not None:
+        P = scratch.get("a", (v, u), cdt, C.device)
+        P.copy_(C)  # A_0 = X_0 + P_0 = C
+    else:
+        P = C.to(cdt, copy=True).contiguous()
+    Q: Optional[Tensor] = None
+    X: Optional[Tensor] = None
+    sups: List[Support] = []
+    for it in range(n_iter):
+        if X is not None:
+            P.add_(X)
+        # (the supports' masks are written by the projection passes, not by a pass of their own)
+        # (slot: each projection starts from its own thresholds of the previous call)
+        tau, sup = row_proj.threshold(P.view(r3), with_mask=False, slot=it)
+        sups.append(sup)
+        if Q is None:  # B_0 = Y_0 (Q_0 = 0)
+            Q = _project_inplace(P, r3, tau, None if scratch is None else scratch.get("b", (v, u), cdt, C.device),
+                                 sup, row_proj.kernels)
+        else:
+            X = _project_inplace(P, r3, tau, X, sup, row_proj.kernels)  # Y_k, in X's buffer (X_k is in P now)
+            Q.add_(X)
+        if X is None and scratch is not None:  # (the result: a tensor nobody else holds)
+            X = scratch.fresh("out", (v, u), cdt, C.device)
+        nk = _native(col_proj, cdt, C.device)
+        if nk is not None:
+            X = torch.empty_like(Q) if X is None else X
+            sup = Support("mask", Q.new_empty(u), _mask(scratch, 2 * it + 1, c3, C.device))
+            _count_unproven(col_proj, nk.col_step(Q, X, _u8(sup.mask, (v, u)),
+                                                  col_proj.scale.to(torch.float64).contiguous(), sup.counts))
+            sups.append(sup)
+            continue
+        tau, sup = col_proj.threshold(Q.view(c3), with_mask=False, slot=it)
+        sups.append(sup)
+        X = _project_inplace(Q, c3, tau, X, sup, col_proj.kernels)
+    return X, sups
+
+
+def _native_forward(nk: NativeKernels, C: Tensor, row_proj: SimplexProjector, col_proj: SimplexProjector,
+                    n_iter: int, scratch: Optional[Scratch], cdt: torch.dtype) -> Tuple[Tensor, List[Support]]:
+    """All the iterations by the C kernels (:meth:`~s2t2_dist.ot.native.NativeKernels.dykstra_fwd`); the same
+    plan and supports as :func:`_forward`."""
+    v, u = C.shape
+    src = C if C.dtype == cdt and C.is_contiguous() else C.to(cdt).contiguous()
+    if scratch is not None:
+        P, Q = scratch.get("a", (v, u), cdt, C.device), scratch.get("b", (v, u), cdt, C.device)
+        X = scratch.fresh("out", (v, u), cdt, C.device)
+    else:
+        P, Q, X = (torch.empty((v, u), dtype=cdt, device=C.device) for _ in range(3))
+    masks = [_mask(scratch, k, (v, u, 1) if k % 2 == 0 else (1, v, u), C.device) for k in range(2 * n_iter)]
+    counts_r = torch.empty((n_iter, v), dtype=cdt, device=C.device)
+    counts_c = torch.empty((n_iter, u), dtype=cdt, device=C.device)
+    left_r, left_c = nk.dykstra_fwd(src, P, Q, X, [_u8(m, (v, u)) for m in masks],
+                                    row_proj.scale.to(torch.float64).contiguous(),
+                                    col_proj.scale.to(torch.float64).contiguous(), counts_r, counts_c)
+    _count_unproven(row_proj, left_r)
+    _count_unproven(col_proj, left_c)
+    sups = [Support("mask", (counts_r if k % 2 == 0 else counts_c)[k // 2], m) for k, m in enumerate(masks)]
+    return X, sups
+
+
 class _ThresholdDykstra(torch.autograd.Function):
     """Dykstra with simplex projections, forward in place on three (v, u) buffers, backward in closed form.
 
@@ -244,6 +369,10 @@ class _ThresholdDykstra(torch.autograd.Function):
         gB = where(S_K, gX' - mean_S_K(gX' - gQ'), gQ');  gQ = gY = gB
         gA = where(S_R, gB  - mean_S_R(gB  - gP'), gP');  gP = gX = gA
     starting from gX = grad_output, gP = gQ = 0; the gradient of C is gA of the first iteration.
+
+    With the C kernels (:class:`~s2t2_dist.ot.native.NativeKernels`, both projections unsharded, CPU) the forward
+    and this recursion run whole in C on the same buffers, saving the same supports; otherwise projection by
+    projection (:func:`_forward`, :func:`_bwd_step`).
     """
 
     @staticmethod
@@ -251,32 +380,12 @@ class _ThresholdDykstra(torch.autograd.Function):
                 scratch: Optional[Scratch] = None, drop_below: Optional[Tensor] = None):
         cdt = compute_dtype(C.dtype)
         v, u = C.shape
-        r3, c3 = (v, u, 1), (1, v, u)
-        if scratch is not None:
-            P = scratch.get("a", (v, u), cdt, C.device)
-            P.copy_(C.detach())  # A_0 = X_0 + P_0 = C
+        nk = _native(row_proj, cdt, C.device)
+        ctx.native = nk is not None and _native(col_proj, cdt, C.device) is nk
+        if ctx.native:  # the whole Dykstra in C
+            X, sups = _native_forward(nk, C.detach(), row_proj, col_proj, n_iter, scratch, cdt)
         else:
-            P = C.detach().to(cdt, copy=True).contiguous()
-        Q: Optional[Tensor] = None
-        X: Optional[Tensor] = None
-        sups: List[Support] = []
-        for it in range(n_iter):
-            if X is not None:
-                P.add_(X)
-            # (the supports' masks are written by the projection passes, not by a pass of their own)
-            # (slot: each projection starts from its own thresholds of the previous call)
-            tau, sup = row_proj.threshold(P.view(r3), with_mask=False, slot=it)
-            sups.append(sup)
-            if Q is None:  # B_0 = Y_0 (Q_0 = 0)
-                Q = _project_inplace(P, r3, tau, None if scratch is None else scratch.get("b", (v, u), cdt, C.device),
-                                     sup, row_proj.kernels)
-            else:
-                X = _project_inplace(P, r3, tau, X, sup, row_proj.kernels)  # Y_k, in X's buffer (X_k is in P now)
-                Q.add_(X)
-            tau, sup = col_proj.threshold(Q.view(c3), with_mask=False, slot=it)
-            sups.append(sup)
-            X = _project_inplace(Q, c3, tau, X, sup, col_proj.kernels)
-        del P, Q
+            X, sups = _forward(C.detach(), row_proj, col_proj, n_iter, scratch, cdt)
         keep = None
         if drop_below is not None:  # (in place: X is this call's own buffer)
             keep = X > drop_below.to(device=X.device, dtype=X.dtype).view(1, u)
@@ -307,11 +416,20 @@ class _ThresholdDykstra(torch.autograd.Function):
             gX = torch.where(saved[-1], gX, gX.new_zeros(()), out=buf)
         gP: Optional[Tensor] = None
         gQ: Optional[Tensor] = None
-        if ctx.scratch is not None:  # gQ's buffer (gP, the result, is always fresh)
+        if ctx.scratch is not None:  # gQ's buffer, and gP's (the result: a tensor nobody else holds)
             gQ = ctx.scratch.get("a", (v, u), cdt, gX.device)
+            gP = ctx.scratch.fresh("grad", (v, u), cdt, gX.device)
+        nk = _native(ctx.row_proj, cdt, gX.device) if ctx.native else None
+        if nk is not None:  # (under a dispatch mode the reference ops below run on the same supports)
+            gQ = torch.empty_like(gX) if gQ is None else gQ
+            gP = torch.empty_like(gX) if gP is None else gP
+            nk.dykstra_bwd(gX, gQ, gP, [_u8(s.mask, (v, u)) for s in sups], torch.stack([s.counts for s in sups[::2]]),
+                           torch.stack([s.counts for s in sups[1::2]]))
+            return gP.to(ctx.in_dtype), None, None, None, None, None
+        last = len(sups) // 2 - 1
         for it in reversed(range(len(sups) // 2)):
-            gQ = _bwd_step(gX, gQ, sups[2 * it + 1], ctx.col_proj, (1, v, u), zero=it == len(sups) // 2 - 1)
-            gP = _bwd_step(gQ, gP, sups[2 * it], ctx.row_proj, (v, u, 1))
+            gQ = _bwd_step(gX, gQ, sups[2 * it + 1], ctx.col_proj, (1, v, u), zero=it == last)
+            gP = _bwd_step(gQ, gP, sups[2 * it], ctx.row_proj, (v, u, 1), zero=it == last)
             gX = gP
         return gP.to(ctx.in_dtype), None, None, None, None, None
 
@@ -326,7 +444,7 @@ def set_kernels(projs, fused, C: Tensor) -> None:
     decided per call from C's device and size (the same kernels object while that decision holds)."""
     k = resolve_fused(fused, C.device, C.numel())
     cur = projs[0].kernels
-    if k is not None and cur is not None and cur.compiled == k.compiled:
+    if k is not None and cur is not None and type(cur) is type(k) and cur.compiled == k.compiled:
         k = cur  # keep the call counter
     for p in projs:
         p.kernels = k
