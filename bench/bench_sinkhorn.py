@@ -60,6 +60,8 @@ import torch
 from s2t2_dist.ot.sinkhorn import SparseSinkhorn, dykstra
 from s2t2_dist.utils.syncs import count_host_syncs
 
+#: ``--fused`` -> the solver's ``fused`` argument
+FUSED = {"auto": "auto", "true": True, "false": False, "native": "native"}
 #: the device measured (``--device``); every timing waits for it
 DEV = torch.device("cpu")
 #: datasheet memory bandwidth (B/s) by device-name substring, first match wins
@@ -171,7 +173,7 @@ def memory_child(args):
         C, G, mu = C[:rows].clone(), G[:rows].clone(), torch.full((rows,), 1.0 / rows)
         fn = lambda c: naive_sinkhorn(c, mu, nu, args.iters)  # noqa: E731 - a one-line closure
     else:
-        solver = SparseSinkhorn(mu, nu, fused={"auto": "auto", "true": True, "false": False}[args.fused])
+        solver = SparseSinkhorn(mu, nu, fused=FUSED[args.fused])
         fn = lambda c: solver(c, args.iters)  # noqa: E731 - a one-line closure
         fwd_bwd(fn, C, G)  # warm the solver; the measured call is a steady-state training step
     import gc
@@ -212,8 +214,12 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--newton", type=int, default=0, help="Newton passes per projection (0: the default)")
     ap.add_argument("--json", default="", help="also write the results here")
-    ap.add_argument("--fused", default="auto", choices=["auto", "true", "false"], help="compiled pass kernels")
+    ap.add_argument("--fused", default="auto", choices=["auto", "true", "false", "native"],
+                    help="the solver's kernels (auto: the C kernels on CPU, see s2t2_dist/ot/native.py; true: the "
+                         "compiled per-pass kernels; false: the eager ops)")
     ap.add_argument("--compare-eager", action="store_true", help="also time the eager ops (fused off), warm")
+    ap.add_argument("--compare-compiled", action="store_true",
+                    help="also time the compiled per-pass kernels (--fused true), warm, paired")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where C lives (cuda: the first GPU)")
     ap.add_argument("--moving", type=int, default=0, help="K: warm starts along K moving steps (see the docstring)")
     ap.add_argument("--warm-iters", default="0,2,3,4", help="--moving: the columns' warm_iters compared (0: cold)")
@@ -247,7 +253,7 @@ def main():
                "peak_bandwidth": peak_bw, "warm_iters": args.warm, "states": {}}
     passes = 2 * n + 3
     kw = {} if not args.newton else {"iters": args.newton}
-    fused = {"auto": "auto", "true": True, "false": False}[args.fused]
+    fused = FUSED[args.fused]
 
     def make_solver(fused=fused):
         s_ = SparseSinkhorn(mu, nu, fused=fused)
@@ -284,6 +290,14 @@ def main():
             f_f, b_f, c_f = paired(lambda c: solver(c, n))  # the fused solver right after: a paired ratio
             r["eager_fwd"], r["eager_bwd"], r["pair_fused"] = f_e, b_e, f_f + b_f
             del eager
+        if args.compare_compiled:
+            comp = make_solver(True)
+            fwd_bwd(lambda c: comp(c, n), C, G)
+            f_e, b_e, c_e = paired(lambda c: comp(c, n))
+            f_f, b_f, c_f = paired(lambda c: solver(c, n))
+            r["compiled_fwd"], r["compiled_bwd"], r["pair_fused_c"] = f_e, b_e, f_f + b_f
+            r["compiled_ratio"] = (f_e + b_e) / (passes / 2 * c_e)
+            del comp
         B = None  # free the copy target (paired() is not called again)
         with count_host_syncs() as syncs:
             _, _, P, dC = fwd_bwd(lambda c: solver(c, n), C, G)
@@ -332,7 +346,7 @@ def main():
 def run_moving(args):
     """Unproven thresholds and step time of warm-started solvers along a moving C (see the docstring)."""
     v, u, n = args.v, args.u, args.iters
-    fused = {"auto": "auto", "true": True, "false": False}[args.fused]
+    fused = FUSED[args.fused]
     mu, nu = torch.full((v,), 1.0 / v, device=DEV), torch.full((u,), 1.0 / u, device=DEV)
     wis = [int(x) for x in args.warm_iters.split(",")]
     print(f"# warm starts along a moving C: {v} x {u} float32, {n} Dykstra iterations, {args.moving} steps, "
@@ -396,6 +410,11 @@ def _report(state, r, passes, v, u):
         te = r["eager_fwd"] + r["eager_bwd"]
         print(f"- eager ops (fused off), warm: forward {r['eager_fwd']:.3f} s + backward {r['eager_bwd']:.3f} s = "
               f"{te:.3f} s; the fused solver right after: {r['pair_fused']:.3f} s: {te / r['pair_fused']:.1f} x faster")
+    if "compiled_fwd" in r:
+        tc = r["compiled_fwd"] + r["compiled_bwd"]
+        print(f"- compiled per-pass kernels (--fused true), warm: forward {r['compiled_fwd']:.3f} s + backward "
+              f"{r['compiled_bwd']:.3f} s = {tc:.3f} s ({r['compiled_ratio'] / 2:.2f} x the 9-copy floor); this "
+              f"solver right after: {r['pair_fused_c']:.3f} s: {tc / r['pair_fused_c']:.1f} x faster")
     print(f"- supports per projection (kind, nnz): {r['kinds']}")
     if "naive_fwd" in r:
         tn = r["naive_fwd"] + r["naive_bwd"]
