@@ -168,7 +168,8 @@ def test_unproven_thresholds_are_counted(monkeypatch):
 
 def test_auto_picks_the_c_kernels_for_large_plans_only():
     """``fused="auto"`` (the default) takes the C kernels on CPU from FUSED_MIN_NUMEL entries, and nothing below."""
-    from s2t2_dist.ot.fused import FUSED_MIN_NUMEL, resolve_fused
+    from s2t2_dist.ot.fused import FUSED_MIN_NUMEL
+    from s2t2_dist.ot.native import resolve_fused
 
     assert isinstance(resolve_fused("auto", torch.device("cpu"), FUSED_MIN_NUMEL), NativeKernels)
     assert resolve_fused("auto", torch.device("cpu"), FUSED_MIN_NUMEL - 1) is None

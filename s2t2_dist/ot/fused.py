@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-__all__ = ["FusedKernels", "fused_available", "resolve_fused", "FUSED_MIN_NUMEL"]
+__all__ = ["FusedKernels", "fused_available", "FUSED_MIN_NUMEL"]
 
 _COL_BLOCK = 16
 # "auto" compiles only for matrices at least this large: compiling costs seconds per shape, and small problems
@@ -237,27 +237,3 @@ class FusedKernels:
             self.calls += 1
             return _compiled(name)(*args)
         return _EAGER[name](*args)
-
-
-def resolve_fused(fused, device: torch.device, numel: int) -> Optional[FusedKernels]:
-    """``fused``: True (compile; eager if no compiler), False (eager ops of the threshold code, no kernels),
-    "native" (the hand-written C kernels of :mod:`s2t2_dist.ot.native` for whole unsharded projections on CPU, the
-    compiled passes for the rest), "auto" (on CPU, for matrices of at least ``FUSED_MIN_NUMEL`` entries: "native"
-    where the C kernels build, else True; otherwise False), or a :class:`FusedKernels`."""
-    if isinstance(fused, FusedKernels):
-        return fused
-    if fused == "auto":
-        fused = device.type == "cpu" and numel >= FUSED_MIN_NUMEL
-        if fused:
-            from .native import native_available
-
-            fused = "native" if native_available() else True
-    elif not isinstance(fused, bool) and fused != "native":
-        raise ValueError(f"fused must be True, False, 'native' or 'auto', got {fused!r}")
-    if not fused:
-        return None
-    if fused == "native":
-        from .native import NativeKernels
-
-        return NativeKernels()
-    return FusedKernels(compiled=fused_available())

@@ -40,9 +40,9 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from .fused import FusedKernels, fused_available
+from .fused import FUSED_MIN_NUMEL, FusedKernels, fused_available
 
-__all__ = ["NativeKernels", "library", "native_available", "MAX_PASSES"]
+__all__ = ["NativeKernels", "library", "native_available", "resolve_fused", "MAX_PASSES"]
 
 SOURCE = Path(__file__).with_name("csrc") / "dykstra_cpu.c"
 _FLAGS = ["-O3", "-fPIC", "-shared", "-std=c11", "-pthread"]
@@ -224,3 +224,24 @@ class NativeKernels(FusedKernels):
         if self._fn("col_bwd", g)(_ptr(g), _ptr(gc), _ptr(mask), _ptr(counts), v, u, int(zero),
                                   torch.get_num_threads()) != 0:
             raise MemoryError("native col_bwd: out of memory")
+
+
+def resolve_fused(fused, device: torch.device, numel: int) -> Optional[FusedKernels]:
+    """The solver's kernels for ``fused``: True (compiled passes; eager if no compiler), False (the eager ops, no
+    kernels), "native" (:class:`NativeKernels`: the C kernels where they apply, the compiled passes elsewhere),
+    "auto" (on CPU, for matrices of at least ``fused.FUSED_MIN_NUMEL`` entries: "native" where the C kernels build,
+    else True; otherwise False), or a :class:`FusedKernels` as it is. (Here, not in ``fused.py``: it picks between
+    the two modules' kernels.)"""
+    if isinstance(fused, FusedKernels):
+        return fused
+    if fused == "auto":
+        fused = device.type == "cpu" and numel >= FUSED_MIN_NUMEL
+        if fused:
+            fused = "native" if native_available() else True
+    elif not isinstance(fused, bool) and fused != "native":
+        raise ValueError(f"fused must be True, False, 'native' or 'auto', got {fused!r}")
+    if not fused:
+        return None
+    if fused == "native":
+        return NativeKernels()
+    return FusedKernels(compiled=fused_available())

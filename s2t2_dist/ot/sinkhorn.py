@@ -22,8 +22,8 @@ from typing import Callable, List, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .fused import FusedKernels, resolve_fused
-from .native import NativeKernels
+from .fused import FusedKernels
+from .native import NativeKernels, resolve_fused
 from .simplex import SimplexProjector, Support, compute_dtype, sparsemax
 
 __all__ = [
@@ -440,7 +440,7 @@ class _ThresholdDykstra(torch.autograd.Function):
 
 
 def set_kernels(projs, fused, C: Tensor) -> None:
-    """Give the projectors the pass kernels ``fused`` asks for (see :func:`~s2t2_dist.ot.fused.resolve_fused`),
+    """Give the projectors the pass kernels ``fused`` asks for (see :func:`~s2t2_dist.ot.native.resolve_fused`),
     decided per call from C's device and size (the same kernels object while that decision holds)."""
     k = resolve_fused(fused, C.device, C.numel())
     cur = projs[0].kernels

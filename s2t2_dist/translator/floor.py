@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from s2t2_dist.ot.fused import FusedKernels, resolve_fused
+from s2t2_dist.ot.fused import FusedKernels
+from s2t2_dist.ot.native import resolve_fused
 from s2t2_dist.ot.marginals import safe_inv
 
 __all__ = ["NOISE_W", "floor_plan", "floor_plan_reference"]
@@ -74,6 +75,6 @@ class _FloorPlan(torch.autograd.Function):
 def floor_plan(P: Tensor, C: Tensor, nu: Tensor, floor: float, fused="auto") -> Tensor:
     """The floored plan (module docstring). ``P`` is modified in place and returned: pass the solver's fresh output
     only. Differentiable in ``P``; ``C`` and ``nu`` are constants. ``fused``: compiled passes, as the sparse
-    Sinkhorn's (:func:`~s2t2_dist.ot.fused.resolve_fused`; eager ops otherwise)."""
+    Sinkhorn's (:func:`~s2t2_dist.ot.native.resolve_fused`; eager ops otherwise)."""
     kern = resolve_fused(fused, P.device, P.numel()) or FusedKernels(compiled=False)
     return _FloorPlan.apply(P, C.detach(), nu.detach(), float(floor), kern)
