@@ -1,6 +1,6 @@
 """Hand-written CPU kernels for the threshold Dykstra (``csrc/dykstra_cpu*``): the unsharded Sinkhorn whole.
 
-Pure math plus the build of one C file: no torch.distributed, no data I/O. The eager passes (``simplex.py``) stay
+Pure math: no torch.distributed, no data I/O. The eager passes (``simplex.py``) stay
 the reference; these kernels compute the same projections (the same lower bounds, the same Newton steps, supports
 proven the same way, sums in another order) with far fewer passes over memory, which is what bounds them on CPU:
 
@@ -15,80 +15,28 @@ proven the same way, sums in another order) with far fewer passes over memory, w
 
 At 50,304 x 512 that is ~22 C-sized transfers forward and ~17 backward, against ~60 for the per-pass kernels.
 
-CPU only, so nothing here can stall a GPU. The C file is compiled on first use with the system's C compiler
-(``$CC``, else ``cc``/``gcc``/``clang``; inductor's CPU kernels need one too), ``-O3 -march=native``, into a cache
-keyed on the source, the compiler, the flags and the CPU (``$S2T2_NATIVE_CACHE``, else
-``$XDG_CACHE_HOME/s2t2_dist/native``): an atomic rename, so ranks that build at once never load a half-written
-file. No compiler, a failed build, or ``S2T2_NATIVE=0``: :func:`library` is None, one warning, and the solver uses
-the compiled (inductor) passes instead.
+CPU only, so nothing here can stall a GPU. The C file is built on first use (``cbuild.py``: the system's C
+compiler, a cache keyed on source, compiler and CPU); without a compiler, after a failed build, or with
+``S2T2_NATIVE=0``, :func:`library` is None and the solver uses the compiled (inductor) passes instead.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import warnings
-from pathlib import Path
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from . import cbuild
 from .fused import FUSED_MIN_NUMEL, FusedKernels, fused_available
 
 __all__ = ["NativeKernels", "library", "native_available", "resolve_fused", "MAX_PASSES"]
 
-SOURCE = Path(__file__).with_name("csrc") / "dykstra_cpu.c"
-_FLAGS = ["-O3", "-fPIC", "-shared", "-std=c11", "-pthread"]
 #: Newton passes per slice at most: the shapes here prove every slice in 2-5; a slice still unproven after this many
 #: (a lattice of ties) keeps its lower bound and is counted in ``SimplexProjector.unproven``, as on the fixed path
 MAX_PASSES = 32
-
-
-def _compiler() -> Optional[str]:
-    for c in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if c and shutil.which(c):
-            return shutil.which(c)
-    return None
-
-
-def _cpu_signature() -> str:
-    """What ``-march=native`` depends on: the CPU's model and flags (a cluster's nodes may share a cache dir)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = [ln for ln in f if ln.startswith(("model name", "flags", "Features", "CPU part"))]
-        return "".join(sorted(set(lines)))
-    except OSError:
-        return platform.machine() + platform.processor()
-
-
-def _cache_dir() -> Path:
-    d = os.environ.get("S2T2_NATIVE_CACHE")
-    if d:
-        return Path(d)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "s2t2_dist" / "native"
-
-
-def _build(cc: str, out: Path, march: bool) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
-    os.close(fd)
-    try:
-        cmd = [cc, *_FLAGS, *(["-march=native"] if march else []), "-o", tmp, str(SOURCE), "-lm"]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if r.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed: {r.stderr.strip()[-2000:]}")
-        os.replace(tmp, out)  # atomic: a concurrent build never exposes a partial file
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -108,32 +56,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
 @functools.lru_cache(maxsize=None)
 def library() -> Optional[ctypes.CDLL]:
     """The compiled kernels (built on first use, see the module docstring), or None when unavailable."""
-    if os.environ.get("S2T2_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
-        return None
-    cc = _compiler()
-    if cc is None:
-        warnings.warn("s2t2_dist.ot.native: no C compiler (cc/gcc/clang or $CC) found: the sparse Sinkhorn uses the "
-                      "compiled inductor passes instead", RuntimeWarning, stacklevel=2)
-        return None
-    try:
-        ver = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        ver = ""
-    src = b"".join(f.read_bytes() for f in sorted(SOURCE.parent.glob("dykstra_cpu*")))  # (the .c and its header)
-    last: Optional[Exception] = None
-    for march in (True, False):  # a compiler without -march=native still gets a portable build
-        key = hashlib.sha256(b"\0".join([src, cc.encode(), ver.encode(), " ".join(_FLAGS).encode(),
-                                         str(march).encode(), _cpu_signature().encode()])).hexdigest()[:24]
-        path = _cache_dir() / f"dykstra_cpu_{key}.so"
-        try:
-            if not path.exists():
-                _build(cc, path, march)
-            return _declare(ctypes.CDLL(str(path)))
-        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-            last = e
-    warnings.warn(f"s2t2_dist.ot.native: could not build {SOURCE.name} ({last}): the sparse Sinkhorn uses the "
-                  "compiled inductor passes instead", RuntimeWarning, stacklevel=2)
-    return None
+    lib = cbuild.load("dykstra_cpu.c", ["dykstra_cpu_impl.h", "parallel.h"],
+                      "the sparse Sinkhorn uses the compiled inductor passes instead")
+    return None if lib is None else _declare(lib)
 
 
 def native_available() -> bool:
