@@ -1,5 +1,6 @@
-"""The translator's product P^T E (translator/product.py): the CPU kernel that reads only P's live rows against
-the dense GEMMs, at OLMo-1B's shapes (v = 50,280, u = 512, d = 2,048), in interleaved pairs.
+"""The translator's product P^T E (translator/product.py): its CPU kernels (P's live rows gathered, or P's
+non-zeros walked by the support kernels, whichever :func:`cpu_route` picks) against the dense GEMMs, at OLMo-1B's
+shapes (v = 50,280, u = 512, d = 2,048), in interleaved pairs.
 
     PYTHONPATH=. python bench/bench_plan_product.py                       # ~3 min, 2 threads
     PYTHONPATH=. python bench/bench_plan_product.py --d 256 --reps 2      # a quick check
@@ -13,8 +14,9 @@ Plans (each C moved off its start, see bench/rehearsal.py):
   share leg's ``all_recipe`` (every row live).
 
 Per plan: the product alone (forward + backward into P, E frozen) and the whole translator (sparse Sinkhorn, floor,
-product, forward + backward with random cotangents), each with the live-row kernel and with the dense GEMMs
-(``P.t() @ E``), alternating; the minimum of ``--reps``; and C's gradient from both (their largest difference).
+product, forward + backward with random cotangents), each with ``plan_product`` (the route it takes in the last
+column) and with the dense GEMMs (``P.t() @ E``), alternating; the minimum of ``--reps``; and C's gradient from
+both (their largest difference). ``--dtype bfloat16``: E in bf16, as a bf16 model's rows (widened as read).
 ``--device cuda``: the same on the first GPU (the live kernel is then product_triton's), every timing between
 synchronize calls, and the product's forward + backward once under ``torch.cuda.set_sync_debug_mode("error")``.
 """
@@ -37,7 +39,7 @@ from s2t2_dist.models.hf import source_token_ids  # noqa: E402
 from s2t2_dist.recipes.tiny import save_olmo_tokenizer  # noqa: E402
 from s2t2_dist.stages.translate import DEFAULT_FLOOR  # noqa: E402
 from s2t2_dist.translator import TokenTranslator  # noqa: E402
-from s2t2_dist.translator.product import plan_product  # noqa: E402
+from s2t2_dist.translator.product import cpu_route, plan_product  # noqa: E402
 
 
 def dense(P, M, sparse=False):
@@ -51,6 +53,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--plans", default="shipped,moved")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the source rows' dtype")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -75,12 +78,12 @@ def main() -> None:
     v = src.numel()
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
-    E = torch.randn(v, args.d, device=dev)
+    E = torch.randn(v, args.d, device=dev).to(getattr(torch, args.dtype))
     where = torch.cuda.get_device_name(dev) if cuda else f"{torch.get_num_threads()} threads"
-    print(f"v = {v}, d = {args.d}, {where}; min of {args.reps}, interleaved")
-    print("| plan | P non-zeros | live rows | product fwd + bwd: live kernel / dense s | translator fwd + bwd: "
-          "live kernel / dense s | C's gradient, largest difference |")
-    print("|---|---|---|---|---|---|")
+    print(f"v = {v}, d = {args.d}, E {args.dtype}, {where}; min of {args.reps}, interleaved")
+    print("| plan | P non-zeros | live rows | product fwd + bwd: plan_product / dense s | translator fwd + bwd: "
+          "plan_product / dense s | C's gradient, largest difference | CPU route |")
+    print("|---|---|---|---|---|---|---|")
     sync_debug = {}
     for name, tr in trs.items():
         tr = tr.to(dev)
@@ -133,7 +136,8 @@ def main() -> None:
         nz = float((P != 0).double().mean())
         print(f"| {name} | {100 * nz:.2f}% | {n_live} | {m['pl']:.3f} / {m['pd']:.3f} ({m['pd'] / m['pl']:.1f} x) | "
               f"{m['tl']:.3f} / {m['td']:.3f} ({m['td'] / m['tl']:.1f} x) | "
-              f"{float((g_live - g_dense).abs().max()):.2e} (of {float(g_dense.abs().max()):.2e}) |", flush=True)
+              f"{float((g_live - g_dense).abs().max()):.2e} (of {float(g_dense.abs().max()):.2e}) | "
+              f"{cpu_route(P.cpu(), E[:1].cpu())[0]} |", flush=True)
     for name, r in sync_debug.items():
         print(f"{name}: host syncs under set_sync_debug_mode(\"error\"): {r}")
 
