@@ -5,6 +5,7 @@ shapes (v = 50,280, u = 512, d = 2,048), in interleaved pairs.
     PYTHONPATH=. python bench/bench_plan_product.py                       # ~3 min, 2 threads
     PYTHONPATH=. python bench/bench_plan_product.py --d 256 --reps 2      # a quick check
     PYTHONPATH=. python bench/bench_plan_product.py --device cuda         # the Triton kernels on a GPU
+    PYTHONPATH=. python bench/bench_plan_product.py --sweep 0.02,0.06,0.12,0.2 [--threads 1]   # the cost model
 
 Plans (each C moved off its start, see bench/rehearsal.py):
 
@@ -17,6 +18,9 @@ Per plan: the product alone (forward + backward into P, E frozen) and the whole 
 product, forward + backward with random cotangents), each with ``plan_product`` (the route it takes in the last
 column) and with the dense GEMMs (``P.t() @ E``), alternating; the minimum of ``--reps``; and C's gradient from
 both (their largest difference). ``--dtype bfloat16``: E in bf16, as a bf16 model's rows (widened as read).
+
+``--sweep F1,F2,...``: instead, the CPU support kernels (forward + dP) against the GEMMs on plans with every row live
+and random supports of those fractions of non-zeros: what ``product.support_cost`` is fitted to.
 ``--device cuda``: the same on the first GPU (the live kernel is then product_triton's), every timing between
 synchronize calls, and the product's forward + backward once under ``torch.cuda.set_sync_debug_mode("error")``.
 """
@@ -46,6 +50,39 @@ def dense(P, M, sparse=False):
     return P.t() @ M.to(P.dtype)
 
 
+def sweep(fractions, args) -> None:
+    """The support kernels against the GEMMs, forward + dP, every row live (module docstring)."""
+    from s2t2_dist.translator import product
+
+    if args.device != "cpu" or not product.support_available():
+        raise SystemExit("--sweep: the CPU support kernels are not built here (no C compiler?)")
+    v, u, d = 50280, 512, args.d
+    M = torch.randn(v, d).to(getattr(torch, args.dtype))
+    G = torch.randn(u, d)
+    print(f"v = {v}, u = {u}, d = {d}, E {args.dtype}, {torch.get_num_threads()} threads; min of {args.reps}")
+    print("| non-zeros | support fwd + dP s | GEMMs fwd + dP s | support / GEMMs | cost model |")
+    print("|---|---|---|---|---|")
+    for frac in fractions:
+        g = torch.Generator().manual_seed(0)
+        P = torch.rand(v, u, generator=g) * (torch.rand(v, u, generator=g) < frac)
+        P[torch.arange(v), torch.randint(u, (v,), generator=g)] = 0.5  # every row live
+        nz = float((P != 0).double().mean())
+
+        def best(f):
+            times = []
+            for _ in range(args.reps):
+                t0 = time.perf_counter()
+                f()
+                times.append(time.perf_counter() - t0)
+            return min(times)
+
+        sf, sd = best(lambda: product._support_product(P, M)), best(lambda: product._support_grad_p(P, M, G))
+        df, dd = best(lambda: P.t() @ M.to(P.dtype)), best(lambda: M.to(P.dtype) @ G.t())
+        model = product.support_cost(nz, d)
+        print(f"| {100 * nz:.1f}% | {sf:.3f} + {sd:.3f} = {sf + sd:.3f} | {df + dd:.3f} | "
+              f"{(sf + sd) / (df + dd):.2f} | {model:.2f} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--d", type=int, default=2048, help="model width (OLMo-1B: 2,048)")
@@ -54,9 +91,12 @@ def main() -> None:
     ap.add_argument("--plans", default="shipped,moved")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the source rows' dtype")
+    ap.add_argument("--sweep", default="", help="fractions of non-zeros: time the support kernels (see above)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    if args.sweep:
+        return sweep([float(x) for x in args.sweep.split(",")], args)
     from transformers import AutoTokenizer
 
     with tempfile.TemporaryDirectory() as tmp:

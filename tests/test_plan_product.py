@@ -88,7 +88,7 @@ def test_support_kernels_against_the_dense_product(monkeypatch, v, u, d, dt, mdt
     support and 0 elsewhere (the sparse kind reads it there only)."""
     if not product.support_available():
         pytest.skip("no C compiler")  # CI has one: test_ci_builds_the_support_kernels
-    monkeypatch.setattr(product, "SUPPORT_COST", 1.0)  # (small cases would go dense)
+    monkeypatch.setattr(product, "support_cost", lambda density, d: 0.0)  # (these small d would go dense)
     P = _every_row_live(v, u, 0.08, dtype=dt)
     g = torch.Generator().manual_seed(1)
     M = torch.randn(v, d, generator=g, dtype=torch.float64).to(mdt)
@@ -119,11 +119,12 @@ def test_routes_follow_the_plan_and_fall_back_without_the_kernels(monkeypatch):
     """Few live rows: gathered; every row live but sparse: the support kernels; without them (no compiler,
     S2T2_NATIVE=0): the dense GEMMs, with the same result; a dense plan: the GEMMs. S2T2_PRODUCT_KERNEL=live leaves
     the support kernels out, =dense forces the GEMMs."""
-    M = torch.randn(400, 8, dtype=torch.float64)
+    M = torch.randn(400, 1024, dtype=torch.float64)  # (at a small d the GEMMs win whatever P: support_cost)
     few, _ = _sparse_rows(400, 32, live=20)
     every = _every_row_live(400, 32, 0.05)
     assert cpu_route(few, M)[0] == "live" and cpu_route(torch.rand(400, 32, dtype=torch.float64), M)[0] == "dense"
     assert cpu_route(every, M)[0] == ("support" if product.support_available() else "dense")
+    assert cpu_route(every, M[:, :32])[0] == "dense"
     assert cpu_route(every.float(), M)[0] == "dense"  # a dtype pair the kernels lack (float32 P, float64 M)
     monkeypatch.setenv("S2T2_PRODUCT_KERNEL", "live")  # the support kernels left out: as before them
     assert cpu_route(every, M)[0] == "dense" and cpu_route(few, M)[0] == "live"
@@ -199,7 +200,7 @@ def test_translator_gradient_on_C_with_every_row_live(monkeypatch, normalization
     """The sparse kind from the paper's uniform marginals, C moved, floor 1 (the share leg's ``all_recipe`` plan):
     every row live, P sparse (8.5% here; floor 0 at these small u: 30%+, the GEMMs), so the support kernels run;
     C's gradient equals the dense product's (float64)."""
-    v, u, d = 3000, 256, 24
+    v, u, d = 3000, 256, 1024
     g = torch.Generator().manual_seed(2)
     E = torch.randn(v, d, dtype=torch.float64, generator=g)
     L = E if tied else torch.randn(v, d, dtype=torch.float64, generator=g)
@@ -238,9 +239,10 @@ def test_gpu_kernels_under_the_triton_interpreter():
 @pytest.mark.slow
 def test_bench_plan_product_runs_as_typed():
     """bench/bench_plan_product.py at a small width: the shipped plan has few live rows, the moved uniform one all,
-    each takes its route, and C's gradient is the same from both kernels."""
+    each takes its route, and C's gradient is the same from both kernels; --sweep times the support kernels (at
+    d = 64 the cost model says the GEMMs win)."""
     env = dict(os.environ, PYTHONPATH=str(TESTS.parent))
-    proc = subprocess.run([sys.executable, str(TESTS.parent / "bench" / "bench_plan_product.py"), "--d", "32",
+    proc = subprocess.run([sys.executable, str(TESTS.parent / "bench" / "bench_plan_product.py"), "--d", "512",
                            "--reps", "1"], env=env, capture_output=True, text=True, timeout=600, cwd=TESTS.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
@@ -253,6 +255,13 @@ def test_bench_plan_product_runs_as_typed():
     for cells in rows.values():
         diff, of = cells[4].split(" (of ")
         assert float(diff) <= 1e-6 * float(of.rstrip(")")), cells
+    if product.support_available():  # --sweep: the support kernels against the GEMMs, and the model's ratio
+        proc = subprocess.run([sys.executable, str(TESTS.parent / "bench" / "bench_plan_product.py"), "--sweep",
+                               "0.05,0.2", "--d", "64", "--reps", "1"], env=env, capture_output=True, text=True,
+                              timeout=600, cwd=TESTS.parent)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rows = [line.split("|")[1:-1] for line in proc.stdout.splitlines() if line.startswith("| ") and "%" in line]
+        assert len(rows) == 2 and all(float(r[3]) > 0 and float(r[4]) > 1 for r in rows), proc.stdout
 
 
 def _sharded_grad(v, u, d, dense):

@@ -11,8 +11,8 @@ translated_rows` multiplies with. It is one dispatcher op (``torch.library.custo
     ~1/150 of that (BENCHMARKS.md "#21 (session 9)").
   - ``"support"``: every row may be live but P is still sparse (the paper's uniform source marginal: ~6% non-zero
     at v = 50,280): the C kernels of ``ot/csrc/plan_product_cpu.c`` walk P's non-zeros only, forward and (for
-    ``sparse``) into dP on P's support, 0 elsewhere. Taken when their cost model (:data:`SUPPORT_COST`) says they
-    beat both the GEMMs and gathering the live rows: up to ~24% non-zeros (BENCHMARKS.md "#21 (session 11)").
+    ``sparse``) into dP on P's support, 0 elsewhere. Taken when their measured cost model (:func:`support_cost`)
+    says they beat both the GEMMs and gathering the live rows: at d = 2,048 up to ~20% non-zeros.
   - ``"dense"``: the GEMMs.
 
   Counting reads P on the host, which on a CPU is no sync. ``S2T2_PRODUCT_KERNEL=dense`` forces the GEMMs,
@@ -49,7 +49,7 @@ from s2t2_dist.translator import product_triton as _triton
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DENSE_FRACTION", "SUPPORT_FIXED", "SUPPORT_COST", "cpu_route", "plan_product", "live_rows",
+__all__ = ["DENSE_FRACTION", "support_cost", "cpu_route", "plan_product", "live_rows",
            "support_available"]
 
 #: the CPU kernel uses the dense GEMMs when more than this fraction of P's rows are live: gathering the rows then
@@ -58,11 +58,14 @@ __all__ = ["DENSE_FRACTION", "SUPPORT_FIXED", "SUPPORT_COST", "cpu_route", "plan
 DENSE_FRACTION = 0.5
 
 
-#: the support kernels' time against the dense GEMMs' (forward + dP) is about SUPPORT_FIXED + SUPPORT_COST x P's
-#: fraction of non-zeros (reading P and M and writing dP, then the work per non-zero): at 50,280 x 512 x 2,048 with
-#: every row live, 0.27 at 2% non-zeros, 0.40 at 6%, 0.61 at 12%, 0.86 at 20%, on 1 or 2 threads (BENCHMARKS.md
-#: "#21 (session 11)"); so they win up to ~24% non-zeros
-SUPPORT_FIXED, SUPPORT_COST = 0.2, 3.3
+def support_cost(density: float, d: int) -> float:
+    """The support kernels' time over the dense GEMMs' (forward + dP) for a plan with ``density`` non-zeros and
+    source rows of width ``d``. Fitted to ``bench/bench_plan_product.py --sweep`` at v = 50,280, u = 512, every row
+    live, 1 or 2 threads (BENCHMARKS.md "#21 (session 11)"): 0.38-0.39 at 6% and 0.85 at 20% non-zeros with
+    d = 2,048 (the model: 0.46, 0.94); 0.61 and 1.17 with d = 512 (0.64, 1.18); 0.88-1.84 with d = 128; above 1
+    with d = 32. Reading P, sorting its non-zeros and writing dP cost the same at any d, the GEMMs grow with d. The
+    model errs towards the GEMMs."""
+    return 0.2 + 100 / d + density * (3.3 + 300 / d)
 
 
 def live_rows(P: Tensor) -> Optional[Tensor]:
@@ -122,8 +125,8 @@ def cpu_route(P: Tensor, M: Tensor) -> Tuple[str, Optional[Tensor]]:
     v, u = P.shape
     idx = counts.nonzero().squeeze(1)
     nnz = int(counts.sum())
-    live_cost = idx.numel() * u if idx.numel() <= DENSE_FRACTION * v else v * u  # (in units of the GEMMs' entry)
-    if SUPPORT_FIXED * v * u + SUPPORT_COST * nnz < live_cost and (P.dtype, M.dtype) in _SUPPORT_SFX:
+    live_cost = idx.numel() * u if idx.numel() <= DENSE_FRACTION * v else v * u  # (in units of a GEMM's row of P)
+    if (P.dtype, M.dtype) in _SUPPORT_SFX and support_cost(nnz / (v * u), M.shape[1]) * v * u < live_cost:
         return "support", None
     return ("live", idx) if live_cost < v * u else ("dense", None)
 
