@@ -125,6 +125,7 @@ def test_routes_follow_the_plan_and_fall_back_without_the_kernels(monkeypatch):
     assert cpu_route(few, M)[0] == "live" and cpu_route(torch.rand(400, 32, dtype=torch.float64), M)[0] == "dense"
     assert cpu_route(every, M)[0] == ("support" if product.support_available() else "dense")
     assert cpu_route(every, M[:, :32])[0] == "dense"
+    assert cpu_route(every, M[:, :0])[0] == "dense" and cpu_route(every[:0], M[:0])[0] == "dense"  # (empty: no 1/0)
     assert cpu_route(every.float(), M)[0] == "dense"  # a dtype pair the kernels lack (float32 P, float64 M)
     monkeypatch.setenv("S2T2_PRODUCT_KERNEL", "live")  # the support kernels left out: as before them
     assert cpu_route(every, M)[0] == "dense" and cpu_route(few, M)[0] == "live"

@@ -49,8 +49,7 @@ from s2t2_dist.translator import product_triton as _triton
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DENSE_FRACTION", "support_cost", "cpu_route", "plan_product", "live_rows",
-           "support_available"]
+__all__ = ["DENSE_FRACTION", "cpu_route", "live_rows", "plan_product", "support_available", "support_cost"]
 
 #: the CPU kernel uses the dense GEMMs when more than this fraction of P's rows are live: gathering the rows then
 #: saves little (at 50,280 x 512 x 2,048 on 2 threads, forward + backward: 0.5 live 1.49 s against 1.91 s dense,
@@ -116,7 +115,7 @@ def cpu_route(P: Tensor, M: Tensor) -> Tuple[str, Optional[Tensor]]:
     """The CPU kernel for P^T M: ``("live", rows)``, ``("support", None)`` or ``("dense", None)`` (module
     docstring), from P's non-zeros per row (one pass over P)."""
     kernel = _kernel_setting()
-    if kernel == "dense":
+    if kernel == "dense" or P.numel() == 0 or M.shape[1] == 0:
         return "dense", None
     counts = _row_nnz(P) if kernel == "auto" else None
     if counts is None:  # no support kernels: the live rows (P.any: no v x u temporary either) or the GEMMs
@@ -125,7 +124,7 @@ def cpu_route(P: Tensor, M: Tensor) -> Tuple[str, Optional[Tensor]]:
     v, u = P.shape
     idx = counts.nonzero().squeeze(1)
     nnz = int(counts.sum())
-    live_cost = idx.numel() * u if idx.numel() <= DENSE_FRACTION * v else v * u  # (in units of a GEMM's row of P)
+    live_cost = idx.numel() * u if idx.numel() <= DENSE_FRACTION * v else v * u  # (entries of P the GEMMs multiply)
     if (P.dtype, M.dtype) in _SUPPORT_SFX and support_cost(nnz / (v * u), M.shape[1]) * v * u < live_cost:
         return "support", None
     return ("live", idx) if live_cost < v * u else ("dense", None)
