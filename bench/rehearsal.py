@@ -295,24 +295,23 @@ def target_tokenizer(out: Path) -> Path:
 
 
 def shipped_translator(model_dir: str, src_tok, src_ids, tok_dir: Path, floor: float, steps: int = 2):
-    """The stage's sparse translator as configs/translate_olmo1b.yaml starts it at these source ids (FVT start at
-    weight 0.5, source marginal "start", ``floor``), moved by ``steps`` AdamW steps at the recipe's lr against
-    random cotangents: C's entries with a gradient move, the rest stay (what P's live rows depend on)."""
+    """The stage's sparse translator as configs/translate_olmo1b.yaml starts it at these source ids
+    (``stages.translate.start_translator``: FVT start at its weight, source marginal "start", ``floor``), moved by
+    ``steps`` steps of the config's optimiser at the recipe's lr against random cotangents: C's entries with a
+    gradient move, the rest stay (what P's live rows depend on)."""
+    import dataclasses
+
     import torch
 
+    from s2t2_dist.config import load_config
     from s2t2_dist.data.bpe import load_tokenizer
-    from s2t2_dist.stages.translate import surface_prior
-    from s2t2_dist.translator import TokenTranslator
-    from s2t2_dist.translator.schedule import resolve_step
+    from s2t2_dist.stages.translate import TranslateConfig, start_translator
 
-    tgt = load_tokenizer(tok_dir)
-    v, u = src_ids.numel(), tgt.vocab_size
-    uniform = (torch.full((v,), 1.0 / v, dtype=torch.float64), torch.full((u,), 1.0 / u, dtype=torch.float64))
-    P0, _, mu = surface_prior(model_dir, src_tok, src_ids.tolist(), tgt, *uniform, 0.5, marginal="start")
-    tr = TokenTranslator(v, u, mu=mu, floor=floor)
-    tr.init_from_dense(P0)
-    opt = torch.optim.AdamW([tr.C], lr=resolve_step("sparse", v, init="informed").lr, betas=(0.9, 0.95), eps=1e-5,
-                            weight_decay=0.0)
+    cfg = load_config(TranslateConfig, REPO / "configs" / "translate_olmo1b.yaml",
+                      [f"model.path={model_dir}", f"translator.floor={floor}"])
+    tr, _, step = start_translator(cfg, src_tok, src_ids.tolist(), load_tokenizer(tok_dir))
+    opt = dataclasses.replace(cfg.optim, lr=step.lr).build([tr.C])
+    v = src_ids.numel()
     g = torch.Generator().manual_seed(0)
     for _ in range(steps):
         M = torch.randn(v, 64, generator=g)  # a narrow stand-in for E: only the pattern of C's gradient matters

@@ -333,7 +333,7 @@ def build(cfg: TranslateConfig, rt: Runtime):
     from s2t2_dist.models.hf import (UnsupportedModel, get_embedding_and_head, load_causal_lm, load_hf_tokenizer,
                                      source_token_ids)
     from s2t2_dist.models.translated import TranslatedLM
-    from s2t2_dist.translator import TokenTranslator, freeze_warning, resolve_step
+    from s2t2_dist.translator import freeze_warning
 
     env = rt.env
     model = load_causal_lm(cfg.model.path, dtype=rt.dtype, device=rt.device, frozen=True,
@@ -362,13 +362,7 @@ def build(cfg: TranslateConfig, rt: Runtime):
     # C's columns are sharded over every rank, on the group that serves C's device (NCCL for CUDA)
     group = group_for(rt.device) if env.distributed else None
     tc = cfg.translator
-    P0 = mu = None
-    if tc.fvt_start:
-        uniform = (torch.full((v,), 1.0 / v, dtype=torch.float64), torch.full((u,), 1.0 / u, dtype=torch.float64))
-        P0, dec, mu = surface_prior(cfg.model.path, src_tok, src_ids.tolist(), tgt, *uniform, tc.init_weight,
-                                    trust_remote_code=cfg.model.trust_remote_code, marginal=tc.resolved_source_marginal())
-    translator = TokenTranslator(v, u, kind=tc.kind, n_iter=tc.n_iter, normalization=tc.normalization, group=group,
-                                 mu=mu, floor=tc.resolved_floor()).to(rt.device)
+    translator, dec, step = start_translator(cfg, src_tok, src_ids.tolist(), tgt, group=group, device=rt.device)
     # The source tokenizer is hashed from its tokenizer.json file, as the data pipeline hashes it for manifests
     # (transformers may rebuild a hub tokenizer in memory, which would hash differently).
     hashes = {"source": tokenizer_hash(cfg.model.path), "target": tgt.hash}
@@ -378,15 +372,11 @@ def build(cfg: TranslateConfig, rt: Runtime):
         p = load_p(cfg.translator.init_p)
         p.check_compatible(hashes["source"], hashes["target"], where=f"{cfg.translator.init_p}: ")
         translator.init_from_dense(p.dense())
-    elif P0 is not None:
-        translator.init_from_dense(P0)
+    elif dec is not None:
         log.info("translate: FVT start (weight %.3g, source marginal %s): %.1f%% of target bytes covered by source "
                  "tokens, %d target tokens without pieces, %d identical to a source token", tc.init_weight,
                  tc.resolved_source_marginal(), 100 * dec.coverage, dec.empty, dec.identical)
-    informed = bool(tc.init_p) or tc.init == "fvt"  # an informed start: no dense warm-up from the uniform plan
-    step = resolve_step(tc.kind, v, recipe=tc.recipe, lr=cfg.optim.lr, init="informed" if informed else "",
-                        dense_frac=0.0 if informed else tc.dense_frac, dense_lr=tc.dense_lr, steps=cfg.train.steps)
-    schedule = step.apply_init(translator) if not informed else None
+    schedule = step.apply_init(translator) if step.init != "informed" else None
     warning = freeze_warning(cfg.translator.kind, v, step.lr)
     if warning and env.is_main:
         log.warning("translate: %s", warning)
@@ -419,6 +409,32 @@ def build(cfg: TranslateConfig, rt: Runtime):
     if env.is_main:
         log.info("translate: %s", step)
     return task, engine, loader, hashes
+
+
+def start_translator(cfg: TranslateConfig, src_tok, src_ids: list[int], tgt, *, group=None,
+                     device: torch.device | str = "cpu"):
+    """The translator as the stage starts it, and its step recipe: one home for the stage and bench/rehearsal.py.
+    The kind, the FVT prior (``translator.init=fvt``) with its source marginal and floor, C from the prior, on
+    ``device``; the StepRecipe of ``translator.recipe`` (an informed start: no dense warm-up). Returns (translator,
+    the prior's decomposition or None, step). ``translator.init_p`` is the caller's: it checks the P file against
+    the run's tokenizers first."""
+    from s2t2_dist.translator import TokenTranslator, resolve_step
+
+    tc = cfg.translator
+    v, u = len(src_ids), tgt.vocab_size
+    P0 = mu = dec = None
+    if tc.fvt_start:
+        uniform = (torch.full((v,), 1.0 / v, dtype=torch.float64), torch.full((u,), 1.0 / u, dtype=torch.float64))
+        P0, dec, mu = surface_prior(cfg.model.path, src_tok, src_ids, tgt, *uniform, tc.init_weight,
+                                    trust_remote_code=cfg.model.trust_remote_code, marginal=tc.resolved_source_marginal())
+    translator = TokenTranslator(v, u, kind=tc.kind, n_iter=tc.n_iter, normalization=tc.normalization, group=group,
+                                 mu=mu, floor=tc.resolved_floor()).to(device)
+    if P0 is not None:
+        translator.init_from_dense(P0)
+    informed = bool(tc.init_p) or tc.init == "fvt"  # an informed start: no dense warm-up from the uniform plan
+    step = resolve_step(tc.kind, v, recipe=tc.recipe, lr=cfg.optim.lr, init="informed" if informed else "",
+                        dense_frac=0.0 if informed else tc.dense_frac, dense_lr=tc.dense_lr, steps=cfg.train.steps)
+    return translator, dec, step
 
 
 def source_surface_bytes(src_tok, src_ids: list[int]) -> list:
