@@ -20,7 +20,7 @@
 #   S2T2_ENTRY        what python runs, e.g. "launch/translate.py" or "-m s2t2_dist.cluster.probe"
 #   S2T2_CONFIG       the stage's YAML config
 #   S2T2_MASTER_ADDR  rendezvous address (default: NodeAddr of the first node of the allocation)
-#   S2T2_MASTER_PORT  rendezvous port (default: 20000 + job id % 20000)
+#   S2T2_MASTER_PORT  rendezvous port (default: 20000 + job id % 12000, below Linux's ephemeral ports)
 #   S2T2_SRUN_ARGS    extra srun options, e.g. "--cpu-bind=cores"
 #   S2T2_REQUEUE      0: never requeue (default 1)
 #   S2T2_MAX_RESTARTS stop requeueing after this many restarts (default 50)

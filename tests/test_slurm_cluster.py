@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from s2t2_dist.dist.rendezvous import job_port
 from s2t2_dist.testing.slurm_cluster import LocalSlurmCluster, require_packages
 
 pytestmark = pytest.mark.slurm
@@ -309,7 +310,7 @@ def test_sbatch_translate_script_spreads_ranks_and_logs_every_node(cluster, batc
     assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
     assert [r["node"] for r in ranks] == ["n1", "n1", "n2", "n2"]
     assert [(r["node_rank"], r["local_rank"]) for r in ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    port = 20000 + int(job) % 20000
+    port = job_port({"SLURM_JOB_ID": job})
     for r in ranks:
         assert (r["world_size"], r["launcher"], r["master_addr"], r["master_port"]) == (4, "slurm", "127.0.0.1", port)
         assert r["allreduce_sum"] == r["expected_sum"] == 10.0

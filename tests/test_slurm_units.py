@@ -90,7 +90,7 @@ def test_detect_srun_prefers_exported_master_addr():
            "SLURM_JOB_NODELIST": "n[1-2]", "MASTER_ADDR": "10.0.0.7"}
     d = detect(env)
     assert (d.rank, d.world_size, d.local_rank, d.local_world_size, d.node_rank, d.num_nodes) == (3, 4, 1, 2, 1, 2)
-    assert (d.master_addr, d.master_port, d.launcher) == ("10.0.0.7", 20000 + 1234567 % 20000, "slurm")
+    assert (d.master_addr, d.master_port, d.launcher) == ("10.0.0.7", 20000 + 1234567 % 12000, "slurm")
     assert detect({**env, "S2T2_MASTER_ADDR": "10.0.0.9"}).master_addr == "10.0.0.9"
     # what StageJob exports under submitit: the torchrun-style variables win
     d = detect({**env, "RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
@@ -115,7 +115,7 @@ def test_rendezvous_one_computation_for_python_and_the_batch_shell():
         return out.split()
 
     assert exported(SLURM_JOB_ID="1234567", S2T2_MASTER_ADDR="10.0.0.7", MASTER_PORT="999") == \
-        ["10.0.0.7", str(20000 + 1234567 % 20000)]
+        ["10.0.0.7", str(20000 + 1234567 % 12000)]
     assert exported(SLURM_JOB_ID="1234567", S2T2_MASTER_ADDR="10.0.0.7", S2T2_MASTER_PORT="4242")[1] == "4242"
     rank_env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "1",
                 "SLURM_NNODES": "2", "SLURM_NTASKS_PER_NODE": "1(x2)", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "1234567",

@@ -50,12 +50,17 @@ def slurm_first_host_addr(env: dict) -> str:
         return env.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")
 
 
+#: the job's port is PORT_BASE + job id % PORT_SPAN: 20000-31999, away from common services and below Linux's
+#: ephemeral range (32768-60999 by default), where the ranks' own sockets (gloo and NCCL pairs, other jobs' clients)
+#: take ports: a job port up there failed with EADDRINUSE when 4 jobs shared a host (the local cluster's CI)
+PORT_BASE, PORT_SPAN = 20000, 12000
+
+
 def job_port(env: dict) -> int:
-    """S2T2_MASTER_PORT, else a port every task of the job derives identically from the job id, away from common
-    services."""
+    """S2T2_MASTER_PORT, else a port every task of the job derives identically from the job id (PORT_BASE)."""
     if env.get("S2T2_MASTER_PORT"):
         return _int(env, "S2T2_MASTER_PORT", 0)
-    return 20000 + _int(env, "SLURM_JOB_ID", 0) % 20000
+    return PORT_BASE + _int(env, "SLURM_JOB_ID", 0) % PORT_SPAN
 
 
 def slurm_port(env: dict) -> int:
