@@ -7,9 +7,8 @@
  *
  * Why: a plan with every source row live (the paper's uniform source marginal) is still ~6% non-zero at v = 50,280,
  * u = 512, so the dense GEMMs do ~16x the work of these loops (105 GFLOP each at d = 2,048), and the live-row GEMMs
- * save nothing. Both kernels walk P row by row (each thread a contiguous range of rows), collect a chunk's non-zeros
- * into a short list, then go over d in blocks of DB columns, so that the block of the u x d operand they update or
- * read (out's accumulator, or G) stays in L2 while the chunk's rows stream through: M is read once, P once.
+ * save nothing. Both kernels take P in chunks of rows, each thread a contiguous range (the layout:
+ * plan_product_cpu_impl.h); M and P are read from memory once.
  *
  * P and out in T; M in MT (a bf16 model's rows are widened as read: no v x d copy). Row-major, contiguous. Sums run
  * in T, in another order than a GEMM's (rounding-level differences); each thread sums its rows, then the threads'
@@ -35,11 +34,6 @@ static inline float bf16_to_f32(uint16_t h) {
 #define SFX f32_f32
 #define W 16
 #include "plan_product_cpu_impl.h"
-#undef T
-#undef MT
-#undef LOADM
-#undef SFX
-#undef W
 
 #define T float
 #define MT uint16_t
@@ -47,11 +41,6 @@ static inline float bf16_to_f32(uint16_t h) {
 #define SFX f32_bf16
 #define W 16
 #include "plan_product_cpu_impl.h"
-#undef T
-#undef MT
-#undef LOADM
-#undef SFX
-#undef W
 
 #define T double
 #define MT double

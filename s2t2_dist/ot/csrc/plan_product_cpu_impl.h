@@ -1,5 +1,6 @@
 /* The kernels of plan_product_cpu.c for one pair of element types. Included once per pair with T (P's and the
- * result's type), MT (M's storage type), LOADM (MT -> T), SFX (the name suffix) and W (T lanes in 64 bytes).
+ * result's type), MT (M's storage type), LOADM (MT -> T), SFX (the name suffix) and W (T lanes in 64 bytes)
+ * defined; it undefines them at its end, for the next pair.
  *
  * Layout of the work (both kernels): a thread takes a contiguous range of P's rows, in chunks of R rows. A chunk's
  * non-zeros are sorted by column (a counting sort: the chunk in CSC form), and its rows of M are at hand (M itself,
@@ -245,3 +246,8 @@ int PNAME(s2t2_support_grad_p)(const T *P, const MT *M, const T *G, T *dP, int64
 #undef PCAT_
 #undef PCAT
 #undef PNAME
+#undef T
+#undef MT
+#undef LOADM
+#undef SFX
+#undef W
