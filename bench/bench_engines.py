@@ -124,7 +124,7 @@ def worker(args) -> None:
 
         denv = init_deepspeed_distributed()
     else:
-        from s2t2_dist.dist.env import init_distributed
+        from s2t2_dist.distributed.env import init_distributed
 
         denv = init_distributed()
     rank, world = denv.rank, denv.world_size

@@ -8,7 +8,7 @@ with a frozen E of width ``--d`` (tied: L = E); the real LM is left out). Measur
 * peak translator memory per rank: kernel peak RSS (VmHWM, reset through /proc/self/clear_refs right before the
   step) minus the RSS before the translator was built (E already allocated). It covers C, its gradient, the two
   AdamW moments, P, the Sinkhorn workspace and E'/L'. Also the persistent part after the step (C + AdamW state).
-* bytes SENT per rank (ring model, see s2t2_dist/dist/sharded_sinkhorn.py): by the Sinkhorn per Dykstra iteration
+* bytes SENT per rank (ring model, see s2t2_dist/distributed/sharded_sinkhorn.py): by the Sinkhorn per Dykstra iteration
   (forward and backward separately), and by the gathers of E'/L' (+ their backward), vs ``v*u*4`` (all of C);
 * step time (only meaningful while ranks <= cores; this machine has 2).
 """
@@ -67,7 +67,7 @@ def worker(v, u, d, method, n_iter):
     gc.collect()
     solver = tr.plan_kind.solver()
     if R == 1:  # single process: nothing is sent
-        from s2t2_dist.dist.sharded_sinkhorn import CommStats
+        from s2t2_dist.distributed.sharded_sinkhorn import CommStats
 
         solver.stats = CommStats()
     solver.stats.reset()

@@ -3,7 +3,7 @@
 import sys
 
 from s2t2_dist.stages.translate import main
-from s2t2_dist.dist.exit import exit_process
+from s2t2_dist.distributed.exit import exit_process
 
 if __name__ == "__main__":
     exit_process(main(sys.argv[1:]))

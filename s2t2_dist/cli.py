@@ -42,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """The `s2t2` console script: a rank that ran distributed exits without Python's finalization (dist/exit.py)."""
-    from s2t2_dist.dist.exit import exit_process
+    """The `s2t2` console script: a rank that ran distributed exits without Python's finalization (distributed/exit.py)."""
+    from s2t2_dist.distributed.exit import exit_process
 
     exit_process(main())
 

@@ -85,7 +85,7 @@ _trace_dir: str | None = None
 
 
 def _rank() -> int:
-    from s2t2_dist.dist import collectives as coll
+    from s2t2_dist.distributed import collectives as coll
 
     if coll.initialized():
         return coll.rank()

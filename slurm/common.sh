@@ -4,7 +4,7 @@
 #
 # Contract with the Python entry points (launch/*.py, python -m s2t2_dist.cli ...):
 #   - every task finds its rank from SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID/SLURM_NODEID and the rendezvous
-#     from MASTER_ADDR/MASTER_PORT exported here (s2t2_dist.dist.env.init_distributed());
+#     from MASTER_ADDR/MASTER_PORT exported here (s2t2_dist.distributed.env.init_distributed());
 #   - on SIGUSR1 or SIGTERM a training entry writes a checkpoint at the next step boundary and exits with code 0;
 #     started again it resumes from the latest checkpoint in its run directory.
 # Requeue: the scripts ask for `--signal=B:USR1@LEAD`, so LEAD s before the time limit SLURM signals this batch
@@ -52,11 +52,11 @@ s2t2_entry() {  # s2t2_entry STAGE -> words after the interpreter
 
 # MASTER_ADDR: the first node of the allocation, by the address SLURM knows it at (node names need not resolve);
 # MASTER_PORT: derived from the job id, so every task computes the same one without talking to the others.
-# Computed in one place, s2t2_dist/dist/rendezvous.py (no torch import: fast).
+# Computed in one place, s2t2_dist/distributed/rendezvous.py (no torch import: fast).
 s2t2_rendezvous() {
     local exports
-    exports=$(PYTHONPATH="$S2T2_HOME${PYTHONPATH:+:$PYTHONPATH}" "$(s2t2_python)" -m s2t2_dist.dist.rendezvous) \
-        || { s2t2_log "could not compute the rendezvous (python -m s2t2_dist.dist.rendezvous)"; exit 1; }
+    exports=$(PYTHONPATH="$S2T2_HOME${PYTHONPATH:+:$PYTHONPATH}" "$(s2t2_python)" -m s2t2_dist.distributed.rendezvous) \
+        || { s2t2_log "could not compute the rendezvous (python -m s2t2_dist.distributed.rendezvous)"; exit 1; }
     eval "$exports"
     # srun must not pass on a torchrun-style rank from the submitting shell: each task takes its own from SLURM.
     unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK

@@ -95,7 +95,7 @@ def main(argv=None):
 
         denv = init_deepspeed_distributed()
     else:
-        from s2t2_dist.dist.env import init_distributed
+        from s2t2_dist.distributed.env import init_distributed
 
         denv = init_distributed()
     rank, world = denv.rank, denv.world_size
@@ -215,7 +215,7 @@ def nan_check(engine, task, loader, tcfg, rank, world):
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
-    from s2t2_dist.dist.exit import exit_process
+    from s2t2_dist.distributed.exit import exit_process
 
     main()
     exit_process(0)

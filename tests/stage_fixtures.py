@@ -57,7 +57,7 @@ def run_cmd(args: list[str], cwd: Path = REPO, timeout: int = 300, env: dict | N
 
 
 #: the default process group of a test run that has no CPU backend, as NCCL on a GPU node: a CPU collective that
-#: does not go through s2t2_dist.dist.collectives (which routes CPU tensors to a gloo group) fails here too
+#: does not go through s2t2_dist.distributed.collectives (which routes CPU tensors to a gloo group) fails here too
 NCCL_LIKE = {"S2T2_DIST_BACKEND": "cuda:gloo"}
 
 

@@ -1,4 +1,4 @@
-"""s2t2_dist.dist.collectives: the one home of collectives, each on the group that serves its tensors' device.
+"""s2t2_dist.distributed.collectives: the one home of collectives, each on the group that serves its tensors' device.
 
 The multi-rank tests start the default group as ``cuda:gloo``: no CPU backend, as NCCL alone on a GPU node. A CPU
 collective that bypasses the module fails there exactly as it would under NCCL (checked first, so the trick is
@@ -67,7 +67,7 @@ def test_no_module_outside_dist_calls_torch_distributed_collectives():
         if rel.parts[0] == "dist":
             continue
         offenders += [f"{rel}:{line}: {name}" for line, name in direct_collective_calls(path.read_text())]
-    assert not offenders, ("collectives and rank/world queries belong in s2t2_dist/dist/collectives.py (it puts "
+    assert not offenders, ("collectives and rank/world queries belong in s2t2_dist/distributed/collectives.py (it puts "
                            "tensors on the group their device needs):\n" + "\n".join(offenders))
 
 
@@ -78,7 +78,7 @@ def test_no_module_outside_dist_calls_torch_distributed_collectives():
 def _nccl_like_rank():
     import torch.distributed as dist
 
-    from s2t2_dist.dist import collectives as coll
+    from s2t2_dist.distributed import collectives as coll
     from s2t2_dist.engines.torch_engine import TorchEngine
     from s2t2_dist.eval.bpb import EvalTotals
     from s2t2_dist.eval.scoring import score_documents_batched
@@ -158,9 +158,9 @@ def test_routed_collectives_work_where_direct_cpu_collectives_fail():
 def _init_from_env_rank():
     import torch.distributed as dist
 
-    from s2t2_dist.dist import collectives as coll
-    from s2t2_dist.dist.env import init_distributed
-    from s2t2_dist.dist.exit import destroy_process_group
+    from s2t2_dist.distributed import collectives as coll
+    from s2t2_dist.distributed.env import init_distributed
+    from s2t2_dist.distributed.exit import destroy_process_group
 
     init_distributed(timeout_s=60)
     out = (dist.get_backend_config(), coll.sum_scalars([1.0])[0])
@@ -179,7 +179,7 @@ def test_init_distributed_backend_and_its_host_group(backend, expect):
 
 
 def test_default_backend_on_gpu_nodes_serves_cpu_too(monkeypatch):
-    from s2t2_dist.dist import env
+    from s2t2_dist.distributed import env
 
     monkeypatch.delenv("S2T2_DIST_BACKEND", raising=False)
     monkeypatch.setattr(env, "use_cuda", lambda: True)
@@ -191,9 +191,9 @@ def test_default_backend_on_gpu_nodes_serves_cpu_too(monkeypatch):
 def _single_rank_group():
     import torch.distributed as dist
 
-    from s2t2_dist.dist import collectives as coll
-    from s2t2_dist.dist.env import init_distributed
-    from s2t2_dist.dist.exit import destroy_process_group
+    from s2t2_dist.distributed import collectives as coll
+    from s2t2_dist.distributed.env import init_distributed
+    from s2t2_dist.distributed.exit import destroy_process_group
 
     init_distributed(timeout_s=60)
     before = coll.initialized()

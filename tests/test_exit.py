@@ -1,4 +1,4 @@
-"""dist/exit.py: a process that tore down a process group leaves through os._exit (no interpreter finalization,
+"""distributed/exit.py: a process that tore down a process group leaves through os._exit (no interpreter finalization,
 where gloo/NCCL handles can abort a finished rank); any other process exits normally."""
 
 import subprocess
@@ -12,7 +12,7 @@ from stage_fixtures import REPO
 SCRIPT = textwrap.dedent("""
     import atexit, os, sys
     import torch.distributed as dist
-    from s2t2_dist.dist.exit import exit_process
+    from s2t2_dist.distributed.exit import exit_process
     from s2t2_dist.stages.common import teardown
 
     atexit.register(lambda: print("finalization ran", flush=True))

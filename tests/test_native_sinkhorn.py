@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from distributed import run_distributed
-from s2t2_dist.dist.sharded_sinkhorn import ShardedSparseSinkhorn, shard_bounds
+from s2t2_dist.distributed.sharded_sinkhorn import ShardedSparseSinkhorn, shard_bounds
 from s2t2_dist.ot import native
 from s2t2_dist.ot.native import NativeKernels
 from s2t2_dist.ot.sinkhorn import SparseSinkhorn, sparse_sinkhorn

@@ -32,7 +32,7 @@ def test_adamw_paper_settings_and_groups():
 def test_reshard_moves_columns_and_adam_moments_exactly(tmp_path):
     """A column-sharded parameter and its Adam moments saved by 2 ranks, re-split for 3 ranks (and 1): each new
     rank gets exactly its columns of the full matrices; the step count and schedule are carried over."""
-    from s2t2_dist.dist.sharded_sinkhorn import shard_bounds
+    from s2t2_dist.distributed.sharded_sinkhorn import shard_bounds
     from s2t2_dist.engines.torch_engine import reshard
 
     v, u = 5, 7

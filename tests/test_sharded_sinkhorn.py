@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from distributed import DistributedTestError, run_distributed
-from s2t2_dist.dist.sharded_sinkhorn import ShardedSparseSinkhorn, shard_bounds, sharded_softmax_sinkhorn
+from s2t2_dist.distributed.sharded_sinkhorn import ShardedSparseSinkhorn, shard_bounds, sharded_softmax_sinkhorn
 from s2t2_dist.ot.simplex import DEFAULT_WARM_ITERS
 from s2t2_dist.ot.sinkhorn import softmax_sinkhorn, sparse_sinkhorn
 

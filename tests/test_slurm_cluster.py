@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from s2t2_dist.dist.rendezvous import job_port
+from s2t2_dist.distributed.rendezvous import job_port
 from s2t2_dist.testing.slurm_cluster import LocalSlurmCluster, require_packages
 
 pytestmark = pytest.mark.slurm

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from s2t2_dist.dist.env import default_backend, detect
+from s2t2_dist.distributed.env import default_backend, detect
 from s2t2_dist.cluster.layout import timeout_minutes
 from s2t2_dist.cluster.submit import (
     RENDEZVOUS_SETUP, SlurmConfig, StageJob, build_executor, resolve_slurm_config)
@@ -99,17 +99,17 @@ def test_detect_srun_prefers_exported_master_addr():
 
 
 def test_rendezvous_one_computation_for_python_and_the_batch_shell():
-    """dist/rendezvous.py is the one place: what `eval "$(python -m s2t2_dist.dist.rendezvous)"` exports in the
+    """distributed/rendezvous.py is the one place: what `eval "$(python -m s2t2_dist.distributed.rendezvous)"` exports in the
     batch script is what detect() computes in a rank; S2T2_MASTER_* win, a MASTER_PORT inherited from the
     submitting shell does not."""
     import sys
 
-    from s2t2_dist.dist.rendezvous import slurm_port
+    from s2t2_dist.distributed.rendezvous import slurm_port
 
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "S2T2_MASTER_"))}
 
     def exported(**env) -> list[str]:
-        out = subprocess.run(["bash", "-c", f'eval "$({sys.executable} -m s2t2_dist.dist.rendezvous)"; '
+        out = subprocess.run(["bash", "-c", f'eval "$({sys.executable} -m s2t2_dist.distributed.rendezvous)"; '
                               'echo "$MASTER_ADDR $MASTER_PORT"'], env={**base, **env}, capture_output=True,
                              text=True, check=True).stdout
         return out.split()

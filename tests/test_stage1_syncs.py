@@ -24,7 +24,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather
                "broadcast", "broadcast_object_list", "barrier", "reduce_scatter_tensor", "gather", "scatter",
                "reduce")
 # who asked for a collective: the first of these files found on the stack (innermost first)
-ORIGINS = (("s2t2_dist/dist/stats_batch.py", "stats"), ("s2t2_dist/dist/sharded_sinkhorn.py", "translator"),
+ORIGINS = (("s2t2_dist/distributed/stats_batch.py", "stats"), ("s2t2_dist/distributed/sharded_sinkhorn.py", "translator"),
            ("s2t2_dist/engines/", "engine"), ("s2t2_dist/train/checkpoint.py", "checkpoint"),
            ("s2t2_dist/eval/", "eval"), ("s2t2_dist/train/loop.py", "loop"))
 
@@ -52,7 +52,7 @@ def _counted_run(data, model, run_dir, kind):
     import torch.distributed as dist
 
     import s2t2_dist.train.loop as loop
-    from s2t2_dist.dist.stats_batch import StatsBatch
+    from s2t2_dist.distributed.stats_batch import StatsBatch
     from s2t2_dist.stages.translate import run
     from s2t2_dist.utils.syncs import SyncCounter
 

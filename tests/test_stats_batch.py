@@ -1,4 +1,4 @@
-"""StatsBatch (s2t2_dist/dist/stats_batch.py): every value a logging step reduces, in one all_reduce and one read;
+"""StatsBatch (s2t2_dist/distributed/stats_batch.py): every value a logging step reduces, in one all_reduce and one read;
 and the translator's statistics through it equal, to the last bit, what the one-collective-per-statistic code
 before it computed (a reference kept here), on 1, 2 and 3 gloo ranks with C's columns sharded."""
 import math
@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from distributed import run_distributed
-from s2t2_dist.dist.stats_batch import StatsBatch
+from s2t2_dist.distributed.stats_batch import StatsBatch
 from s2t2_dist.ot.entropy import entropy
 from s2t2_dist.translator import TokenTranslator
 

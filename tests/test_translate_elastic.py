@@ -51,7 +51,7 @@ def _trace(run_dir):
 
 
 def test_translate_resumes_on_3_then_1_ranks_like_the_uninterrupted_run(inputs, tmp_path):
-    from s2t2_dist.dist.sharded_sinkhorn import shard_bounds
+    from s2t2_dist.distributed.sharded_sinkhorn import shard_bounds
     from s2t2_dist.pfile import load_p
 
     data, model = inputs

@@ -69,8 +69,8 @@ class _Task:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from s2t2_dist.dist import collectives as coll
-    from s2t2_dist.dist.env import init_distributed
+    from s2t2_dist.distributed import collectives as coll
+    from s2t2_dist.distributed.env import init_distributed
     from s2t2_dist.engines.torch_engine import TorchEngine
     from s2t2_dist.train.checkpoint import Checkpointer
     from s2t2_dist.train.config import OptimConfig, TrainConfig
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         (out / "result.json").write_text(json.dumps(
             {k: record[k] for k in ("step", "finished", "preempted", "final_loss", "world_size", "job_id")}))
     if coll.initialized():
-        from s2t2_dist.dist.exit import destroy_process_group
+        from s2t2_dist.distributed.exit import destroy_process_group
 
         destroy_process_group()
     print(f"probe rank {rank}/{world} on {node_name}: step {result.step} finished={result.finished} "
@@ -140,6 +140,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from s2t2_dist.dist.exit import exit_process
+    from s2t2_dist.distributed.exit import exit_process
 
-    exit_process(main())  # see dist/exit.py: seen here, a DeepSpeed-launched rank aborting after this print
+    exit_process(main())  # see distributed/exit.py: seen here, a DeepSpeed-launched rank aborting after this print

@@ -96,9 +96,9 @@ class SlurmConfig:
 
 
 # Exported once in the batch script (before srun), so no rank has to ask slurmctld: the first node's address as
-# SLURM knows it (node names need not resolve) and a port every task derives from the job id (dist/rendezvous.py,
+# SLURM knows it (node names need not resolve) and a port every task derives from the job id (distributed/rendezvous.py,
 # the one place they are computed; run by the interpreter submitit runs the job with).
-RENDEZVOUS_SETUP = [f'eval "$({shlex.quote(sys.executable)} -m s2t2_dist.dist.rendezvous)"']
+RENDEZVOUS_SETUP = [f'eval "$({shlex.quote(sys.executable)} -m s2t2_dist.distributed.rendezvous)"']
 
 
 class StageJob:
@@ -126,7 +126,7 @@ class StageJob:
     def setup_environment(self) -> dict[str, str]:
         import submitit
 
-        from s2t2_dist.dist.rendezvous import slurm_first_host_addr, slurm_port
+        from s2t2_dist.distributed.rendezvous import slurm_first_host_addr, slurm_port
 
         job = submitit.JobEnvironment()
         os.environ.update(self.env)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from s2t2_dist.dist import collectives as coll
+from s2t2_dist.distributed import collectives as coll
 
 
 class Engine(abc.ABC):

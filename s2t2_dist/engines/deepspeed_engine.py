@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from s2t2_dist.config import ConfigError
-from s2t2_dist.dist import collectives as coll
+from s2t2_dist.distributed import collectives as coll
 from s2t2_dist.engines.base import Engine, EngineKind
 from s2t2_dist.models.hf import enable_activation_checkpointing
 from s2t2_dist.train.optim import param_groups
@@ -66,9 +66,9 @@ def prepare_deepspeed():
 
 
 def init_deepspeed_distributed(timeout_s: float = 1800.0):
-    """torch.distributed from whatever launcher started us (s2t2_dist.dist.env), then DeepSpeed's comm layer on top of
+    """torch.distributed from whatever launcher started us (s2t2_dist.distributed.env), then DeepSpeed's comm layer on top of
     the same process group. Returns the DistEnv."""
-    from s2t2_dist.dist.env import init_distributed
+    from s2t2_dist.distributed.env import init_distributed
 
     deepspeed = prepare_deepspeed()
     denv = init_distributed(timeout_s=timeout_s)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from s2t2_dist.dist import collectives as coll
+from s2t2_dist.distributed import collectives as coll
 from s2t2_dist.engines.base import Engine, EngineKind
 from s2t2_dist.models.hf import build_causal_lm, enable_activation_checkpointing
 
@@ -217,7 +217,7 @@ class FSDP2(EngineKind):
     float32 on every rank, then sharded."""
 
     def init_distributed(self) -> None:
-        from s2t2_dist.dist.env import init_distributed
+        from s2t2_dist.distributed.env import init_distributed
 
         init_distributed(single_rank_group=True)
 

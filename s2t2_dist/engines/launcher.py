@@ -53,7 +53,7 @@ def parse_launcher_args(argv: list[str]) -> tuple[LauncherArgs, list[str]]:
                     raise ConfigError(f"{key} needs a value")
                 val = argv[i + 1]
                 i += 1
-            # dropped: each rank takes its local rank from the environment (dist/env.py)
+            # dropped: each rank takes its local rank from the environment (distributed/env.py)
         else:
             rest.append(a)
         i += 1

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from s2t2_dist.dist import collectives as coll
+from s2t2_dist.distributed import collectives as coll
 from s2t2_dist.engines.base import Engine, EngineKind
 from s2t2_dist.models.hf import build_causal_lm, enable_activation_checkpointing
 from s2t2_dist.train.optim import cosine_lr_factor

@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 import torch
 import torch.nn.functional as F
 
-from s2t2_dist.dist import collectives as coll
+from s2t2_dist.distributed import collectives as coll
 
 
 @dataclass

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from s2t2_dist.config import ConfigError
-from s2t2_dist.dist import collectives as coll
+from s2t2_dist.distributed import collectives as coll
 from s2t2_dist.eval.bpb import EvalTotals, rolling_windows
 
 

@@ -1,6 +1,6 @@
 """Scaled sparsemax: Euclidean projection onto {p >= 0, sum p = scale}, and its building blocks.
 
-Pure math: no torch.distributed, no I/O. The distributed row projection (``s2t2_dist.dist``) reuses the same
+Pure math: no torch.distributed, no I/O. The distributed row projection (``s2t2_dist.distributed``) reuses the same
 building blocks by passing a ``comm`` object whose ``all_gather``/``all_reduce`` are collectives; here they are the
 identity (:class:`LocalComm`).
 
@@ -91,7 +91,7 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 class LocalComm:
     """The single-process 'communicator': every collective is the identity.
 
-    A distributed implementation (see ``s2t2_dist.dist.sharded_sinkhorn.GroupComm``) provides the same three
+    A distributed implementation (see ``s2t2_dist.distributed.sharded_sinkhorn.GroupComm``) provides the same three
     members; the threshold code below calls nothing else.
     """
 

@@ -215,7 +215,7 @@ def run_dir(path: str, key: str = "run_dir", stage: str | None = None) -> None:
 def claim_run_dir(path: str | Path, stage: str, is_main: bool, key: str = "run_dir") -> None:
     """The job's rank 0 takes the directory's lock (`utils.rundir`); every rank learns whether it did, so the other
     ranks of a refused job stop too (and no rank of the holding job is refused by its own lock)."""
-    from s2t2_dist.dist import collectives as coll
+    from s2t2_dist.distributed import collectives as coll
     from s2t2_dist.utils.rundir import RunDirError, claim
 
     err = None
@@ -279,7 +279,7 @@ def distinct_inputs(paths: list[str], key: str = "inputs", format: str = "auto")
 
 def training_layout(train, eval_dir: str) -> None:
     """The batch layout against the ranks this process was started with, and evaluation that cannot happen."""
-    from s2t2_dist.dist.env import detect
+    from s2t2_dist.distributed.env import detect
 
     train.grad_accum(detect().world_size)
     if train.eval_every and not eval_dir:

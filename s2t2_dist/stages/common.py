@@ -17,7 +17,7 @@ from typing import Any, Callable, TypeVar
 import torch
 
 from s2t2_dist.config import load_config, save_config, to_dict
-from s2t2_dist.dist.env import DistEnv, device_for, init_distributed
+from s2t2_dist.distributed.env import DistEnv, device_for, init_distributed
 from s2t2_dist.train.metrics import MetricsLogger
 
 T = TypeVar("T")
@@ -130,13 +130,13 @@ def run_stage(cfg, work: Callable[[Any, Runtime], dict], *, preflight: Callable[
 
 
 def teardown() -> None:
-    from s2t2_dist.dist import collectives as coll
+    from s2t2_dist.distributed import collectives as coll
     from s2t2_dist.utils.rundir import release_all
 
     release_all()  # the run's outputs are written: its directory is free for the next run
 
     if coll.initialized():
-        from s2t2_dist.dist.exit import destroy_process_group
+        from s2t2_dist.distributed.exit import destroy_process_group
 
         coll.barrier()
         destroy_process_group()

@@ -221,7 +221,7 @@ def _tokenize_raw_files(cfg: EvaluateConfig, plan: InitPlan, is_main: bool) -> d
     the other ranks raise one naming rank 0."""
     from s2t2_dist.data.errors import DataError
     from s2t2_dist.data.raw_eval import tokenize_files
-    from s2t2_dist.dist import collectives as coll
+    from s2t2_dist.distributed import collectives as coll
 
     d = cfg.data
 

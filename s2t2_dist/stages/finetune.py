@@ -185,7 +185,7 @@ def export_model(engine, plan: InitPlan, out_dir: str | Path, *, dtype: torch.dt
                  extra: dict | None = None) -> Path:
     """Write the current weights as a standard Hugging Face directory (config, safetensors, the tokenizer files of
     the tokenizer the model speaks), atomically (built in OUT.partial, then renamed). Collective."""
-    from s2t2_dist.dist import collectives as coll
+    from s2t2_dist.distributed import collectives as coll
     from s2t2_dist.stages.init_model import InitError, copy_tokenizer_files, replace_dir
     from s2t2_dist.utils.io import atomic_write_text, fsync_dir
 

@@ -333,7 +333,7 @@ def prepare_initial_model(init: InitConfig, model_path: str, tokenizer: str, out
                           is_main: bool, trust_remote_code: bool = False) -> InitPlan:
     """resolve_plan on every rank, write_initial_model on rank 0, then a barrier. Collective when distributed;
     an error on rank 0 is raised on every rank."""
-    from s2t2_dist.dist.collectives import raise_if_any_failed
+    from s2t2_dist.distributed.collectives import raise_if_any_failed
 
     plan, identity = resolve_plan(init, model_path, tokenizer, out_dir)
     err = None
@@ -349,7 +349,7 @@ def prepare_initial_model(init: InitConfig, model_path: str, tokenizer: str, out
 
 
 def _distributed() -> bool:
-    from s2t2_dist.dist import collectives as coll
+    from s2t2_dist.distributed import collectives as coll
 
     return coll.distributed()
 

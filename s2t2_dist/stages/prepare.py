@@ -19,7 +19,7 @@ import sys
 
 from s2t2_dist.config import save_config
 from s2t2_dist.data.config import DataConfig
-from s2t2_dist.dist.env import detect
+from s2t2_dist.distributed.env import detect
 from s2t2_dist.stages.common import parse_args
 
 log = logging.getLogger("s2t2.prepare")

@@ -357,7 +357,7 @@ def build(cfg: TranslateConfig, rt: Runtime):
     src_ids = source_token_ids(src_tok, cfg.model.source_vocab, num_embeddings=E.shape[0]).to(rt.device)
     tgt = load_tokenizer(cfg.data.tokenizer)
     u, v = tgt.vocab_size, src_ids.numel()
-    from s2t2_dist.dist.collectives import group_for
+    from s2t2_dist.distributed.collectives import group_for
 
     # C's columns are sharded over every rank, on the group that serves C's device (NCCL for CUDA)
     group = group_for(rt.device) if env.distributed else None

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from s2t2_dist import faults
-from s2t2_dist.dist import collectives as coll
+from s2t2_dist.distributed import collectives as coll
 from s2t2_dist.utils.io import atomic_write_text, fsync_dir
 
 _STEP_RE = re.compile(r"^step_(\d{8})$")

@@ -19,8 +19,8 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 
 from s2t2_dist import faults
-from s2t2_dist.dist import collectives as coll
-from s2t2_dist.dist.stats_batch import Reduced, StatsBatch
+from s2t2_dist.distributed import collectives as coll
+from s2t2_dist.distributed.stats_batch import Reduced, StatsBatch
 from s2t2_dist.train.checkpoint import Checkpointer
 from s2t2_dist.train.config import TrainConfig
 from s2t2_dist.train.metrics import MetricsLogger

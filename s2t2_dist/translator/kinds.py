@@ -11,7 +11,7 @@ from typing import Dict, Optional, Type
 import torch
 from torch import Tensor
 
-from s2t2_dist.dist.sharded_sinkhorn import ShardedSparseSinkhorn, sharded_softmax_sinkhorn
+from s2t2_dist.distributed.sharded_sinkhorn import ShardedSparseSinkhorn, sharded_softmax_sinkhorn
 from s2t2_dist.ot.sinkhorn import SparseSinkhorn, softmax_sinkhorn, unconstrained_plan
 from s2t2_dist.translator.floor import NOISE_W, floor_plan
 from s2t2_dist.ot.marginals import safe_inv

@@ -1,7 +1,7 @@
 """TokenTranslator: the trainable translation C -> P -> (E', L'), optionally column-sharded across ranks.
 
 Shapes (see docs/DESIGN.md): C is v x u (source tokens x target tokens); rank r holds the columns
-``[col_start, col_end)`` (:func:`~s2t2_dist.dist.sharded_sinkhorn.shard_bounds`: the first ``u % R`` ranks get one
+``[col_start, col_end)`` (:func:`~s2t2_dist.distributed.sharded_sinkhorn.shard_bounds`: the first ``u % R`` ranks get one
 extra column). ``P = sinkhorn(C)`` has rows summing (approximately, after ``n_iter`` iterations) to ``mu`` and
 columns summing exactly to ``nu``.
 
@@ -30,8 +30,8 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from s2t2_dist.dist.stats_batch import Reduced, StatsBatch
-from s2t2_dist.dist.sharded_sinkhorn import (
+from s2t2_dist.distributed.stats_batch import Reduced, StatsBatch
+from s2t2_dist.distributed.sharded_sinkhorn import (
     DEFAULT_COL_K,
     DEFAULT_ROW_K,
     GroupComm,

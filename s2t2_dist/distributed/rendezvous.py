@@ -1,9 +1,9 @@
 """The SLURM rendezvous, computed in one place: the first node's address and a port from the job id.
 
-Every task derives the same values without talking to the others. Used in Python by dist/env.py (SLURM ranks
+Every task derives the same values without talking to the others. Used in Python by distributed/env.py (SLURM ranks
 without a launcher) and cluster/submit.py (inside submitit jobs), and by the batch scripts before srun:
 
-    eval "$(python -m s2t2_dist.dist.rendezvous)"      # exports MASTER_ADDR and MASTER_PORT
+    eval "$(python -m s2t2_dist.distributed.rendezvous)"      # exports MASTER_ADDR and MASTER_PORT
 
 Imports no torch, so the batch script's call is fast.
 """

@@ -23,7 +23,7 @@ def destroy_process_group() -> None:
     """``torch.distributed.destroy_process_group()``, remembering that this process may exit the hard way."""
     import torch.distributed as dist
 
-    from s2t2_dist.dist.collectives import forget_groups
+    from s2t2_dist.distributed.collectives import forget_groups
 
     global _tore_down
     dist.destroy_process_group()

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from s2t2_dist.dist import collectives as coll
+from s2t2_dist.distributed import collectives as coll
 
 __all__ = ["StatsBatch", "Reduced", "OPS"]
 

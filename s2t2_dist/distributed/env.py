@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from s2t2_dist.dist.rendezvous import slurm_first_host_addr, slurm_port
+from s2t2_dist.distributed.rendezvous import slurm_first_host_addr, slurm_port
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def use_cuda() -> bool:
 def default_backend() -> str:
     """NCCL for CUDA tensors beside gloo for CPU ones (bookkeeping collectives run on CPU tensors; NCCL alone would
     reject them). S2T2_DIST_BACKEND overrides it: the tests set ``cuda:gloo``, a group with no CPU backend, so that
-    a CPU collective that does not go through s2t2_dist.dist.collectives fails on CPU as it would under NCCL."""
+    a CPU collective that does not go through s2t2_dist.distributed.collectives fails on CPU as it would under NCCL."""
     override = os.environ.get("S2T2_DIST_BACKEND", "").strip()
     if override:
         return override
@@ -140,7 +140,7 @@ def init_distributed(backend: str | None = None, timeout_s: float = 1800.0, sing
         world_size=denv.world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
-    from s2t2_dist.dist.collectives import host_group
+    from s2t2_dist.distributed.collectives import host_group
 
     host_group(timeout_s)  # collective: created now, on every rank in the same order, if the default lacks CPU
     return denv
