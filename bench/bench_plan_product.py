@@ -1,28 +1,22 @@
-"""The translator's product P^T E (translator/product.py): its CPU kernels (P's live rows gathered, or P's
-non-zeros walked by the support kernels, whichever :func:`cpu_route` picks) against the dense GEMMs, at OLMo-1B's
-shapes (v = 50,280, u = 512, d = 2,048), in interleaved pairs.
+"""The translator's product P^T E (translator/product.py): its kernel for the device (CPU: P's live rows gathered;
+CUDA: the Triton live-row kernels) against the dense GEMMs, at OLMo-1B's shapes (v = 50,280, u = 512, d = 2,048), in
+interleaved pairs. Prints each plan's row as soon as it is measured.
 
-    PYTHONPATH=. python bench/bench_plan_product.py                       # ~3 min, 2 threads
+    PYTHONPATH=. python bench/bench_plan_product.py                       # CPU, 2 threads
     PYTHONPATH=. python bench/bench_plan_product.py --d 256 --reps 2      # a quick check
-    PYTHONPATH=. python bench/bench_plan_product.py --device cuda         # the Triton kernels on a GPU
-    PYTHONPATH=. python bench/bench_plan_product.py --sweep 0.02,0.06,0.12,0.2 [--threads 1]   # the cost model
+    PYTHONPATH=. python bench/bench_plan_product.py --device cuda         # the Triton kernels on a GPU (< 60 s)
 
-Plans (each C moved off its start, see bench/rehearsal.py):
+Plans (each C moved off its start, see bench/rehearsal.py), built on the bench's device:
 
 * ``shipped``: the shipped recipe's start (configs/translate_olmo1b.yaml: FVT at weight 0.5 from OLMo's tokenizer
   and a protein BPE of 512 tokens, the FVT plan's own source marginal, floor 1), after two AdamW steps at its lr;
-* ``moved``: the uniform source marginal and a moved uniform C (C = 1/v + U(0, 1/v)), floor 1: the plan of the
-  share leg's ``all_recipe`` (every row live).
+* ``moved``: the uniform source marginal and a moved uniform C (C = 1/v + U(0, 1/v)), floor 1: every row live.
 
 Per plan: the product alone (forward + backward into P, E frozen) and the whole translator (sparse Sinkhorn, floor,
-product, forward + backward with random cotangents), each with ``plan_product`` (the route it takes in the last
-column) and with the dense GEMMs (``P.t() @ E``), alternating; the minimum of ``--reps``; and C's gradient from
-both (their largest difference). ``--dtype bfloat16``: E in bf16, as a bf16 model's rows (widened as read).
-
-``--sweep F1,F2,...``: instead, the CPU support kernels (forward + dP) against the GEMMs on plans with every row live
-and random supports of those fractions of non-zeros: what ``product.support_cost`` is fitted to.
-``--device cuda``: the same on the first GPU (the live kernel is then product_triton's), every timing between
-synchronize calls, and the product's forward + backward once under ``torch.cuda.set_sync_debug_mode("error")``.
+product, forward + backward with random cotangents), each with ``plan_product`` and with the dense GEMMs
+(``P.t() @ E``), alternating; the minimum of ``--reps``; and C's gradient from both (their largest difference).
+``--dtype bfloat16``: E in bf16, as a bf16 model's rows (widened as read). On CUDA every timing is between
+synchronize calls, and the product's forward + backward runs once under ``torch.cuda.set_sync_debug_mode("error")``.
 """
 from __future__ import annotations
 
@@ -43,44 +37,19 @@ from s2t2_dist.models.hf import source_token_ids  # noqa: E402
 from s2t2_dist.recipes.tiny import save_olmo_tokenizer  # noqa: E402
 from s2t2_dist.stages.translate import DEFAULT_FLOOR  # noqa: E402
 from s2t2_dist.translator import TokenTranslator  # noqa: E402
-from s2t2_dist.translator.product import cpu_route, plan_product  # noqa: E402
+import s2t2_dist.translator.product as product  # noqa: E402
+from s2t2_dist.translator.product import plan_product  # noqa: E402
 
 
 def dense(P, M, sparse=False):
     return P.t() @ M.to(P.dtype)
 
 
-def sweep(fractions, args) -> None:
-    """The support kernels against the GEMMs, forward + dP, every row live (module docstring)."""
-    from s2t2_dist.translator import product
-
-    if args.device != "cpu" or not product.support_available():
-        raise SystemExit("--sweep: the CPU support kernels are not built here (no C compiler?)")
-    v, u, d = 50280, 512, args.d
-    M = torch.randn(v, d).to(getattr(torch, args.dtype))
-    G = torch.randn(u, d)
-    print(f"v = {v}, u = {u}, d = {d}, E {args.dtype}, {torch.get_num_threads()} threads; min of {args.reps}")
-    print("| non-zeros | support fwd + dP s | GEMMs fwd + dP s | support / GEMMs | cost model |")
-    print("|---|---|---|---|---|")
-    for frac in fractions:
-        g = torch.Generator().manual_seed(0)
-        P = torch.rand(v, u, generator=g) * (torch.rand(v, u, generator=g) < frac)
-        P[torch.arange(v), torch.randint(u, (v,), generator=g)] = 0.5  # every row live
-        nz = float((P != 0).double().mean())
-
-        def best(f):
-            times = []
-            for _ in range(args.reps):
-                t0 = time.perf_counter()
-                f()
-                times.append(time.perf_counter() - t0)
-            return min(times)
-
-        sf, sd = best(lambda: product._support_product(P, M)), best(lambda: product._support_grad_p(P, M, G))
-        df, dd = best(lambda: P.t() @ M.to(P.dtype)), best(lambda: M.to(P.dtype) @ G.t())
-        model = product.support_cost(nz, d)
-        print(f"| {100 * nz:.1f}% | {sf:.3f} + {sd:.3f} = {sf + sd:.3f} | {df + dd:.3f} | "
-              f"{(sf + sd) / (df + dd):.2f} | {model:.2f} |", flush=True)
+def kernel_of(P: torch.Tensor) -> str:
+    """The kernel plan_product takes for the sparse kind's P on its device."""
+    if P.is_cuda:
+        return "triton live rows" if product._gpu_live(P, True) else "dense"
+    return "dense" if product.live_rows(P) is None else "live rows"
 
 
 def main() -> None:
@@ -91,13 +60,15 @@ def main() -> None:
     ap.add_argument("--plans", default="shipped,moved")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the source rows' dtype")
-    ap.add_argument("--sweep", default="", help="fractions of non-zeros: time the support kernels (see above)")
     args = ap.parse_args()
+    dev = torch.device(args.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    if args.sweep:
-        return sweep([float(x) for x in args.sweep.split(",")], args)
     from transformers import AutoTokenizer
+
+    t_setup = time.perf_counter()
 
     with tempfile.TemporaryDirectory() as tmp:
         save_olmo_tokenizer(tmp)  # OLMo's tokenizer, from the copy shipped in the package
@@ -107,23 +78,23 @@ def main() -> None:
         trs = {}
         for name in args.plans.split(","):
             if name == "shipped":
-                trs[name] = shipped_translator(tmp, src_tok, src, tok_dir, DEFAULT_FLOOR)
+                trs[name] = shipped_translator(tmp, src_tok, src, tok_dir, DEFAULT_FLOOR, device=dev)
             elif name == "moved":
-                tr = TokenTranslator(src.numel(), 512, floor=DEFAULT_FLOOR)
+                tr = TokenTranslator(src.numel(), 512, floor=DEFAULT_FLOOR, device=dev)
                 with torch.no_grad():
                     tr.C.add_(torch.rand_like(tr.C) / src.numel())
                 trs[name] = tr
             else:
                 raise SystemExit(f"--plans: unknown plan {name!r} (shipped, moved)")
     v = src.numel()
-    dev = torch.device(args.device)
     cuda = dev.type == "cuda"
+    print(f"plans built in {time.perf_counter() - t_setup:.1f} s", flush=True)
     E = torch.randn(v, args.d, device=dev).to(getattr(torch, args.dtype))
     where = torch.cuda.get_device_name(dev) if cuda else f"{torch.get_num_threads()} threads"
     print(f"v = {v}, d = {args.d}, E {args.dtype}, {where}; min of {args.reps}, interleaved")
     print("| plan | P non-zeros | live rows | product fwd + bwd: plan_product / dense s | translator fwd + bwd: "
-          "plan_product / dense s | C's gradient, largest difference | CPU route |")
-    print("|---|---|---|---|---|---|---|")
+          "plan_product / dense s | C's gradient, largest difference | kernel |")
+    print("|---|---|---|---|---|---|---|", flush=True)
     sync_debug = {}
     for name, tr in trs.items():
         tr = tr.to(dev)
@@ -177,7 +148,7 @@ def main() -> None:
         print(f"| {name} | {100 * nz:.2f}% | {n_live} | {m['pl']:.3f} / {m['pd']:.3f} ({m['pd'] / m['pl']:.1f} x) | "
               f"{m['tl']:.3f} / {m['td']:.3f} ({m['td'] / m['tl']:.1f} x) | "
               f"{float((g_live - g_dense).abs().max()):.2e} (of {float(g_dense.abs().max()):.2e}) | "
-              f"{cpu_route(P.cpu(), E[:1].cpu())[0]} |", flush=True)
+              f"{kernel_of(P)} |", flush=True)
     for name, r in sync_debug.items():
         print(f"{name}: host syncs under set_sync_debug_mode(\"error\"): {r}")
 

@@ -30,7 +30,7 @@ def _status(key):
     return int(re.search(rf"{key}:\s+(\d+)", open("/proc/self/status").read()).group(1)) * 1024
 
 
-def worker(v, u, d, method, n_iter):
+def worker(v, u, d, n_iter):
     from s2t2_dist.translator import TokenTranslator
 
     R = dist.get_world_size()
@@ -38,7 +38,7 @@ def worker(v, u, d, method, n_iter):
     import gc
 
     def build(vv, uu, EE):
-        tr = TokenTranslator(vv, uu, group=dist.group.WORLD if R > 1 else None, sharded_method=method)
+        tr = TokenTranslator(vv, uu, group=dist.group.WORLD if R > 1 else None)
         with torch.no_grad():
             tr.C.add_(torch.empty_like(tr.C).normal_(0, 1e-3, generator=torch.Generator().manual_seed(1 + rank)))
         opt = torch.optim.AdamW(tr.parameters(), lr=1e-3, weight_decay=0.0)
@@ -101,7 +101,6 @@ def main():
     ap.add_argument("--u", type=int, default=4096)
     ap.add_argument("--d", type=int, default=64)
     ap.add_argument("--ranks", default="1,2,4")
-    ap.add_argument("--methods", default="threshold,alltoall")
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
@@ -111,11 +110,8 @@ def main():
           f"all of C = {full / 2**20:.0f} MiB")
     out = []
     for R in [int(r) for r in args.ranks.split(",")]:
-        for method in args.methods.split(","):
-            if R == 1 and method != "threshold":
-                continue
-            res = run_distributed(worker, R, v, u, args.d, method, args.iters, timeout=1800,
-                                  num_threads=max(1, 2 // R))
+        for method in ("transpose",):  # (the sharded rows' one method: all_to_all, local thresholds, all_gather)
+            res = run_distributed(worker, R, v, u, args.d, args.iters, timeout=1800, num_threads=max(1, 2 // R))
             r0 = max(res, key=lambda r: r["peak"])
             it = args.iters
             line = (f"- R={R} {method:9s}: peak translator memory per rank (max over ranks) "

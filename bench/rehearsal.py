@@ -294,11 +294,11 @@ def target_tokenizer(out: Path) -> Path:
     return own
 
 
-def shipped_translator(model_dir: str, src_tok, src_ids, tok_dir: Path, floor: float, steps: int = 2):
+def shipped_translator(model_dir: str, src_tok, src_ids, tok_dir: Path, floor: float, steps: int = 2, device=None):
     """The stage's sparse translator as configs/translate_olmo1b.yaml starts it at these source ids
     (``stages.translate.start_translator``: FVT start at its weight, source marginal "start", ``floor``), moved by
     ``steps`` steps of the config's optimiser at the recipe's lr against random cotangents: C's entries with a
-    gradient move, the rest stay (what P's live rows depend on)."""
+    gradient move, the rest stay (what P's live rows depend on). ``device``: where it is built and moved."""
     import dataclasses
 
     import torch
@@ -310,13 +310,15 @@ def shipped_translator(model_dir: str, src_tok, src_ids, tok_dir: Path, floor: f
     cfg = load_config(TranslateConfig, REPO / "configs" / "translate_olmo1b.yaml",
                       [f"model.path={model_dir}", f"translator.floor={floor}"])
     tr, _, step = start_translator(cfg, src_tok, src_ids.tolist(), load_tokenizer(tok_dir))
+    tr = tr.to(device or "cpu")
     opt = dataclasses.replace(cfg.optim, lr=step.lr).build([tr.C])
     v = src_ids.numel()
     g = torch.Generator().manual_seed(0)
     for _ in range(steps):
-        M = torch.randn(v, 64, generator=g)  # a narrow stand-in for E: only the pattern of C's gradient matters
+        # a narrow stand-in for E: only the pattern of C's gradient matters
+        M = torch.randn(v, 64, generator=g).to(tr.C.device)
         E_new, _ = tr.embed_and_head(M, M)
-        E_new.backward(torch.randn(E_new.shape, generator=g))
+        E_new.backward(torch.randn(E_new.shape, generator=g).to(tr.C.device))
         opt.step()
         opt.zero_grad(set_to_none=True)
     return tr

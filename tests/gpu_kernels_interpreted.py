@@ -1,6 +1,6 @@
 """The GPU kernels of the translator's product (translator/product_triton.py) on a CPU, by Triton's interpreter.
 
-Not collected by itself (not test_*.py): tests/test_plan_product.py runs it in a pytest of its own with
+Not collected by itself (not test_*.py): tests/test_gpu_kernels.py runs it in a pytest of its own with
 TRITON_INTERPRET=1 in the environment from the start, because Triton reads that switch when it is first imported
 (imported earlier, e.g. by torch.compile in the same process, its own helpers stay compiled-only)."""
 import os
@@ -90,7 +90,6 @@ def test_translator_gradient_through_the_triton_kernels(interpreted, monkeypatch
 
 def test_a_kernel_that_fails_warns_once_and_the_dense_product_follows(monkeypatch, caplog):
     monkeypatch.setattr(product, "_warned", [])
-    monkeypatch.setenv("S2T2_PRODUCT_KERNEL", "live")
 
     def broken(*a):
         raise RuntimeError("no such GPU")
@@ -101,6 +100,16 @@ def test_a_kernel_that_fails_warns_once_and_the_dense_product_follows(monkeypatc
     for _ in range(2):
         assert torch.allclose(product._product_gpu(P, M, True), P.t() @ M)
     assert sum("Triton live-row kernel failed" in r.message for r in caplog.records) == 1
-    monkeypatch.setenv("S2T2_PRODUCT_KERNEL", "fast")
-    with pytest.raises(ValueError, match="S2T2_PRODUCT_KERNEL"):
-        product._product_gpu(P, M, True)
+
+
+def test_column_major_plans_are_read_in_place():
+    """The Sinkhorn's CUDA route gives P column-major: the kernels read it (and write dP) with its strides."""
+    v, u, d = 150, 70, 40
+    P, keep = _sparse_rows(v, u, live=37, seed=5)
+    Pc = P.float().t().contiguous().t()
+    assert Pc.stride() == (1, v)
+    M, G = torch.randn(v, d), torch.randn(u, d)
+    assert torch.allclose(product_triton.live_product(Pc, M), P.float().t() @ M, atol=1e-5, rtol=1e-5)
+    dP = product_triton.live_grad_p(Pc, M, G)
+    assert dP.stride() == (1, v)
+    assert torch.allclose(dP[keep], (M @ G.t())[keep], atol=1e-5, rtol=1e-5) and dP[~keep].abs().max() == 0

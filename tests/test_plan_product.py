@@ -1,6 +1,6 @@
-"""The translated rows' product (translator/product.py): the CPU kernels read only P's live rows or only its
-non-zeros, and the gradient on C through the sparse translator equals (float64) the dense product's, with dead rows
-in P or with every row live."""
+"""The translated rows' product (translator/product.py): the CPU kernel reads only P's live rows, and the gradient on
+C through the sparse translator equals (float64) the dense product's, with dead rows in P. The CUDA kernels under
+Triton's interpreter: tests/gpu_kernels_interpreted.py."""
 import os
 import subprocess
 import sys
@@ -13,8 +13,7 @@ import torch.distributed as dist
 import s2t2_dist.translator.module as module
 from distributed import run_distributed
 from s2t2_dist.translator import TokenTranslator
-import s2t2_dist.translator.product as product
-from s2t2_dist.translator.product import DENSE_FRACTION, cpu_route, live_rows, plan_product
+from s2t2_dist.translator.product import DENSE_FRACTION, live_rows, plan_product
 from s2t2_dist.utils.syncs import count_host_syncs
 
 TESTS = Path(__file__).resolve().parent
@@ -55,10 +54,9 @@ def test_product_and_gradients_against_the_dense_product(sparse):
 def test_mostly_live_dense_plans_take_the_dense_product_and_dtypes_mix():
     v, u, d = 100, 8, 6
     P = torch.rand(v, u, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    P[:int(DENSE_FRACTION * v) - 10] = 0  # 60% of the rows live, every entry of them: neither gathering nor support
+    P[:int(DENSE_FRACTION * v) - 10] = 0  # 60% of the rows live: the GEMMs
     assert live_rows(P) is None
     M = torch.randn(v, d, dtype=torch.bfloat16)  # a bf16 model's rows: cast as read, the result in P's dtype
-    assert cpu_route(P.float(), M)[0] == "dense"
     out = plan_product(P.float(), M)
     assert out.dtype == torch.float32
     assert torch.allclose(out, P.float().t() @ M.float(), atol=1e-5)
@@ -67,80 +65,9 @@ def test_mostly_live_dense_plans_take_the_dense_product_and_dtypes_mix():
     assert torch.allclose(P1.grad, M.float() @ torch.ones(u, d).t(), atol=1e-5)
 
 
-def _every_row_live(v, u, density, seed=0, dtype=torch.float64):
-    """A plan with every row live and ``density`` of its entries non-zero (the uniform source marginal's shape)."""
-    g = torch.Generator().manual_seed(seed)
-    P = torch.rand(v, u, generator=g, dtype=dtype) * (torch.rand(v, u, generator=g) < density)
-    P[torch.arange(v), torch.randint(u, (v,), generator=g)] = 0.5  # at least one non-zero per row
-    return P
-
-
-# (v, u, d, P's dtype, M's dtype, threads): shapes off the kernels' blocks (128 float32 / 64 float64 columns of d,
-# chunks of 256 rows, fewer for a large u), a bf16 model's rows, one thread and two
-SUPPORT_CASES = [(300, 37, 70, torch.float64, torch.float64, 1), (2500, 40, 300, torch.float64, torch.float64, 2),
-                 (1100, 512, 513, torch.float32, torch.float32, 2), (700, 64, 260, torch.float32, torch.bfloat16, 2),
-                 (400, 1500, 130, torch.float64, torch.float64, 2), (3, 40, 1, torch.float64, torch.float64, 2)]
-
-
-@pytest.mark.parametrize("v,u,d,dt,mdt,threads", SUPPORT_CASES)
-def test_support_kernels_against_the_dense_product(monkeypatch, v, u, d, dt, mdt, threads):
-    """Every row live, P sparse: the product over P's non-zeros equals the dense GEMM, and dP is ``M G^T`` on P's
-    support and 0 elsewhere (the sparse kind reads it there only)."""
-    if not product.support_available():
-        pytest.skip("no C compiler")  # CI has one: test_ci_builds_the_support_kernels
-    monkeypatch.setattr(product, "support_cost", lambda density, d: 0.0)  # (these small d would go dense)
-    P = _every_row_live(v, u, 0.08, dtype=dt)
-    g = torch.Generator().manual_seed(1)
-    M = torch.randn(v, d, generator=g, dtype=torch.float64).to(mdt)
-    G = torch.randn(u, d, generator=g, dtype=torch.float64).to(dt)
-    assert cpu_route(P, M)[0] == "support"
-    tol = 1e-12 if dt == torch.float64 else 1e-4
-    n = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        P1 = P.clone().requires_grad_()
-        out = plan_product(P1, M, True)
-        out.backward(G)
-    finally:
-        torch.set_num_threads(n)
-    Md = M.to(dt)
-    assert torch.allclose(out, P.t() @ Md, atol=tol, rtol=0), (out - P.t() @ Md).abs().max()
-    on = P != 0
-    assert torch.allclose(P1.grad[on], (Md @ G.t())[on], atol=tol, rtol=0)
-    assert P1.grad[~on].abs().max() == 0
-
-
-def test_ci_builds_the_support_kernels():
-    """CI has a C compiler: the support kernels are the ones the tests above exercise, not skipped."""
-    assert product.support_available()
-
-
-def test_routes_follow_the_plan_and_fall_back_without_the_kernels(monkeypatch):
-    """Few live rows: gathered; every row live but sparse: the support kernels; without them (no compiler,
-    S2T2_NATIVE=0): the dense GEMMs, with the same result; a dense plan: the GEMMs. S2T2_PRODUCT_KERNEL=live leaves
-    the support kernels out, =dense forces the GEMMs."""
-    M = torch.randn(400, 1024, dtype=torch.float64)  # (at a small d the GEMMs win whatever P: support_cost)
-    few, _ = _sparse_rows(400, 32, live=20)
-    every = _every_row_live(400, 32, 0.05)
-    assert cpu_route(few, M)[0] == "live" and cpu_route(torch.rand(400, 32, dtype=torch.float64), M)[0] == "dense"
-    assert cpu_route(every, M)[0] == ("support" if product.support_available() else "dense")
-    assert cpu_route(every, M[:, :32])[0] == "dense"
-    assert cpu_route(every, M[:, :0])[0] == "dense" and cpu_route(every[:0], M[:0])[0] == "dense"  # (empty: no 1/0)
-    assert cpu_route(every.float(), M)[0] == "dense"  # a dtype pair the kernels lack (float32 P, float64 M)
-    monkeypatch.setenv("S2T2_PRODUCT_KERNEL", "live")  # the support kernels left out: as before them
-    assert cpu_route(every, M)[0] == "dense" and cpu_route(few, M)[0] == "live"
-    monkeypatch.setenv("S2T2_PRODUCT_KERNEL", "dense")
-    assert cpu_route(few, M)[0] == "dense"
-    monkeypatch.delenv("S2T2_PRODUCT_KERNEL")
-    ref = plan_product(every, M)
-    monkeypatch.setattr(product, "support_available", lambda: False)
-    assert cpu_route(every, M)[0] == "dense"
-    assert torch.allclose(plan_product(every, M), ref, atol=1e-13, rtol=0)
-
-
 def test_the_op_reads_nothing_back_as_the_counter_sees_it():
-    """One dispatcher op per product (its CPU kernel's host read of P is no GPU stall; the CUDA kernel is the dense
-    GEMM): a stage-1 step that uses it still counts 0 (tests/test_stage1_syncs.py)."""
+    """One dispatcher op per product (its CPU kernel's host read of P is no GPU stall; the CUDA kernels read
+    nothing back): a stage-1 step that uses it still counts 0 (tests/test_stage1_syncs.py)."""
     P, _ = _sparse_rows(300, 16, live=20)
     P.requires_grad_()
     M = torch.randn(300, 8, dtype=torch.float64)
@@ -196,75 +123,6 @@ def test_translator_gradient_on_C_equals_the_dense_product(monkeypatch, floor, n
     assert torch.allclose(g_live, g_dense, atol=1e-12, rtol=0), (g_live - g_dense).abs().max()
 
 
-@pytest.mark.parametrize("normalization,tied", [("convex", True), ("paper", False)])
-def test_translator_gradient_on_C_with_every_row_live(monkeypatch, normalization, tied):
-    """The sparse kind from the paper's uniform marginals, C moved, floor 1 (the share leg's ``all_recipe`` plan):
-    every row live, P sparse (8.5% here; floor 0 at these small u: 30%+, the GEMMs), so the support kernels run;
-    C's gradient equals the dense product's (float64)."""
-    v, u, d = 3000, 256, 1024
-    g = torch.Generator().manual_seed(2)
-    E = torch.randn(v, d, dtype=torch.float64, generator=g)
-    L = E if tied else torch.randn(v, d, dtype=torch.float64, generator=g)
-    G_E, G_L = torch.randn(u, d, dtype=torch.float64, generator=g), torch.randn(u, d, dtype=torch.float64, generator=g)
-    move = torch.rand(v, u, dtype=torch.float64, generator=g) / v
-
-    def grad(product_fn):
-        monkeypatch.setattr(module, "plan_product", product_fn)
-        tr = TokenTranslator(v, u, normalization=normalization, floor=1.0, dtype=torch.float64)
-        with torch.no_grad():
-            tr.C.add_(move)
-        E_new, L_new = tr.embed_and_head(E, L)
-        torch.autograd.backward([E_new] + ([] if tied else [L_new]), [G_E] + ([] if tied else [G_L]))
-        return tr.C.grad, tr.P().detach()
-
-    g_support, P = grad(plan_product)
-    g_dense, _ = grad(lambda P, M, sparse=False: P.t() @ M.to(P.dtype))
-    assert bool(P.any(1).all()) and cpu_route(P, E)[0] == ("support" if product.support_available() else "dense")
-    scale = float(g_dense.abs().max())  # (1/mu, 1/nu scale the gradient: ~1e4 here with "paper")
-    assert scale > 0
-    assert torch.allclose(g_support, g_dense, atol=1e-13 * scale, rtol=0), ((g_support - g_dense).abs().max(), scale)
-
-
-def test_gpu_kernels_under_the_triton_interpreter():
-    """tests/gpu_kernels_interpreted.py (the Triton kernels against the dense product, their device-side index
-    under the sync counter, C's gradient through them, the fallback) in a process started with TRITON_INTERPRET=1."""
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                           str(TESTS / "gpu_kernels_interpreted.py")], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=TESTS.parent)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "8 passed" in proc.stdout and "failed" not in proc.stdout, proc.stdout[-2000:]
-
-
-@pytest.mark.slow
-def test_bench_plan_product_runs_as_typed():
-    """bench/bench_plan_product.py at a small width: the shipped plan has few live rows, the moved uniform one all,
-    each takes its route, and C's gradient is the same from both kernels; --sweep times the support kernels (at
-    d = 64 the cost model says the GEMMs win)."""
-    env = dict(os.environ, PYTHONPATH=str(TESTS.parent))
-    proc = subprocess.run([sys.executable, str(TESTS.parent / "bench" / "bench_plan_product.py"), "--d", "512",
-                           "--reps", "1"], env=env, capture_output=True, text=True, timeout=600, cwd=TESTS.parent)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
-            for line in proc.stdout.splitlines() if line.startswith("| shipped") or line.startswith("| moved")}
-    assert set(rows) == {"shipped", "moved"}, proc.stdout
-    assert 0 < int(rows["shipped"][1]) < 2000 and int(rows["moved"][1]) == 50280
-    # few live rows: gathered; every row live at ~6% non-zeros: the support kernels
-    assert rows["shipped"][5] == "live" and rows["moved"][5] == ("support" if product.support_available() else
-                                                                 "dense"), rows
-    for cells in rows.values():
-        diff, of = cells[4].split(" (of ")
-        assert float(diff) <= 1e-6 * float(of.rstrip(")")), cells
-    if product.support_available():  # --sweep: the support kernels against the GEMMs, and the model's ratio
-        proc = subprocess.run([sys.executable, str(TESTS.parent / "bench" / "bench_plan_product.py"), "--sweep",
-                               "0.05,0.2", "--d", "64", "--reps", "1"], env=env, capture_output=True, text=True,
-                              timeout=600, cwd=TESTS.parent)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        rows = [line.split("|")[1:-1] for line in proc.stdout.splitlines() if line.startswith("| ") and "%" in line]
-        assert len(rows) == 2 and all(float(r[3]) > 0 and float(r[4]) > 1 for r in rows), proc.stdout
-
-
 def _sharded_grad(v, u, d, dense):
     """On each rank: the sharded sparse translator from the dead-row start, floor 1; its block of C's gradient."""
     P0, g = _start(v, u, dead=70, seed=1)
@@ -299,3 +157,22 @@ def test_sharded_translator_with_dead_rows_equals_one_process_with_the_dense_pro
     assert all(r[1] <= 50 for r in res) and live <= 50, ([r[1] for r in res], live)  # the gathering path ran
     assert ref.abs().max() > 0
     assert torch.allclose(G, ref, atol=1e-11, rtol=0), (G - ref).abs().max()
+
+
+@pytest.mark.slow
+def test_bench_plan_product_runs_as_typed():
+    """bench/bench_plan_product.py at a small width on CPU: prints each plan's row as it goes; the shipped plan has
+    few live rows and takes the gathered rows, the moved uniform one has every row live and takes the GEMMs, and C's
+    gradient is the same from the op and from the dense product."""
+    env = dict(os.environ, PYTHONPATH=str(TESTS.parent))
+    proc = subprocess.run([sys.executable, str(TESTS.parent / "bench" / "bench_plan_product.py"), "--d", "64",
+                           "--reps", "1"], env=env, capture_output=True, text=True, timeout=900, cwd=TESTS.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in proc.stdout.splitlines() if line.startswith("| shipped") or line.startswith("| moved")}
+    assert set(rows) == {"shipped", "moved"}, proc.stdout
+    assert 0 < int(rows["shipped"][1]) < 2000 and int(rows["moved"][1]) == 50280
+    assert rows["shipped"][5] == "live rows" and rows["moved"][5] == "dense", rows
+    for cells in rows.values():
+        diff, of = cells[4].split(" (of ")
+        assert float(diff) <= 1e-6 * float(of.rstrip(")")), cells

@@ -26,8 +26,8 @@ def _moved_C(v, u, noise, seed=1):
                                                                                   dtype=torch.float64)
 
 
-def _make(u, kind="sparse", normalization="convex", group=None, noise=2e-2, method="threshold", freqs=False):
-    kw = dict(kind=kind, normalization=normalization, group=group, sharded_method=method, dtype=torch.float64)
+def _make(u, kind="sparse", normalization="convex", group=None, noise=2e-2, freqs=False):
+    kw = dict(kind=kind, normalization=normalization, group=group, dtype=torch.float64)
     if freqs:
         g = torch.Generator().manual_seed(5)
         tr = TokenTranslator.from_frequencies(torch.randint(1, 50, (V,), generator=g).double(),
@@ -192,12 +192,12 @@ def _full_feasible(mu, nu):
 
 
 # ------------------------------------------------------------------------------------------------ distributed
-CONFIGS = [  # (u, kind, normalization, method, tied, freqs)
-    (12, "sparse", "convex", "threshold", False, False),
-    (13, "sparse", "convex", "threshold", True, True),
-    (13, "sparse", "paper", "alltoall", False, True),
-    (13, "softmax", "convex", "threshold", False, True),
-    (12, "unconstrained", "paper", "threshold", False, False),
+CONFIGS = [  # (u, kind, normalization, tied, freqs)
+    (12, "sparse", "convex", False, False),
+    (13, "sparse", "convex", True, True),
+    (13, "sparse", "paper", False, True),
+    (13, "softmax", "convex", False, True),
+    (12, "unconstrained", "paper", False, False),
 ]
 ALPHA = 0.3
 
@@ -212,8 +212,8 @@ def _loss(Ep, Lp, seed):
 def _run_configs(group=None, rank=0, world=1):
     E, L, ids = _frozen()
     out = []
-    for u, kind, norm, method, tied, freqs in CONFIGS:
-        tr = _make(u, kind, norm, group=group, method=method, freqs=freqs)
+    for u, kind, norm, tied, freqs in CONFIGS:
+        tr = _make(u, kind, norm, group=group, freqs=freqs)
         tr.watch_grad()
         Lm = E if tied else L
         # (a) every rank computes the same loss, with the global entropy
@@ -244,7 +244,7 @@ def _dist_worker():
 
 def _single_dp_grad(cfg, world):
     """Single-process gradient of mean_r loss_r + alpha * H (what the data-parallel case must give)."""
-    u, kind, norm, method, tied, freqs = cfg
+    u, kind, norm, tied, freqs = cfg
     E, L, ids = _frozen()
     tr = _make(u, kind, norm, freqs=freqs)
     Ep, Lp = tr.embed_and_head(E, E if tied else L, ids)
@@ -322,10 +322,10 @@ def _accumulated_grad(cfg, step_mode, group=None, rank=0, world=1, micro=3):
     """C's gradient (and the number of plans computed) after one optimiser step of ``micro`` micro-batches of
     ``mean_m loss_m + ALPHA * H``, as the loop runs them (each micro-batch loss / micro); with ``step_mode`` the
     plan and E', L', H are computed once (begin_step/finish_step), else once per micro-batch."""
-    u, kind, norm, method, tied, freqs = cfg
+    u, kind, norm, tied, freqs = cfg
     E, L, ids = _frozen()
     Lm = E if tied else L
-    tr = _make(u, kind, norm, group=group, method=method, freqs=freqs)
+    tr = _make(u, kind, norm, group=group, freqs=freqs)
     plans = []
     inner = tr.plan_kind.plan
     tr.plan_kind.plan = lambda C: plans.append(1) or inner(C)
@@ -357,7 +357,7 @@ def _dist_step_grads():
 
 def _single_dp_step_grad(cfg, world, micro=3):
     """Single process, per micro-batch: the gradient of mean_m (mean_r loss_{m,r} + ALPHA * H)."""
-    u, kind, norm, method, tied, freqs = cfg
+    u, kind, norm, tied, freqs = cfg
     E, L, ids = _frozen()
     tr = _make(u, kind, norm, freqs=freqs)
     for m in range(micro):
@@ -375,24 +375,3 @@ def test_one_plan_per_step_sharded_equals_single_process():
         G = torch.cat([results[r][c] for r in range(2)], 1)
         ref = _single_dp_step_grad(cfg, 2)
         assert torch.allclose(G, ref, atol=1e-11, rtol=0), (cfg, (G - ref).abs().max())
-
-
-def test_inexact_thresholds_are_counted_in_the_logged_statistics():
-    """The sync-free Newton path (large plans) can leave a threshold a lower bound; the logging step's statistics
-    count it (P/unproven_thresholds, warned by the translate stage) instead of training on it silently. Small plans
-    take exact sorted thresholds: 0."""
-    v = u = 512
-    g = torch.Generator().manual_seed(0)
-    for sort_max, expect_bad in ((None, False), (0, True)):
-        tr = TokenTranslator(v, u, dtype=torch.float64)
-        with torch.no_grad():
-            tr.C.copy_(1.0 / v + 1e-3 * torch.randn(v, u, generator=g, dtype=torch.float64))
-        solver = tr.plan_kind.solver()
-        if sort_max is not None:  # force the Newton passes, starved, on this small plan
-            for proj in (solver.rows, solver.cols):
-                proj.sort_max, proj.iters, proj.fallback = sort_max, 2, 0
-        tr.P()
-        b = tr.stats_batch()
-        finish = tr.add_unproven(b)
-        n_bad = finish(b.reduce())
-        assert (n_bad > 0) == expect_bad, (sort_max, n_bad)

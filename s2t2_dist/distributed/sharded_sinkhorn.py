@@ -1,19 +1,12 @@
 """Column-sharded Sinkhorn: distributed plumbing around the pure math of ``s2t2_dist.ot``.
 
 Rank r holds the columns ``[col_start, col_end)`` of C (v x u_r) and the matching ``nu`` entries; ``mu`` is
-replicated. Column projections are local. A row projection needs every rank's part of each row; two ways:
-
-* ``method="threshold"`` (default): the pure :class:`~s2t2_dist.ot.simplex.SimplexProjector` with a
-  :class:`GroupComm`: all-reduced per-row sums and max-reduced per-row candidate bounds (each rank's top-k) give
-  every rank the same starting lower bound, then each of the fixed number of Newton passes all-reduces per-row
-  (sum, count) partials (2 v numbers). The backward pass of a row projection needs one all-reduce of per-row sums
-  over the support (v values). No host reads (the fallback's extra passes all-reduce their partials too).
-  Below ``sort_max`` entries of C (small plans, where bandwidth does not matter) every rank all-gathers the rows
-  whole and takes the exact threshold from a sort (as the local projections do there).
-* ``method="alltoall"``: transpose by ``all_to_all_single`` (rank r receives whole rows ``[row_start_r,
-  row_end_r)``), project locally, all-gather the row thresholds and counts; each rank then
-  takes its support mask by one pass over its block. Same backward. Sends about ``(R-1)/R * v * u_r * 4`` bytes
-  per row projection. No host reads either (every size comes from the shapes).
+replicated. Column projections are local (the device route of :mod:`s2t2_dist.ot.dykstra`). A row projection
+needs every rank's part of each row: it transposes (:class:`ShardedSteps`: ``all_to_all_single`` gives rank r the
+whole rows ``[row_start_r, row_end_r)``, their exact thresholds are found locally, ``all_gather`` shares them),
+sending about ``(R-1)/R * v * u_r`` entries per rank and row projection (C / R per rank in all). An exact threshold
+found by collectives would need a number of rounds that depends on the data, i.e. a host read per round; the
+transposition needs two collectives whatever the data. No host reads (every size comes from the shapes).
 
 Only collectives that gloo and NCCL both support are used: ``all_gather``, ``all_reduce`` (sum/min/max) and
 ``all_to_all_single``. :class:`CommStats` counts the bytes each rank SENDS under the usual ring algorithms
@@ -28,17 +21,17 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from s2t2_dist.ot.sinkhorn import DEFAULT_COL_K, DEFAULT_ROW_K, Scratch, dykstra, log_sinkhorn, set_kernels
-from s2t2_dist.ot.simplex import SORT_MAX_ENTRIES, SimplexProjector, Support, compute_dtype
+from s2t2_dist.ot.dykstra import apply_projection, compute_dtype, dykstra, projection_backward, steps_for
+from s2t2_dist.ot.sinkhorn import log_sinkhorn
 
 __all__ = [
-    "AllToAllRowProjector",
     "CommStats",
     "all_reduce_sum_mean_grad",
     "gather_rows_mean_grad",
     "sharded_softmax_sinkhorn",
     "GroupComm",
     "ShardedSparseSinkhorn",
+    "ShardedSteps",
     "shard_bounds",
     "world_of",
 ]
@@ -119,63 +112,53 @@ class GroupComm:
         return out
 
 
-class AllToAllRowProjector(SimplexProjector):
-    """Row projection of a column-sharded (v, u_r) matrix by transposition (``method="alltoall"``).
+class ShardedSteps:
+    """The Dykstra steps (:mod:`s2t2_dist.ot.dykstra`) of a column-sharded C: the column projections are the
+    device route's own (whole columns are local); a row projection transposes. Rank r receives the whole rows
+    ``[row_start_r, row_end_r)`` (rows split like :func:`shard_bounds`) by one ``all_to_all``, takes their exact
+    thresholds with the device route, and one ``all_gather`` gives every rank every row's threshold and support
+    count; each rank then projects its own block. Exact (no threshold search across ranks), 2 collectives and no
+    host read per row projection. The row backward all-reduces the per-row sums over the support (v values)."""
 
-    Rank r receives the whole rows ``[row_start_r, row_end_r)`` (rows split like :func:`shard_bounds`), projects
-    them with a local projector, and the thresholds and counts of all rows are all-gathered; the local support is
-    then one pass ``z > tau`` over the local block. The backward pass (``slice_sums``) is inherited: one
-    all-reduce of per-row sums.
-    """
-
-    def __init__(self, scale: Tensor, n_total: int, col_sizes: List[int], comm: GroupComm, k: int = DEFAULT_ROW_K):
-        super().__init__(scale, n_total=n_total, k=k, comm=comm)
-        v = self.scale.numel()
-        R = comm.world_size
-        self.col_sizes = list(col_sizes)
+    def __init__(self, local, comm: GroupComm, col_sizes: List[int], mu: Tensor):
+        self.local, self.comm, self.col_sizes, self.mu = local, comm, list(col_sizes), mu
+        v, R = mu.numel(), comm.world_size
         self.row_bounds = [shard_bounds(v, R, r) for r in range(R)]
-        r0, r1 = self.row_bounds[comm.rank]
-        self.local = SimplexProjector(self.scale[r0:r1], n_total=n_total, k=k)
+        self.buffers, self.col, self.col_bwd = local.buffers, local.col, local.col_bwd
 
-    def threshold(self, z3: Tensor, with_mask: bool = True, slot=None) -> Tuple[Tensor, Support]:
-        v, n, _ = z3.shape
-        comm = self.comm
-        me = comm.rank
-        z2 = z3.view(v, n)
-        send = torch.cat([z2[a:b].reshape(-1) for a, b in self.row_bounds])
+    def row_thresholds(self, A: Tensor) -> Tuple[Tensor, Tensor]:
+        """(thresholds float64, support counts) of every whole row of the sharded matrix, on every rank."""
+        comm, me = self.comm, self.comm.rank
+        n = A.shape[1]
+        send = torch.cat([A[a:b].reshape(-1) for a, b in self.row_bounds])  # (rows [a, b) for rank q, row-major)
         r0, r1 = self.row_bounds[me]
         recv = comm.all_to_all(send, [(b - a) * n for a, b in self.row_bounds],
                                [(r1 - r0) * c for c in self.col_sizes])
-        blocks, off = [], 0
-        for c in self.col_sizes:
-            blocks.append(recv[off: off + (r1 - r0) * c].view(r1 - r0, c))
-            off += (r1 - r0) * c
-        rows = torch.cat(blocks, 1).contiguous()  # (r1 - r0, u): whole rows, global column order
-        self.local.scale = self.scale[r0:r1]
-        tau_l, sup_l = self.local.threshold(rows.view(r1 - r0, -1, 1), with_mask=False, slot=slot)  # (counts only)
-        self.unproven = self.local.unproven
-        both = torch.stack([tau_l.double(), sup_l.counts.double()], 1)
-        allv = comm.all_gather_rows(both, [b - a for a, b in self.row_bounds])
-        tau = allv[:, 0].to(z3.dtype)
-        return tau, Support("mask", allv[:, 1].to(z3.dtype), z3 > tau.view(v, 1, 1) if with_mask else None)
+        rows = torch.cat([blk.view(r1 - r0, c) for blk, c in zip(recv.split([(r1 - r0) * c for c in self.col_sizes]),
+                                                                   self.col_sizes)], 1)  # whole rows, column order
+        tau, cnt = self.local.thresholds(rows, self.mu[r0:r1], 1)
+        both = comm.all_gather_rows(torch.stack([tau, cnt.to(torch.float64)], 1), [b - a for a, b in self.row_bounds])
+        return both[:, 0], both[:, 1]
+
+    def row(self, src: Tensor, Pc: Tensor, Qc: Tensor, first: bool) -> Tuple[Tensor, Tensor]:
+        A = src if first else src + Pc
+        tau, cnt = self.row_thresholds(A)
+        return apply_projection(A, tau, 1, Pc, Qc, None if first else Qc), cnt
+
+    def row_bwd(self, g: Tensor, gP: Optional[Tensor], mask: Tensor, cnt: Tensor) -> Tensor:
+        return projection_backward(g, gP, mask, cnt, 1, reduce=lambda s: self.comm.all_reduce(s, "sum"))
 
 
 class ShardedSparseSinkhorn:
-    """Sparse Sinkhorn of a column-sharded C, with persistent projectors (warm starts between calls).
+    """Sparse Sinkhorn of a column-sharded C.
 
     ``mu`` (v, replicated), ``nu_local`` (this rank's columns), ``u`` (all columns), ``group`` (None: the default
-    group). ``__call__(C_local, n_iter)`` returns this rank's (v, u_r) block of P; gradients w.r.t. ``C_local``
-    equal the single-process gradient's columns when each rank's upstream gradient is its block of the
-    single-process upstream gradient. ``stats`` counts the bytes sent. ``fused``: compiled pass kernels, as in
-    :class:`~s2t2_dist.ot.sinkhorn.SparseSinkhorn` (every pass's per-slice partials are still all-reduced).
+    group). ``__call__(C_local, n_iter)`` returns this rank's (v, u_r) block of P, equal to the single-process
+    plan's columns; gradients w.r.t. ``C_local`` equal the single-process gradient's columns when each rank's
+    upstream gradient is its block of the single-process upstream gradient. ``stats`` counts the bytes sent.
     """
 
-    def __init__(self, mu: Tensor, nu_local: Tensor, u: int, group=None, method: str = "threshold",
-                 row_k: int = DEFAULT_ROW_K, col_k: int = DEFAULT_COL_K, validate: bool = True, fused="auto",
-                 sort_max: int = SORT_MAX_ENTRIES):
-        self.fused = fused
-        if method not in ("threshold", "alltoall"):
-            raise ValueError(f"method must be 'threshold' or 'alltoall', got {method!r}")
+    def __init__(self, mu: Tensor, nu_local: Tensor, u: int, group=None, validate: bool = True):
         self.stats = CommStats()
         self.comm = GroupComm(group, self.stats)
         self.mu, self.nu_local, self.u = mu, nu_local, int(u)
@@ -188,16 +171,8 @@ class ShardedSparseSinkhorn:
             raise ValueError(
                 f"nu_local has {nu_local.numel()} entries but rank {self.comm.rank} of {R} owns "
                 f"{self.col_sizes[self.comm.rank]} of the u={u} columns (see shard_bounds)")
-        cdt = compute_dtype(mu.dtype)
-        if method == "threshold":
-            self.rows = SimplexProjector(mu.detach().to(cdt), n_total=self.u, k=row_k, comm=self.comm,
-                                         sort_max=sort_max)
-        else:
-            self.rows = AllToAllRowProjector(mu.detach().to(cdt), self.u, self.col_sizes, self.comm, k=row_k)
-            self.rows.local.sort_max = sort_max
-        self.cols = SimplexProjector(nu_local.detach().to(cdt), k=col_k, sort_max=sort_max)
         self._nu_checked = False
-        self.scratch: Optional[Scratch] = None
+        self._steps = None
 
     def _validate(self, C: Tensor) -> None:
         from s2t2_dist.ot.sinkhorn import validate_plan_inputs
@@ -216,23 +191,17 @@ class ShardedSparseSinkhorn:
         if float(self.comm.all_reduce(bad, "sum")) > 0:
             raise ValueError("another rank's inputs failed validation (see its error)")
 
-    def unproven(self) -> Optional[Tensor]:
-        """This rank's slices (all calls so far) whose threshold was left a lower bound: a device tensor."""
-        parts = [p.unproven for p in (self.rows, self.cols) if getattr(p, "unproven", None) is not None]
-        return sum(parts) if parts else None
-
-    def __call__(self, C_local: Tensor, n_iter: int = 3, drop_below: Optional[Tensor] = None) -> Tensor:
+    def __call__(self, C_local: Tensor, n_iter: int = 3) -> Tensor:
         if self.validate:  # once, as SparseSinkhorn: each check is a host sync and a collective
             self._validate(C_local)
             self.validate = False
         cdt = compute_dtype(C_local.dtype)
-        for p, m in ((self.rows, self.mu), (self.cols, self.nu_local)):
-            if p.scale.dtype != cdt or p.scale.device != C_local.device:
-                p.scale = m.detach().to(device=C_local.device, dtype=cdt)
-        projs = (self.rows, self.cols) + ((self.rows.local,) if isinstance(self.rows, AllToAllRowProjector) else ())
-        set_kernels(projs, self.fused, C_local)
-        self.scratch = Scratch.reuse(self.scratch, C_local.device)
-        return dykstra(C_local, self.rows, self.cols, n_iter, self.scratch, drop_below)
+        st = self._steps
+        if st is None or st.mu.device != C_local.device or st.mu.dtype != cdt:
+            mu = self.mu.detach().to(device=C_local.device, dtype=cdt).contiguous()
+            local = steps_for(C_local.device, mu, self.nu_local.detach().to(device=C_local.device, dtype=cdt))
+            st = self._steps = ShardedSteps(local, self.comm, self.col_sizes, mu)
+        return dykstra(C_local, st, n_iter)
 
 
 # --------------------------------------------------------------------------------------------------------------

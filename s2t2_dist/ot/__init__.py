@@ -1,12 +1,12 @@
 """Pure optimal-transport math (no torch.distributed, no I/O): the public API.
 
-    from s2t2_dist.ot import sparsemax, sparse_sinkhorn, softmax_sinkhorn
+    from s2t2_dist.ot import sparse_sinkhorn, SparseSinkhorn, softmax_sinkhorn
 
-Modules: ``simplex`` (sparsemax and the simplex projector behind it), ``sinkhorn`` (sparse and softmax Sinkhorn
-plans), ``entropy``, ``marginals`` (division by a plan's marginals), ``fused`` (compiled pass kernels).
+Modules: ``sinkhorn`` (the plans and their input checks), ``dykstra`` (Algorithm 1 as one autograd Function over
+per-device steps; the torch steps), ``dykstra_triton`` + ``triton_kernels`` (the CUDA steps), ``entropy``,
+``marginals`` (division by a plan's marginals), ``prior`` (starting plans from the tokens' surface strings).
 """
 
-from .simplex import SimplexProjector, sparsemax
 from .sinkhorn import SparseSinkhorn, softmax_sinkhorn, sparse_sinkhorn
 
-__all__ = ["SimplexProjector", "SparseSinkhorn", "softmax_sinkhorn", "sparse_sinkhorn", "sparsemax"]
+__all__ = ["SparseSinkhorn", "softmax_sinkhorn", "sparse_sinkhorn"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .simplex import compute_dtype
+from .dykstra import compute_dtype
 
 __all__ = ["entropy"]
 

@@ -184,7 +184,6 @@ class TranslateTask:
         self.target_vocab, self.source_vocab = target_vocab, source_vocab
         self.eval_docs = eval_docs
         self.frozen_at = None
-        self.unproven_seen = 0.0  # the inexact-threshold count already warned about
         self.schedule = self.engine = None
         self.start_warning = ""
         self.lr = cfg.optim.lr
@@ -241,19 +240,12 @@ class TranslateTask:
         entropy = tr.add_entropy(batch, P)
         mass, grad = tr.add_mass(batch, P), tr.add_grad(batch)
         top, block = tr.add_top(batch, 3, P), tr.add_block(batch, *self.cfg.translator.heatmap, P)
-        unproven = tr.add_unproven(batch)
 
         def finish(r) -> dict[str, float]:
             stats = {f"P/{k}": v for part in parts for k, v in part(r).items()}
             stats["P/entropy"] = entropy(r)
             stats.update({f"P/{k}": v for k, v in mass(r).items()})
             stats.update(self.check_gradient(step, grad(r)))
-            stats["P/unproven_thresholds"] = n_bad = unproven(r)
-            if n_bad > self.unproven_seen and self.rt.env.is_main:
-                log.warning("translate: step %d: the sparse Sinkhorn left %d thresholds inexact so far (a lower "
-                            "bound; P and its gradient are approximate there): a plan this large needs more Newton "
-                            "passes (s2t2_dist/ot/simplex.py DEFAULT_ITERS)", step, int(n_bad))
-            self.unproven_seen = max(self.unproven_seen, n_bad)
             if self.rt.env.is_main:
                 logger.heatmap(step, "P/heatmap", block(r))
                 lines = ["| target | top source tokens (P / nu) |", "|---|---|"]

@@ -9,9 +9,9 @@ Pure math: no torch.distributed, no I/O. Given the sparse Sinkhorn's block of P 
   one-hot ``nu_j`` at C's largest entry of that column (first on ties), no gradient.
 
 :func:`floor_plan_reference` is the same in plain autograd ops (the reference of the tests). Why a Function: the
-reference is ~14 passes over P with fresh temporaries forward and ~6 backward (0.4 s per step at 50,280 x 512 on CPU,
-a third of the translator); this one works in place on the solver's fresh output (~8 passes forward, 2 backward,
-no P-sized temporaries but one bool mask) and gets the gradient in closed form: for a kept entry of a non-flat
+reference is ~14 passes over P with fresh temporaries forward and ~6 backward; this one works in place on the solver's
+fresh output (~8 passes forward, 2 backward, no P-sized temporaries but one bool mask) and gets the gradient in
+closed form: for a kept entry of a non-flat
 column ``dP_kj = a_j g_kj - (sum_i g_ij R_ij) / s_j`` with ``a_j = nu_j / s_j``, ``s_j`` the kept column sum.
 """
 from __future__ import annotations
@@ -19,8 +19,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from s2t2_dist.ot.fused import FusedKernels
-from s2t2_dist.ot.native import resolve_fused
 from s2t2_dist.ot.marginals import safe_inv
 
 __all__ = ["NOISE_W", "floor_plan", "floor_plan_reference"]
@@ -43,12 +41,13 @@ def floor_plan_reference(P: Tensor, C: Tensor, nu: Tensor, floor: float) -> Tens
 
 class _FloorPlan(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, P: Tensor, C: Tensor, nu: Tensor, floor: float, kern: FusedKernels):
+    def forward(ctx, P: Tensor, C: Tensor, nu: Tensor, floor: float):
         v, u = P.shape
         nu = nu.to(P.dtype)
         mx = P.amax(0)
         out = P  # in place: the solver's fresh output, used by nothing else (mark_dirty below)
-        s, mn = kern("floor_keep", out, torch.minimum((floor / v) * nu, mx))
+        out.masked_fill_(out < torch.minimum((floor / v) * nu, mx), 0)
+        s, mn = out.sum(0), out.amin(0)
         a = nu * safe_inv(s)
         # max and min of the rescaled column: the largest entry is always kept, and scaling by a_j >= 0 is monotone,
         # so these equal the reference's amax / amin of R bit for bit
@@ -56,10 +55,9 @@ class _FloorPlan(torch.autograd.Function):
         a = torch.where(flat, torch.zeros_like(a), a)  # a flat column: 0, then one-hot below
         out.mul_(a)
         cols = torch.arange(u, device=P.device)
-        best = kern("col_argmax", C).long()  # (the first maximum on ties, as argmax)
+        best = C.argmax(0)  # (the first maximum on ties)
         out[best, cols] = torch.where(flat, nu, out[best, cols])
         ctx.mark_dirty(out)
-        ctx.kern = kern
         # a flat column's entries pass no gradient: its coefficients are 0 (its one-hot entry is > 0)
         ctx.save_for_backward(out, a, torch.where(flat, torch.zeros_like(s), safe_inv(s)))
         return out
@@ -69,12 +67,11 @@ class _FloorPlan(torch.autograd.Function):
     def backward(ctx, g: Tensor):
         out, a, s_inv = ctx.saved_tensors
         # out = R > 0 exactly on the kept entries
-        return ctx.kern("floor_bwd", g.contiguous(), out, a, s_inv), None, None, None, None
+        dot = (g * out).sum(0)
+        return torch.where(out > 0, g * a - (dot * s_inv).unsqueeze(0), 0), None, None, None
 
 
-def floor_plan(P: Tensor, C: Tensor, nu: Tensor, floor: float, fused="auto") -> Tensor:
+def floor_plan(P: Tensor, C: Tensor, nu: Tensor, floor: float) -> Tensor:
     """The floored plan (module docstring). ``P`` is modified in place and returned: pass the solver's fresh output
-    only. Differentiable in ``P``; ``C`` and ``nu`` are constants. ``fused``: compiled passes, as the sparse
-    Sinkhorn's (:func:`~s2t2_dist.ot.native.resolve_fused`; eager ops otherwise)."""
-    kern = resolve_fused(fused, P.device, P.numel()) or FusedKernels(compiled=False)
-    return _FloorPlan.apply(P, C.detach(), nu.detach(), float(floor), kern)
+    only. Differentiable in ``P``; ``C`` and ``nu`` are constants."""
+    return _FloorPlan.apply(P, C.detach(), nu.detach(), float(floor))

@@ -1,12 +1,12 @@
 """Translator kinds: how C becomes P. One small class per kind behind one interface; a new kind is a class here
 (or in its own file) and one entry in :data:`REGISTRY`.
 
-A kind is built per translator (``REGISTRY[name](tr)``) so it can keep per-run state (the sparse solver's warm
-start) and read the translator's shape, marginals and process group.
+A kind is built per translator (``REGISTRY[name](tr)``) so it can keep per-run state (the sparse solver) and read
+the translator's shape, marginals and process group.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Type
+from typing import Dict, Type
 
 import torch
 from torch import Tensor
@@ -47,10 +47,6 @@ class Kind:
         """A block of C (float64) whose plan is (approximately) the given feasible block of P (float64)."""
         raise NotImplementedError
 
-    def unproven(self) -> Optional[Tensor]:
-        """Thresholds this kind's solver left a lower bound so far (a device tensor; None: exact by construction)."""
-        return None
-
 
 #: the zeros of a sparse start sit this far (in units of 1/v) below the projections' thresholds
 START_MARGIN = 0.1
@@ -65,7 +61,7 @@ class SparseKind(Kind):
 
     def __init__(self, tr):
         super().__init__(tr)
-        self._solver, self._key = None, None
+        self._solver = None
 
     @staticmethod
     def natural_scale(v: int) -> float:
@@ -73,16 +69,11 @@ class SparseKind(Kind):
         return 1.0 / v
 
     def solver(self):
-        """The Sinkhorn solver for C's device and dtype: one per run, it keeps the warm start between steps."""
+        """The Sinkhorn solver (one per run; it follows C's device and dtype)."""
         tr = self.tr
-        key = (tr.C.device, tr.C.dtype)
-        if self._solver is None or self._key != key:
-            if tr.sharded:
-                self._solver = ShardedSparseSinkhorn(tr.mu, tr.nu_local, tr.u, tr.group, tr.sharded_method,
-                                                     tr.row_k, tr.col_k, validate=False)
-            else:
-                self._solver = SparseSinkhorn(tr.mu, tr.nu, tr.row_k, tr.col_k, validate=False)
-            self._key = key
+        if self._solver is None:
+            self._solver = (ShardedSparseSinkhorn(tr.mu, tr.nu_local, tr.u, tr.group, validate=False) if tr.sharded
+                            else SparseSinkhorn(tr.mu, tr.nu, validate=False))
         return self._solver
 
     def plan(self, C: Tensor) -> Tensor:
@@ -90,9 +81,9 @@ class SparseKind(Kind):
         if not floor:
             # A column short of nu_j by a rounding error lifts every zero of its input by that error / v (the
             # threshold drops below the tied zeros): float noise (W < 1e-6) that would count as non-zeros and fill
-            # the P file. Zeroed (inside the solver: no extra C-sized temporaries); a real weight of the plan is far
-            # larger (BENCHMARKS.md #24, session 5).
-            return self.solver()(C, self.tr.n_iter, drop_below=NOISE_W * self.tr.nu_local)
+            # the P file. Zeroed; a real weight of the plan is far larger (BENCHMARKS.md #24, session 5).
+            P = self.solver()(C, self.tr.n_iter)
+            return torch.where(P > NOISE_W * self.tr.nu_local.to(P.dtype), P, 0)
         # The same lift, at the scale of training: the row step shaves a column's entries (its row gave mass
         # elsewhere), and the column step refills the short column evenly over ALL its zeros (they tie at 0 in
         # its input), i.e. a full column of weights far below 1/v whose C entries get no gradient. Dropped (and
@@ -101,9 +92,6 @@ class SparseKind(Kind):
         # it takes C's largest entry instead, one-hot (stories260K seeds 1, 2: +0.06 BpB before;
         # BENCHMARKS.md "#24 (session 5)"). See translator/floor.py (one Function, in place).
         return floor_plan(self.solver()(C, self.tr.n_iter), C, self.tr.nu_local, floor)
-
-    def unproven(self) -> Optional[Tensor]:
-        return None if self._solver is None else self._solver.unproven()
 
     def init_from_plan(self, P: Tensor) -> Tensor:
         # a feasible P is its own projection; its zeros start START_MARGIN / v below every threshold, so that

@@ -32,8 +32,6 @@ from torch import Tensor
 
 from s2t2_dist.distributed.stats_batch import Reduced, StatsBatch
 from s2t2_dist.distributed.sharded_sinkhorn import (
-    DEFAULT_COL_K,
-    DEFAULT_ROW_K,
     GroupComm,
     all_reduce_sum_mean_grad,
     gather_rows_mean_grad,
@@ -103,8 +101,6 @@ class TokenTranslator(nn.Module):
         normalization: ``"convex"`` or ``"paper"`` (see module docstring).
         mu, nu: marginals (v), (u); uniform by default; see :meth:`from_frequencies`.
         group: a torch.distributed process group to shard the columns of C over (None: not sharded).
-        sharded_method: row projection across ranks, ``"threshold"`` or ``"alltoall"``.
-        row_k, col_k: threshold candidates per row / column (speed only).
         floor: sparse only: weights W = P / nu below ``floor / v`` are dropped from P and each column rescaled
             to nu_j (0: off; see translator/kinds.py SparseKind.plan).
         dtype, device: of C (float32 by default).
@@ -123,9 +119,6 @@ class TokenTranslator(nn.Module):
         mu: Optional[Tensor] = None,
         nu: Optional[Tensor] = None,
         group=None,
-        sharded_method: str = "threshold",
-        row_k: int = DEFAULT_ROW_K,
-        col_k: int = DEFAULT_COL_K,
         dtype: torch.dtype = torch.float32,
         device=None,
         floor: float = 0.0,
@@ -144,7 +137,6 @@ class TokenTranslator(nn.Module):
             raise ValueError(f"floor must be >= 0, got {floor}")
         self.floor = float(floor)
         self.n_iter, self.normalization = int(n_iter), normalization
-        self.sharded_method, self.row_k, self.col_k = sharded_method, int(row_k), int(col_k)
         self.group = group
         self.rank, self.world_size = world_of(group) if group is not None else (0, 1)
         if self.u < self.world_size:
@@ -446,16 +438,6 @@ class TokenTranslator(nn.Module):
 
     def _stat_P(self, P: Optional[Tensor]) -> Tensor:
         return self.P() if P is None else P.detach()
-
-    @torch.no_grad()
-    def add_unproven(self, b: StatsBatch) -> Callable[[Reduced], float]:
-        """Thresholds the sparse Sinkhorn left a lower bound instead of exact (all calls so far, the largest count
-        over ranks): 0 unless a large plan needed more than its fixed Newton passes and fallback (small plans sort).
-        """
-        n = self.plan_kind.unproven()
-        n = torch.zeros((), device=self.C.device) if n is None else n.to(torch.float64)
-        self._put(b, "P.unproven", n.reshape(1), "max")
-        return lambda r: float(r["P.unproven"].max())
 
     @torch.no_grad()
     def add_density(self, b: StatsBatch, P: Optional[Tensor] = None) -> Callable[[Reduced], Dict[str, float]]:

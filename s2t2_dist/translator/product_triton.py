@@ -1,5 +1,6 @@
 """GPU kernels of the translator's product (translator/product.py): ``P^T M`` and ``M G^T`` on P's live rows only,
-without reading anything back to the host.
+without reading anything back to the host, P in any layout
+(the Sinkhorn's CUDA route gives it column-major).
 
 The live rows are found on the device: a stable sort of the rows' "has a non-zero" flags puts the live rows first
 (``idx``, length v) and their count ``n`` is a device scalar. The Triton kernels read ``n`` themselves: the forward
@@ -48,7 +49,7 @@ def _kernels(interpret: bool):
     import triton.language as tl
 
     @triton.jit
-    def fwd(p_ptr, m_ptr, idx_ptr, n_ptr, out_ptr, U, D, stride_p, stride_m, stride_o,
+    def fwd(p_ptr, m_ptr, idx_ptr, n_ptr, out_ptr, U, D, sp_r, sp_c, stride_m, stride_o,
             BK: tl.constexpr, BU: tl.constexpr, BD: tl.constexpr):
         # out[j, c] = sum over live rows r of P[r, j] * M[r, c]: one (BU x BD) tile of out per program
         j = tl.program_id(0) * BU + tl.arange(0, BU)
@@ -59,13 +60,14 @@ def _kernels(interpret: bool):
             kk = k0 + tl.arange(0, BK)
             rows = tl.load(idx_ptr + kk, mask=kk < n, other=0).to(tl.int64)
             ok = kk < n
-            p = tl.load(p_ptr + rows[:, None] * stride_p + j[None, :], mask=ok[:, None] & (j[None, :] < U), other=0.0)
+            p = tl.load(p_ptr + rows[:, None] * sp_r + j[None, :] * sp_c, mask=ok[:, None] & (j[None, :] < U),
+                        other=0.0)
             m = tl.load(m_ptr + rows[:, None] * stride_m + c[None, :], mask=ok[:, None] & (c[None, :] < D), other=0.0)
             acc += tl.dot(tl.trans(p.to(tl.float32)), m.to(tl.float32), input_precision="ieee")
         tl.store(out_ptr + j[:, None] * stride_o + c[None, :], acc, mask=(j[:, None] < U) & (c[None, :] < D))
 
     @triton.jit
-    def grad_p(m_ptr, g_ptr, idx_ptr, n_ptr, dp_ptr, U, D, stride_m, stride_g, stride_dp,
+    def grad_p(m_ptr, g_ptr, idx_ptr, n_ptr, dp_ptr, U, D, stride_m, stride_g, sd_r, sd_c,
                BK: tl.constexpr, BU: tl.constexpr, BD: tl.constexpr):
         # dP[r, j] = sum_c M[r, c] * G[j, c] for the live rows r of this program's block (the rest return at once)
         k0 = tl.program_id(0) * BK
@@ -83,7 +85,7 @@ def _kernels(interpret: bool):
                 g = tl.load(g_ptr + j[:, None] * stride_g + c[None, :], mask=(j[:, None] < U) & (c[None, :] < D),
                             other=0.0)
                 acc += tl.dot(m.to(tl.float32), tl.trans(g.to(tl.float32)), input_precision="ieee")
-            tl.store(dp_ptr + rows[:, None] * stride_dp + j[None, :], acc, mask=ok[:, None] & (j[None, :] < U))
+            tl.store(dp_ptr + rows[:, None] * sd_r + j[None, :] * sd_c, acc, mask=ok[:, None] & (j[None, :] < U))
 
     return fwd, grad_p
 
@@ -95,30 +97,32 @@ def _get():
 
 
 def live_product(P: Tensor, M: Tensor) -> Tensor:
-    """``P.t() @ M`` over P's live rows (u x d, float32; P float32, M any float dtype, both row-major)."""
+    """``P.t() @ M`` over P's live rows (u x d, float32; P float32 in any layout, M any float dtype)."""
     import triton
 
-    P, M = P.contiguous(), M.contiguous()
+    M = M.contiguous()
     v, u = P.shape
     d = M.shape[1]
     idx, n = live_index(P)
     out = torch.empty((u, d), dtype=torch.float32, device=P.device)
     fwd, _ = _get()
     fwd[(triton.cdiv(u, BLOCK_U), triton.cdiv(d, BLOCK_D))](
-        P, M, idx, n, out, u, d, P.stride(0), M.stride(0), out.stride(0), BK=BLOCK_K, BU=BLOCK_U, BD=BLOCK_D)
+        P, M, idx, n, out, u, d, P.stride(0), P.stride(1), M.stride(0), out.stride(0),
+        BK=BLOCK_K, BU=BLOCK_U, BD=BLOCK_D)
     return out
 
 
 def live_grad_p(P: Tensor, M: Tensor, G: Tensor) -> Tensor:
-    """dP (v x u, float32): ``M G^T`` on P's live rows, 0 on the others."""
+    """dP (v x u, float32, P's layout): ``M G^T`` on P's live rows, 0 on the others."""
     import triton
 
-    P, M, G = P.contiguous(), M.contiguous(), G.contiguous()
+    M, G = M.contiguous(), G.contiguous()
     v, u = P.shape
     d = M.shape[1]
     idx, n = live_index(P)
-    dP = torch.zeros((v, u), dtype=torch.float32, device=P.device)
+    dP = torch.zeros_like(P, dtype=torch.float32)  # (P's strides: the Sinkhorn's backward reads them)
     _, grad_p = _get()
     grad_p[(triton.cdiv(v, BLOCK_K), triton.cdiv(u, BLOCK_U))](
-        M, G, idx, n, dP, u, d, M.stride(0), G.stride(0), dP.stride(0), BK=BLOCK_K, BU=BLOCK_U, BD=BLOCK_D)
+        M, G, idx, n, dP, u, d, M.stride(0), G.stride(0), dP.stride(0), dP.stride(1),
+        BK=BLOCK_K, BU=BLOCK_U, BD=BLOCK_D)
     return dP

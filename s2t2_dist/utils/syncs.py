@@ -82,11 +82,14 @@ class SyncCounter(TorchDispatchMode):
     def __init__(self, record_stacks: bool = False):
         super().__init__()
         self.counts: Counter = Counter()
+        #: every aten op dispatched while active (a CPU proxy for a GPU's kernel launches: each op is at most one)
+        self.ops = 0
         self.record_stacks = record_stacks
         self.stacks: List[Tuple[str, str]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        self.ops += 1
         reason = _sync_reason(func, args, kwargs)
         if reason is not None:
             self.counts[reason] += 1
@@ -99,6 +102,7 @@ class SyncCounter(TorchDispatchMode):
         return sum(self.counts.values())
 
     def reset(self) -> None:
+        self.ops = 0
         self.counts.clear()
         self.stacks.clear()
 

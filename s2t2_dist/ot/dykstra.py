@@ -1,0 +1,167 @@
+"""Dykstra's alternating projections with scaled-sparsemax projections (the paper's Algorithm 1), as one autograd
+Function over per-device steps.
+
+Pure math: no torch.distributed, no I/O. ``C`` is (v, u): source tokens x target tokens; ``mu`` (v) and ``nu`` (u)
+are the scales of the row and column projections onto ``{p >= 0, sum p = scale}``::
+
+    X_0 = C, P_0 = Q_0 = 0
+    for k in range(n_iter):
+        A = X_k + P_k;  Y = R(A);  P_{k+1} = A - Y = min(A, t_row)
+        B = Y + Q_k;    X_{k+1} = K(B);  Q_{k+1} = B - X_{k+1} = min(B, t_col)
+    return X_{n_iter}
+
+A projection of a slice z is ``max(z - t, 0)`` with ``t`` its exact threshold; its Jacobian is
+``h -> S * (h - mean_S h)`` on the support S. Only the supports (bool masks) and their counts are saved, and the
+backward runs the adjoint recursion in closed form::
+
+    gB = where(S_K, gX - mean_S_K(gX - gQ), gQ);  gA = where(S_R, gB - mean_S_R(gB - gP), gP);  gX = gP = gA
+
+from gX = grad_output, gP = gQ = 0; the gradient of C is the first iteration's gA.
+
+One route per device (:func:`steps_for`): on CUDA the Triton kernels of :mod:`s2t2_dist.ot.dykstra_triton`
+(one launch per projection, nothing read back to the host); on a CPU the plain torch steps below, the same
+algorithm in torch ops (:func:`newton_thresholds`). Both are exact at every size. The column-sharded
+solver (``s2t2_dist.distributed.sharded_sinkhorn``) replaces the row steps with its own (rows span ranks).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["TorchSteps", "apply_projection", "compute_dtype", "dykstra", "newton_thresholds", "projection_backward",
+           "steps_for"]
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 stays float64; every other floating dtype is computed in float32."""
+    if not dtype.is_floating_point:
+        raise TypeError(f"the sparse Sinkhorn needs a floating point tensor, got dtype {dtype}")
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def newton_thresholds(Z: Tensor, scale: Tensor, dim: int) -> Tuple[Tensor, Tensor]:
+    """The exact threshold of every slice of ``Z`` (2-D, a CPU tensor) along ``dim`` (float64) and its support size.
+
+    The CUDA kernels' algorithm in torch ops: from the lower bounds ``max z - s`` and ``(sum z - s) / n``, Newton
+    steps ``t <- t + (sum_{z > t} (z - t) - s) / |{z > t}|`` while a slice's support still shrinks; a slice whose
+    support stops shrinking has the threshold of its own support, i.e. the exact one. The loop's flag is read from
+    CPU memory (numpy: no device, so no sync for the counter of ``utils.syncs`` to see)."""
+    n = Z.shape[dim]
+    s = scale.to(torch.float64)
+    tau = torch.maximum(Z.amax(dim).double() - s, (Z.sum(dim, dtype=torch.float64) - s) / max(n, 1))
+    prev = torch.full(tau.shape, n + 1, dtype=torch.int64)
+    act = torch.ones(tau.shape, dtype=torch.bool)
+    while True:
+        r = (Z - tau.to(Z.dtype).unsqueeze(dim)).clamp_(min=0)  # > 0 exactly where z > t (IEEE subtraction)
+        cnt = torch.count_nonzero(r, dim)
+        act &= cnt < prev
+        if not act.numpy().any():
+            return tau, cnt
+        tau = torch.where(act, tau + (r.sum(dim, dtype=torch.float64) - s) / cnt.clamp(min=1), tau)
+        prev = torch.where(act, cnt, prev)
+
+
+def apply_projection(A: Tensor, tau: Tensor, dim: int, corr: Tensor, pos: Tensor, add: Optional[Tensor] = None
+                     ) -> Tensor:
+    """One projection given its thresholds: ``pos <- max(A - t, 0) (+ add)``, ``corr <- min(A, t)`` (Dykstra's
+    correction), and the support ``A > t`` returned (bool). ``corr``/``pos`` may be ``A``'s or ``add``'s buffers."""
+    t = tau.to(A.dtype).unsqueeze(dim)
+    mask = A > t
+    y = (A - t).clamp_(min=0)
+    if add is not None:
+        y += add
+    torch.minimum(A, t, out=corr)
+    pos.copy_(y)
+    return mask
+
+
+def projection_backward(g: Tensor, gc: Optional[Tensor], mask: Tensor, counts: Tensor, dim: int,
+                        reduce=None) -> Tensor:
+    """``where(S, g - mean_S(g - gc), gc)`` per slice along ``dim`` (``gc`` None: 0), a new tensor. ``reduce``:
+    applied to the per-slice sums first (the sharded rows' all-reduce)."""
+    h = torch.where(mask, g if gc is None else g - gc, 0)
+    sums = h.sum(dim)
+    if reduce is not None:
+        sums = reduce(sums)
+    mean = sums / counts.clamp(min=1).to(sums.dtype)
+    return torch.where(mask, g - mean.unsqueeze(dim).to(g.dtype), 0 if gc is None else gc)
+
+
+class TorchSteps:
+    """The steps in plain torch ops, on a CPU: thresholds by :func:`newton_thresholds`, exact."""
+
+    def __init__(self, mu: Tensor, nu: Tensor):
+        self.mu, self.nu = mu, nu
+
+    @staticmethod
+    def buffers(C: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        return tuple(torch.empty_like(C, memory_format=torch.contiguous_format) for _ in range(3))
+
+    @staticmethod
+    def thresholds(Z: Tensor, scale: Tensor, dim: int) -> Tuple[Tensor, Tensor]:
+        return newton_thresholds(Z, scale, dim)
+
+    def row(self, src: Tensor, Pc: Tensor, Qc: Tensor, first: bool) -> Tuple[Tensor, Tensor]:
+        A = src if first else src + Pc
+        tau, cnt = newton_thresholds(A, self.mu, 1)
+        return apply_projection(A, tau, 1, Pc, Qc, None if first else Qc), cnt
+
+    def col(self, Qc: Tensor, X: Tensor) -> Tuple[Tensor, Tensor]:
+        tau, cnt = newton_thresholds(Qc, self.nu, 0)
+        return apply_projection(Qc, tau, 0, Qc, X), cnt
+
+    @staticmethod
+    def row_bwd(g: Tensor, gP: Optional[Tensor], mask: Tensor, cnt: Tensor) -> Tensor:
+        return projection_backward(g, gP, mask, cnt, 1)
+
+    @staticmethod
+    def col_bwd(g: Tensor, gQ: Optional[Tensor], mask: Tensor, cnt: Tensor) -> Tensor:
+        return projection_backward(g, gQ, mask, cnt, 0)
+
+
+def steps_for(device: torch.device, mu: Tensor, nu: Tensor):
+    """The route of ``device``: the Triton kernels on CUDA, the torch steps on a CPU."""
+    if device.type == "cuda":
+        from s2t2_dist.ot.dykstra_triton import TritonSteps
+
+        return TritonSteps(mu, nu)
+    if device.type != "cpu":
+        raise ValueError(f"the sparse Sinkhorn runs on a CPU or a CUDA device, not on {device.type!r}")
+    return TorchSteps(mu, nu)
+
+
+class _Dykstra(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, C: Tensor, steps, n_iter: int):
+        cdt = compute_dtype(C.dtype)
+        src = C.detach().to(cdt)
+        Pc, Qc, X = steps.buffers(src)
+        saved = []
+        for k in range(n_iter):
+            saved += steps.row(src if k == 0 else X, Pc, Qc, k == 0)
+            saved += steps.col(Qc, X)
+        ctx.steps, ctx.n_iter, ctx.in_dtype = steps, n_iter, C.dtype
+        ctx.save_for_backward(*saved)  # (mask, count) per projection: rows, columns, rows, ...
+        return X if X.dtype == C.dtype else X.to(C.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g: Tensor):
+        saved, steps = ctx.saved_tensors, ctx.steps
+        gX = g.to(compute_dtype(ctx.in_dtype))
+        gP = gQ = None
+        for k in reversed(range(ctx.n_iter)):
+            gQ = steps.col_bwd(gX, gQ, saved[4 * k + 2], saved[4 * k + 3])
+            gP = steps.row_bwd(gQ, gP, saved[4 * k], saved[4 * k + 1])
+            gX = gP
+        return gP.to(ctx.in_dtype), None, None
+
+
+def dykstra(C: Tensor, steps, n_iter: int = 3) -> Tensor:
+    """Algorithm 1 on ``C`` (v, u) with the projections of ``steps`` (:func:`steps_for`, or the column-sharded
+    solver's); differentiable in ``C``. Nothing is checked here (see ``sinkhorn.validate_plan_inputs``)."""
+    if n_iter < 1:
+        raise ValueError(f"n_iter must be >= 1, got {n_iter}")
+    return _Dykstra.apply(C, steps, int(n_iter))
