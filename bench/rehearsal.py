@@ -324,7 +324,8 @@ def shipped_translator(model_dir: str, src_tok, src_ids, tok_dir: Path, floor: f
     return tr
 
 
-def inner_share(model_dir: str, out: Path, reps: int, full_steps: list[str], device: str = "cpu") -> None:
+def inner_share(model_dir: str, out: Path, reps: int, full_steps: list[str], device: str = "cpu",
+                only: tuple = ()) -> None:
     """Bare HF forward + backward (to inputs_embeds) of the model at batch 2 x 512 fp32, then for v = 243 and
     50,280: the stage-1 step (translator + frozen LM, forward + backward) and the translator alone (forward +
     backward with the step's cotangents replaced by random ones of the same shape). ``device`` "cuda": the same on
@@ -384,10 +385,12 @@ def inner_share(model_dir: str, out: Path, reps: int, full_steps: list[str], dev
     cases = [("single_byte", 0.0, "moved"), ("all", 0.0, "moved"), ("single_byte_recipe", DEFAULT_FLOOR, "moved"),
              ("all_recipe", DEFAULT_FLOOR, "moved"), ("all_shipped", DEFAULT_FLOOR, "shipped")]
     for name, floor, start in cases:
+        if only and name not in only:
+            continue
         vocab = name.split("_")[0] if name.startswith("all") else "single_byte"
         src = source_token_ids(tok, vocab, num_embeddings=E.shape[0])
         if start == "shipped":
-            tr = shipped_translator(model_dir, tok, src, target_tokenizer(out), floor)
+            tr = shipped_translator(model_dir, tok, src, target_tokenizer(out), floor, device=dev)
         else:
             tr = TokenTranslator(src.numel(), U, floor=floor)
             with torch.no_grad():  # a moved C (as after the FVT start): supports are not all full
@@ -410,8 +413,7 @@ def inner_share(model_dir: str, out: Path, reps: int, full_steps: list[str], dev
             tr.zero_grad(set_to_none=True)
 
         t0 = time.perf_counter()
-        translator_only()  # warm-up, not timed: the solver's one-off validation and the pass kernels' compilation
-        translator_only()  # a second untimed call (with the opt-in warm starts on, their graphs compile here)
+        translator_only()  # warm-up, not timed: the solver's one-off validation, Triton's compilation on a GPU
         r = {"v": src.numel(), "u": tr.u, "floor": floor, "start": start,
              "warmup_s": round(time.perf_counter() - t0, 2)}
         with torch.no_grad():  # what the product reads (translator/product.py: only P's live rows on a CPU)
@@ -487,6 +489,9 @@ def main() -> None:
                          "others divide by translator + bare HF step)")
     ap.add_argument("--share-device", default="cpu", choices=["cpu", "cuda"],
                     help="where the share leg runs (cuda: the first GPU, the LM under bf16 autocast)")
+    ap.add_argument("--share-cases", default="",
+                    help="the share leg's cases to run (comma-separated; default every one: single_byte, all, "
+                         "single_byte_recipe, all_recipe, all_shipped)")
     ap.add_argument("--report", action="store_true", help="only re-render OUT/table.md from OUT/results.json")
     ap.add_argument("--inner", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
@@ -495,7 +500,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if args.inner == "share":
         return inner_share(args.model, out, args.reps, [x for x in args.share_steps.split(",") if x],
-                           args.share_device)
+                           args.share_device, tuple(x for x in args.share_cases.split(",") if x))
     legs = set(args.legs.split(",")) if not args.report else set()
     res_path = out / "results.json"
     R = json.loads(res_path.read_text()) if res_path.is_file() else {}
@@ -607,7 +612,8 @@ def main() -> None:
     if "share" in legs:
         R["share"] = run_leg("share", [py, __file__, "--out", str(out), "--inner", "share", "--model", str(model),
                                        "--reps", str(args.reps), "--share-steps", args.share_steps,
-                                       "--share-device", args.share_device], out, min_free=args.min_free_gib)
+                                       "--share-device", args.share_device, "--share-cases", args.share_cases],
+                             out, min_free=args.min_free_gib)
         R["share"].update(json.loads((out / "share.json").read_text()))
         save()
     attach_predictions(R)
