@@ -141,3 +141,11 @@ def test_sharded_on_two_ranks_equals_one_process():
     (Pr * up).sum().backward()
     assert float((P - Pr).abs().max()) < 1e-12 and float((G - Cg.grad).abs().max()) < 1e-12
     assert [r[2] for r in res] == [0, 0]
+
+
+def test_first_use_check_passes_where_the_kernels_run():
+    """The route's one-off check (the streamed-column and registers-row kernels, forward + backward, against the
+    torch steps) passes where the kernels run."""
+    from s2t2_dist.ot.dykstra_triton import kernels_ok
+
+    assert kernels_ok(torch.device("cpu"))

@@ -12,10 +12,10 @@ PKG = Path(__file__).resolve().parents[1] / "s2t2_dist"
 
 
 def test_public_ot_api():
-    from s2t2_dist.ot import softmax_sinkhorn, sparse_sinkhorn, sparsemax
+    from s2t2_dist.ot import SparseSinkhorn, softmax_sinkhorn, sparse_sinkhorn
 
-    p = sparsemax(torch.tensor([[3.0, 1.0, 0.2, -1.0]]), scale=2.0)
-    assert torch.allclose(p, torch.tensor([[2.0, 0.0, 0.0, 0.0]]))  # threshold 1.0: only the top entry survives
+    one_row = SparseSinkhorn(torch.tensor([1.0]), torch.tensor([0.5, 0.5]))(torch.tensor([[3.0, 1.0]]), 1)
+    assert torch.allclose(one_row, torch.tensor([[0.5, 0.5]]))  # one row: its columns hold nu
     g = torch.Generator().manual_seed(0)
     C = torch.randn(6, 4, generator=g, dtype=torch.float64)
     mu, nu = torch.full((6,), 1 / 6, dtype=torch.float64), torch.full((4,), 1 / 4, dtype=torch.float64)

@@ -1,6 +1,8 @@
-"""The sparse Sinkhorn on its CPU route (torch ops, sort thresholds): equal to autograd through the sort reference,
+"""The sparse Sinkhorn on its CPU route (torch ops, exact Newton thresholds): equal to autograd through a sort,
 gradcheck, convergence to the true projection (KKT), baselines, validation once per marginals, no host reads,
-memory discipline. The CUDA route's kernels: tests/test_sinkhorn_triton.py."""
+memory discipline. The CUDA route's kernels: tests/sinkhorn_triton_interpreted.py (run by test_gpu_kernels.py)."""
+import os
+
 import pytest
 import torch
 
@@ -297,3 +299,17 @@ def test_safe_inv_zero_marginals():
         y = safe_inv(x)
         assert torch.isfinite(y).all() and y[0] == 0 and y[1] == 4 and y[4] == 0.5
         assert y[3] == 1 / tiny  # a subnormal marginal is clamped to the smallest normal, not inverted to inf
+
+
+def test_kernels_that_cannot_run_fail_their_first_use_check_with_one_warning(caplog):
+    """Without a GPU and without Triton's interpreter the kernels cannot launch: the route's check says so once (the
+    CUDA route would then take the torch steps instead of stopping the run)."""
+    from s2t2_dist.ot.dykstra_triton import kernels_ok
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("(the interpreter runs them: tests/sinkhorn_triton_interpreted.py)")
+    kernels_ok.cache_clear()
+    with caplog.at_level("WARNING"):
+        assert not kernels_ok(torch.device("cpu")) and not kernels_ok(torch.device("cpu"))
+    assert sum("failed their first-use check" in r.message for r in caplog.records) == 1
+    kernels_ok.cache_clear()

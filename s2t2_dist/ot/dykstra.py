@@ -51,13 +51,14 @@ def newton_thresholds(Z: Tensor, scale: Tensor, dim: int) -> Tuple[Tensor, Tenso
     n = Z.shape[dim]
     s = scale.to(torch.float64)
     tau = torch.maximum(Z.amax(dim).double() - s, (Z.sum(dim, dtype=torch.float64) - s) / max(n, 1))
-    prev = torch.full(tau.shape, n + 1, dtype=torch.int64)
-    act = torch.ones(tau.shape, dtype=torch.bool)
+    prev = torch.full(tau.shape, n + 1, dtype=torch.int64, device=Z.device)
+    act = torch.ones(tau.shape, dtype=torch.bool, device=Z.device)
     while True:
         r = (Z - tau.to(Z.dtype).unsqueeze(dim)).clamp_(min=0)  # > 0 exactly where z > t (IEEE subtraction)
         cnt = torch.count_nonzero(r, dim)
         act &= cnt < prev
-        if not act.numpy().any():
+        # (on a GPU, only as the CUDA route's fallback: then a host read per step)
+        if not (act.numpy() if act.device.type == "cpu" else act.cpu().numpy()).any():
             return tau, cnt
         tau = torch.where(act, tau + (r.sum(dim, dtype=torch.float64) - s) / cnt.clamp(min=1), tau)
         prev = torch.where(act, cnt, prev)
@@ -122,11 +123,13 @@ class TorchSteps:
 
 
 def steps_for(device: torch.device, mu: Tensor, nu: Tensor):
-    """The route of ``device``: the Triton kernels on CUDA, the torch steps on a CPU."""
+    """The route of ``device``: the Triton kernels on CUDA, the torch steps on a CPU. Should the kernels fail their
+    first-use check on a GPU (:func:`~s2t2_dist.ot.dykstra_triton.kernels_ok`), one warning and the torch steps
+    there (exact too, with a host read per Newton step)."""
     if device.type == "cuda":
-        from s2t2_dist.ot.dykstra_triton import TritonSteps
+        from s2t2_dist.ot.dykstra_triton import TritonSteps, kernels_ok
 
-        return TritonSteps(mu, nu)
+        return TritonSteps(mu, nu) if kernels_ok(device) else TorchSteps(mu, nu)
     if device.type != "cpu":
         raise ValueError(f"the sparse Sinkhorn runs on a CPU or a CUDA device, not on {device.type!r}")
     return TorchSteps(mu, nu)
