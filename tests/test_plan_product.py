@@ -161,18 +161,19 @@ def test_sharded_translator_with_dead_rows_equals_one_process_with_the_dense_pro
 
 @pytest.mark.slow
 def test_bench_plan_product_runs_as_typed():
-    """bench/bench_plan_product.py at a small width on CPU: prints each plan's row as it goes; the shipped plan has
-    few live rows and takes the gathered rows, the moved uniform one has every row live and takes the GEMMs, and C's
-    gradient is the same from the op and from the dense product."""
+    """bench/bench_plan_product.py at a small width on CPU, the shipped plan (the moved uniform plan, every row live,
+    is for a GPU: the CPU Sinkhorn is exact, not fast): its row printed, few live rows, the gathered rows taken, and
+    C's gradient the same from the op and from the dense product."""
     env = dict(os.environ, PYTHONPATH=str(TESTS.parent))
     proc = subprocess.run([sys.executable, str(TESTS.parent / "bench" / "bench_plan_product.py"), "--d", "64",
-                           "--reps", "1"], env=env, capture_output=True, text=True, timeout=900, cwd=TESTS.parent)
+                           "--reps", "1", "--plans", "shipped"], env=env, capture_output=True, text=True, timeout=900,
+                          cwd=TESTS.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in proc.stdout.splitlines() if line.startswith("| shipped") or line.startswith("| moved")}
-    assert set(rows) == {"shipped", "moved"}, proc.stdout
-    assert 0 < int(rows["shipped"][1]) < 2000 and int(rows["moved"][1]) == 50280
-    assert rows["shipped"][5] == "live rows" and rows["moved"][5] == "dense", rows
+    assert set(rows) == {"shipped"}, proc.stdout
+    assert 0 < int(rows["shipped"][1]) < 2000
+    assert rows["shipped"][5] == "live rows", rows
     for cells in rows.values():
         diff, of = cells[4].split(" (of ")
         assert float(diff) <= 1e-6 * float(of.rstrip(")")), cells
