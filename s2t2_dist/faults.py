@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from s2t2_dist import envvars
+
 ENV = "S2T2_FAULT"
 TRACE_ENV = "S2T2_FAULT_TRACE"
 
@@ -97,14 +99,14 @@ def _rank() -> int:
 
 def _active_plan() -> dict:
     global _plan, _plan_src
-    spec = os.environ.get(ENV, "")
+    spec = envvars.raw(ENV)  # parsed (and its errors said) by parse() below
     if spec != _plan_src:
         _plan, _plan_src = (parse(spec) if spec else {}), spec
     return _plan
 
 
 def enabled() -> bool:
-    return bool(os.environ.get(ENV) or os.environ.get(TRACE_ENV))
+    return bool(envvars.is_set(ENV) or envvars.is_set(TRACE_ENV))
 
 
 def _fires(point_name: str, n: int | None) -> list[str]:
@@ -117,7 +119,7 @@ def _fires(point_name: str, n: int | None) -> list[str]:
 
 def point(name: str, step: int | None = None, **ctx: Any) -> None:
     """A named place in the code. Traces it (when tracing) and applies the faults configured for it."""
-    if not (os.environ.get(ENV) or os.environ.get(TRACE_ENV)):
+    if not (envvars.is_set(ENV) or envvars.is_set(TRACE_ENV)):
         return
     record("point", name=name, step=step, **ctx)
     for eff in _fires(name, step):
@@ -154,7 +156,7 @@ class _PoisonGrad(torch.autograd.Function):
 
 def poison_loss(loss: torch.Tensor, step: int) -> torch.Tensor:
     """The loss of a micro-batch of optimiser step `step`, poisoned if a loss/grad fault is configured for it."""
-    if not os.environ.get(ENV):
+    if not envvars.is_set(ENV):
         return loss
     for eff in _fires("loop.loss", step):
         record("fault", effect=eff, where=f"loss of step {step}, rank {_rank()}")
@@ -175,7 +177,7 @@ def poison_loss(loss: torch.Tensor, step: int) -> torch.Tensor:
 
 def _trace():
     global _trace_file, _trace_dir
-    d = os.environ.get(TRACE_ENV)
+    d = envvars.get(TRACE_ENV)
     if not d:
         return None
     if _trace_file is None or _trace_dir != d:
@@ -203,13 +205,13 @@ def sample_ids(batch: dict) -> list:
 
 
 def record_batch(step: int, batch: dict) -> None:
-    if not os.environ.get(TRACE_ENV):
+    if not envvars.is_set(TRACE_ENV):
         return
     record("batch", step=step, ids=sample_ids(batch))
 
 
 def record_step(step: int, loss: float, applied: bool) -> None:
-    if not os.environ.get(TRACE_ENV):
+    if not envvars.is_set(TRACE_ENV):
         return
     record("step", step=step, loss=loss, applied=applied)
 

@@ -16,6 +16,7 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
+from s2t2_dist import envvars
 from s2t2_dist.config import load_config, save_config, to_dict
 from s2t2_dist.distributed.env import DistEnv, device_for, init_distributed
 from s2t2_dist.train.metrics import MetricsLogger
@@ -70,10 +71,10 @@ def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
 def setup(run_dir: str, precision: str, cfg, seed: int, *, record: bool = True) -> Runtime:
     """record=False: the caller writes RUN_DIR/config.yaml itself (`record_config`) once it knows the run will use
     this config (a resumed run checks its checkpoint first)."""
-    logging.basicConfig(level=os.environ.get("S2T2_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s: %(message)s")
+    envvars.setup_logging()
     env = init_distributed()
     device = device_for(env)
-    if os.environ.get("S2T2_DEVICE") == "cpu":
+    if envvars.get("S2T2_DEVICE") == "cpu":
         device = torch.device("cpu")
     torch.manual_seed(seed)
     rd = Path(run_dir)
@@ -144,7 +145,7 @@ def teardown() -> None:
 
 #: errors about the user's inputs or the run's state whose message says what is wrong (config keys and values,
 #: shards and manifests, P files, initialisation, checkpoints, too many bad steps): one line, not a traceback
-USER_ERRORS = ("ConfigError", "DataError", "PFileError", "InitError", "CheckpointError", "TooManyBadSteps",
+USER_ERRORS = ("ConfigError", "EnvError", "DataError", "PFileError", "InitError", "CheckpointError", "TooManyBadSteps",
                "FaultSpecError")
 
 
@@ -171,16 +172,17 @@ def run_main(prog: str, fn: Callable[[], Any]) -> int:
     from s2t2_dist.utils.rundir import release_all
 
     try:
+        envvars.check()  # every S2T2_* variable, before any work: a bad one is a user error like a bad key
         rc = fn()
     except KeyboardInterrupt:  # Ctrl-C outside the training loop (which checkpoints on the first one), or twice
-        if os.environ.get("S2T2_TRACEBACK"):
+        if envvars.traceback_wanted():
             raise
         import sys
 
         print(f"{prog}: interrupted (Ctrl-C); a run resumes from its last checkpoint", file=sys.stderr, flush=True)
         return 130
     except Exception as e:  # noqa: BLE001 - re-raised unless it is a user error
-        if os.environ.get("S2T2_TRACEBACK") or not is_user_error(e):
+        if envvars.traceback_wanted() or not is_user_error(e):
             raise
         return report_user_error(prog, e)
     finally:

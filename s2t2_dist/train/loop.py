@@ -9,7 +9,6 @@ SIGTERM/SIGUSR1 (what SLURM sends before preemption or a time limit).
 from __future__ import annotations
 
 import math
-import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
-from s2t2_dist import faults
+from s2t2_dist import envvars, faults
 from s2t2_dist.distributed import collectives as coll
 from s2t2_dist.distributed.stats_batch import Reduced, StatsBatch
 from s2t2_dist.train.checkpoint import Checkpointer
@@ -160,10 +159,10 @@ def train(
     after_backward = getattr(task, "after_backward", None)
     report_stats = getattr(task, "report_stats", None)
     step_async = getattr(engine, "step_async", None)
-    tracing = bool(os.environ.get(faults.TRACE_ENV))  # the fault tests' trace records every step's loss
+    tracing = envvars.is_set(faults.TRACE_ENV)  # the fault tests' trace records every step's loss
     # S2T2_SYNC_DEBUG=error|warn (bench/gpu_smoke.py): on CUDA, a step that neither logs, checkpoints nor stops
     # runs under torch.cuda.set_sync_debug_mode, so any host sync in it raises (or warns) where it happens
-    sync_debug = os.environ.get(SYNC_DEBUG_ENV) if torch.cuda.is_available() else None
+    sync_debug = envvars.get(SYNC_DEBUG_ENV) if torch.cuda.is_available() else None
     # Steps not yet read back: (step, this rank's summed micro-batch losses, applied, grad norm), device values.
     # Nothing is read to the host on a step that does not log, checkpoint or stop (a GPU keeps running ahead).
     pending: list[tuple[int, Any, Any, Any]] = []
