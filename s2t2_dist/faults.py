@@ -9,6 +9,7 @@ variable ``S2T2_FAULT`` says what happens there. When it is unset (every real ru
     S2T2_FAULT="nan_loss_at_step:3,inf_grad_at_step:5@1"
     S2T2_FAULT="enospc_in_checkpoint:4@1"          "No space left on device" while rank 1 writes checkpoint 4
     S2T2_FAULT="enospc_in_shard:2"                 "No space left on device" while committing shard 2
+    S2T2_FAULT="sigusr1_in_export:8"               SIGUSR1 as the final export (after step 8) begins
 
 Grammar: comma-separated ``ACTION:N[@RANK]``; N is the step (loop, checkpoints) or the shard number (shards);
 without ``@RANK`` every rank fires. Actions and the points they act at are in ``ACTIONS``.
@@ -49,6 +50,9 @@ ACTIONS: dict[str, tuple[str, str]] = {
     "kill_after_rename": ("checkpoint.after_rename", "kill"),
     "enospc_in_checkpoint": ("checkpoint.after_engine_save", "enospc"),
     "enospc_in_shard": ("shards.commit", "enospc"),
+    "sigusr1_in_export": ("export.begin", "sigusr1"),
+    "sigterm_in_export": ("export.begin", "sigterm"),
+    "sigint_in_export": ("export.begin", "sigint"),
     "nan_loss_at_step": ("loop.loss", "nan_loss"),
     "inf_loss_at_step": ("loop.loss", "inf_loss"),
     "nan_grad_at_step": ("loop.loss", "nan_grad"),
@@ -131,9 +135,9 @@ def _apply(effect: str, name: str, step, ctx) -> None:
     if effect == "kill":
         record("fault", effect="SIGKILL", where=where)
         os.kill(os.getpid(), signal.SIGKILL)
-    elif effect in ("sigterm", "sigusr1"):
+    elif effect in ("sigterm", "sigusr1", "sigint"):
         record("fault", effect=effect.upper(), where=where)
-        os.kill(os.getpid(), signal.SIGTERM if effect == "sigterm" else signal.SIGUSR1)
+        os.kill(os.getpid(), {"sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1, "sigint": signal.SIGINT}[effect])
     elif effect == "enospc":
         record("fault", effect="ENOSPC", where=where)
         raise OSError(errno.ENOSPC, f"No space left on device (injected by {ENV} at {where})", ctx.get("path"))

@@ -146,7 +146,7 @@ def teardown() -> None:
 #: errors about the user's inputs or the run's state whose message says what is wrong (config keys and values,
 #: shards and manifests, P files, initialisation, checkpoints, too many bad steps): one line, not a traceback
 USER_ERRORS = ("ConfigError", "EnvError", "DataError", "PFileError", "InitError", "CheckpointError", "TooManyBadSteps",
-               "FaultSpecError")
+               "FaultSpecError", "WriteError")
 
 
 def is_user_error(e: BaseException) -> bool:
@@ -169,11 +169,19 @@ def run_main(prog: str, fn: Callable[[], Any]) -> int:
     that the check imports nothing) is printed as one line (`report_user_error`) and gives exit code 2; anything
     else (a bug) keeps its traceback. S2T2_TRACEBACK=1 shows the traceback of every error. The exit code is fn's
     when it returns an int, else 0."""
+    from s2t2_dist.utils import stop
     from s2t2_dist.utils.rundir import release_all
 
+    stop.install()  # SIGTERM/SIGUSR1 from the start, before any model is loaded (utils/stop.py)
+    stop.reset()  # an earlier entry point run in this process (tests, recipes) leaves nothing behind
     try:
         envvars.check()  # every S2T2_* variable, before any work: a bad one is a user error like a bad key
         rc = fn()
+        if stop.requested() is not None:  # arrived during the final export, which completed
+            import sys
+
+            print(f"{prog}: {stop.name(stop.requested())} arrived during the final export; the export completed "
+                  "and the run is finished", file=sys.stderr, flush=True)
     except KeyboardInterrupt:  # Ctrl-C outside the training loop (which checkpoints on the first one), or twice
         if envvars.traceback_wanted():
             raise
@@ -181,6 +189,13 @@ def run_main(prog: str, fn: Callable[[], Any]) -> int:
 
         print(f"{prog}: interrupted (Ctrl-C); a run resumes from its last checkpoint", file=sys.stderr, flush=True)
         return 130
+    except stop.Stopped as s:  # before the first step: nothing was being written; exit 0 so the job is requeued
+        import sys
+
+        print(f"{prog}: stopped by {stop.name(s.signum)} outside the training steps (start-up, model loading); "
+              "nothing was being written: a requeued or repeated run resumes from the last checkpoint",
+              file=sys.stderr, flush=True)
+        return 0
     except Exception as e:  # noqa: BLE001 - re-raised unless it is a user error
         if envvars.traceback_wanted() or not is_user_error(e):
             raise

@@ -22,6 +22,8 @@ from s2t2_dist.eval.scoring import ScoringConfig
 from s2t2_dist.data.config import DataPaths
 from s2t2_dist.models.hf import ModelPathConfig
 from s2t2_dist.stages import checks
+from s2t2_dist import faults
+from s2t2_dist.utils import stop
 from s2t2_dist.stages.common import (Runtime, config_part, fingerprint, parse_args, record_config, run_main,
                                      run_stage)
 from s2t2_dist.train.config import OptimConfig, TrainConfig
@@ -580,7 +582,9 @@ def _train(cfg: TranslateConfig, rt: Runtime) -> dict:
     if summary["P"]["warning"] and rt.env.is_main:
         log.warning("translate: %s", summary["P"]["warning"])
     if result.finished:
-        summary["p_file"] = str(export_p(rt.run_dir / "P.safetensors", task, hashes))
+        with stop.deferred():  # a time-limit signal now lets the export complete, then the run exits 0
+            faults.point("export.begin", result.step)
+            summary["p_file"] = str(export_p(rt.run_dir / "P.safetensors", task, hashes))
         if task.eval_docs is not None:
             engine.eval()
             metrics = task.evaluate()
