@@ -122,6 +122,9 @@ def run_stage(cfg, work: Callable[[Any, Runtime], dict], *, preflight: Callable[
     rt = setup(cfg.run_dir, precision, cfg, seed, record=record)
     out = work(cfg, rt)
     if rt.env.is_main:
+        from s2t2_dist.utils.rundir import verify
+
+        verify(rt.run_dir, before="writing its result")  # still this run's directory (lock and owner marker)
         atomic_write_text(result(rt), json.dumps(out, indent=1))
         if report is not None:
             report(rt, out)
