@@ -288,7 +288,7 @@ def train_tokenizer(*, split_dir: str | os.PathLike, output_dir: str | os.PathLi
         if progress:
             from tqdm.auto import tqdm
 
-            it = tqdm(it, desc="bpe: reading sample", unit="rec", unit_scale=True, dynamic_ncols=True)
+            it = tqdm(it, desc="bpe: reading sample", unit="rec", dynamic_ncols=True)
         for t in it:
             count[0] += 1
             count[1] += len(t)

@@ -281,7 +281,7 @@ def write_shards(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=n_docs_total, initial=state["doc"], desc=f"tokenize {split}", unit="doc",
-                   unit_scale=True, dynamic_ncols=True)
+                   dynamic_ncols=True)  # no unit_scale: counts print as integers (59/59, not 59.0/59.0)
     writer = _PackedWriter if kind == "packed" else _DocWriter
     w = writer(out, split, context_len, shard_size, dtype, state, shards, journal)
     t0 = time.time()

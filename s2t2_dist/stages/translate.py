@@ -225,7 +225,9 @@ class TranslateTask:
         loss = out.loss.float()
         extra = {"ce": loss.detach()}  # a tensor: the loop reads it on logging steps only
         if self.alpha:  # the global H on every rank: the loss (and what is logged) is the same at any rank count
-            loss = loss + self.alpha * self.translator.entropy()
+            reg = self.alpha * self.translator.entropy()
+            extra["alpha*H"] = reg.detach()  # the loss's second part, named wherever the loss is shown
+            loss = loss + reg
         return loss, extra
 
     @torch.no_grad()
