@@ -165,3 +165,14 @@ def test_every_fixture_architecture_passes_both_checks(tmp_path, tied):
         (out / "config.json").write_text(json.dumps(c))
         with pytest.raises(ConfigError, match=f"lacks {layers}"):
             dir_check.check(out)
+
+
+def test_a_tokenizer_json_of_another_format_version_is_one_line(tmp_path, stories):
+    from s2t2_dist.data.bpe import load_tokenizer
+    from s2t2_dist.data.errors import DataError
+
+    tj = json.loads((stories / "tokenizer.json").read_text())
+    (tmp_path / "tokenizer.json").write_text(json.dumps({**tj, "version": "2.0"}))
+    with pytest.raises(DataError, match=rf"^{tmp_path}/tokenizer.json: not a tokenizer file that tokenizers "
+                                        r"\S+ can read \(Unknown tokenizer version '2.0'"):
+        load_tokenizer(tmp_path)

@@ -175,11 +175,11 @@ def run_main(prog: str, fn: Callable[[], Any]) -> int:
     from s2t2_dist.utils import stop
     from s2t2_dist.utils.rundir import release_all
 
-    stop.install()  # SIGTERM/SIGUSR1 from the start, before any model is loaded (utils/stop.py)
     stop.reset()  # an earlier entry point run in this process (tests, recipes) leaves nothing behind
     try:
-        envvars.check()  # every S2T2_* variable, before any work: a bad one is a user error like a bad key
-        rc = fn()
+        with stop.installed():  # SIGTERM/SIGUSR1 from the start, before any model is loaded (utils/stop.py)
+            envvars.check()  # every S2T2_* variable, before any work: a bad one is a user error like a bad key
+            rc = fn()
         if stop.requested() is not None:  # arrived during the final export, which completed
             import sys
 

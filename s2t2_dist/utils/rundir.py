@@ -170,8 +170,8 @@ def verify(directory: str | Path, key: str = "run_dir", before: str = "writing o
             if m is None:
                 what = f"lost its owner marker {MARKER} (deleted)"
             elif str(m.get("run_id")) != _run_ids[real]:
-                what = (f"is now owned by another run ({MARKER}: {m.get('stage')} run {m.get('run_id')}, this run is "
-                        f"{_run_ids[real]})")
+                what = (f"is now owned by another run ({MARKER}: {m.get('stage')} run {m.get('run_id')}, not this "
+                        f"run {_run_ids[real]})")
     if what is not None:
         raise RunDirError(f"{key}: {d} {what} while this run was using it; stopping instead of {before} (another "
                           "run may be writing there); check the directory, then run again")

@@ -48,13 +48,24 @@ def _handler(signum, frame) -> None:
     raise Stopped(signum)
 
 
-def install() -> None:
-    """Own SIGTERM and SIGUSR1 from now on (main thread only; elsewhere signals stay as they are)."""
+def install() -> dict:
+    """Own SIGTERM and SIGUSR1 from now on (main thread only; elsewhere signals stay as they are). Returns the
+    handlers it replaced."""
     if threading.current_thread() is not threading.main_thread():
-        return
-    for s in SIGNALS:
-        if signal.getsignal(s) is not _handler:
-            signal.signal(s, _handler)
+        return {}
+    return {s: signal.signal(s, _handler) for s in SIGNALS}
+
+
+@contextlib.contextmanager
+def installed() -> Iterator[None]:
+    """`install()` for the duration of an entry point, then the previous handlers back: an entry point run inside
+    another program (tests, the recipes, the misuse table's generator) leaves that program's signals as they were."""
+    old = install()
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def requested() -> int | None:

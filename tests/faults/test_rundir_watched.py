@@ -28,7 +28,7 @@ def test_verify_sees_each_change(tmp_path):
         verify(d)  # untouched: fine
         (d / rundir.MARKER).write_text(json.dumps({**m, "run_id": "0123456789ab"}))
         with pytest.raises(RunDirError, match=r"is now owned by another run \(.s2t2_run.json: translate run "
-                                              r"0123456789ab, this run is " + m["run_id"]):
+                                              r"0123456789ab, not this run " + m["run_id"]):
             verify(d, before="writing checkpoint step_00000004")
         (d / rundir.MARKER).unlink()
         with pytest.raises(RunDirError, match="lost its owner marker"):
