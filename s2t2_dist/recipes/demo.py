@@ -348,6 +348,13 @@ def _report(r: dict, rows) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(list(sys.argv[1:] if argv is None else argv))
+    from s2t2_dist import envvars
+    from s2t2_dist.stages.common import report_user_error
+
+    try:
+        envvars.check()  # the S2T2_* variables its stages will read, before the first of them starts
+    except envvars.EnvError as e:
+        return report_user_error("s2t2 demo", e)
     quiet_process_env()
     try:
         run(args)
