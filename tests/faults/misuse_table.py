@@ -89,7 +89,8 @@ def s2t2_inproc(*args, env=None):
 
 _VARYING = [(re.compile(r"(?<=run )[0-9a-f]{12}\b"), "RUNID"),
             (re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d"), "TIME"),
-            (re.compile(r"pid \d+"), "pid PID"), (re.compile(r"on host [^,]+,"), "on host HOST,")]
+            (re.compile(r"pid \d+"), "pid PID"), (re.compile(r"on host [^,]+,"), "on host HOST,"),
+            (re.compile(r"(?<=tokenizers )\d+\.\d+\.\d+"), "VERSION")]
 
 
 def normalise(msg: str, work: Path) -> str:
