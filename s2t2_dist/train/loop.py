@@ -202,7 +202,7 @@ def train(
                 faults.record_step(at, mean_loss, bool(ok))
                 last["norm"] = norm
             if bar is not None and k:
-                bar.set_postfix(loss=f"{result.final_loss:.4f}", **last.get("parts", {}))
+                bar.set_postfix({"loss": f"{result.final_loss:.4f}", **last.get("parts", {})})  # in this order
             pending.clear()
             last["tok_total"] = r.float("loop.tokens")
             return r.float("loop.stop") > 0
@@ -273,7 +273,7 @@ def train(
                              for k, v in extra.items()}
                     if bar is not None and extra:  # the loss's parts beside it (stage 1: ce, alpha*H)
                         last["parts"] = {k: f"{float(v):.4f}" for k, v in extra.items()}
-                        bar.set_postfix(loss=f"{result.final_loss:.4f}", **last["parts"])
+                        bar.set_postfix({"loss": f"{result.final_loss:.4f}", **last["parts"]})
             else:
                 # only the stop flag, a host value over the host (gloo) group: no device sync
                 (stop_now,) = _sum_across([stop_flag])
