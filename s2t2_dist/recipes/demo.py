@@ -164,7 +164,7 @@ def run(args) -> dict:
         ph.start("source", "source LM: stories260K (real, pretrained on TinyStories) -> Hugging Face format")
         model = stories260k(cache)
         # the shipped defaults (FVT start, lr in units of 1/v) at 0.01/v = 2e-5 for v = 512: on these proteins the
-        # best measured stage 1 (4.386 BpB vs the unigram line's 4.391; 0.025/v: 4.476; BENCHMARKS.md #16)
+        # best measured stage 1 (BENCHMARKS.md #16, measured on the earlier split by id)
         recipe, p_lr = ("paper", args.p_lr) if args.p_lr else ("default", 0.01)
         results["source_lm"] = {"path": str(model), "kind": "stories260K: llama2.c's 260K-parameter Llama, vocabulary 512"}
     else:
