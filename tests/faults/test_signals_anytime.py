@@ -124,3 +124,33 @@ def test_disk_full_while_writing_the_p_file_names_it(tmp_path, tiny_data, storie
         ledger("disk full while the P file is written (real tmpfs)")
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_batch_script_requeues_a_step_stopped_before_its_first_step(tmp_path, tiny_data, stories):
+    """slurm/common.sh end to end with stand-ins for srun and scontrol: the time-limit warning (SIGUSR1 to the batch
+    shell) arrives while the stage loads its model; s2t2_srun forwards it, the stage stops cleanly (exit 0) and the
+    shell requeues the job (before: the stage died with exit 138 and the job chain ended)."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "srun").write_text('#!/bin/bash\nwhile [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n')
+    (bin_ / "scontrol").write_text('#!/bin/sh\necho "scontrol $*"\n')
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    run = tmp_path / "run"
+    args = " ".join(translate_args(tiny_data, stories, run, "train.steps=4"))
+    env = {k: v for k, v in base_env().items() if not k.startswith("SLURM_")}
+    env.update({"PATH": f"{bin_}:{env['PATH']}", "S2T2_HOME": str(REPO), "S2T2_PYTHON": sys.executable,
+                "SLURM_JOB_ID": "7"})
+    shell = subprocess.Popen(["bash", "-c", f". slurm/common.sh; s2t2_srun -- {sys.executable} -m s2t2_dist.cli "
+                              f"translate {args}"], cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not (run / ".s2t2.lock").exists():
+        assert shell.poll() is None and time.monotonic() < deadline, shell.communicate()
+        time.sleep(0.01)
+    shell.send_signal(signal.SIGUSR1)  # what SLURM's --signal=B:USR1@LEAD sends to the batch shell
+    out, err = shell.communicate(timeout=300)
+    assert "s2t2 translate: stopped by SIGUSR1 outside the training steps" in err, err[-3000:]
+    assert "job step exited with code 0" in err and "scontrol requeue 7" in out, (out, err[-3000:])
+    assert not (run / "result.json").exists()
+    ledger("SIGUSR1 to the batch shell during model loading: clean stop, requeued")
