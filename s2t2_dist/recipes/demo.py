@@ -287,7 +287,7 @@ def below_baseline(rows, steps: int) -> list[str]:
     for name, _, b in rows[BASELINES:]:
         if b is not None and math.isfinite(b) and b >= base:
             notes.append(f"{name} scores worse than the {base_name.split(' (')[0]} baseline "
-                         f"({b:.3f} vs {base:.3f} BpB): after {steps} steps through a tiny English LM (stories260K) "
+                         f"({b:.3f} vs {base:.3f} BpB): after {steps} steps through a tiny English LM "
                          "the translated model predicts these proteins no better than token frequencies alone; a "
                          "demo run shows the pipeline working, not the method's quality (`s2t2 reproduce` compares "
                          "with the baselines at larger scale)")
