@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from s2t2_dist.stages.finetune import main
+from s2t2_dist.cli import main  # SIGTERM/SIGUSR1 handled before the stage's heavy imports (utils/stop.py)
 from s2t2_dist.distributed.exit import exit_process
 if __name__ == "__main__":
-    exit_process(main(sys.argv[1:]))
+    exit_process(main(["finetune", *sys.argv[1:]]))

@@ -24,6 +24,8 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    from s2t2_dist.utils import stop
+
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         p = argparse.ArgumentParser(prog="s2t2", description=__doc__.splitlines()[0])
@@ -37,8 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     if cmd not in COMMANDS:
         print(f"s2t2: unknown command {cmd!r}; choose from {', '.join(sorted(COMMANDS))}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[cmd][0])
-    return int(module.main(rest) or 0)
+    try:
+        with stop.installed():  # before the stage's imports: a time-limit signal now is a clean stop, not exit 138
+            module = importlib.import_module(COMMANDS[cmd][0])
+            return int(module.main(rest) or 0)
+    except stop.Stopped as s:  # while importing (run_main reports the ones after)
+        print(f"s2t2 {cmd}: stopped by {stop.name(s.signum)} while starting; nothing was written", file=sys.stderr)
+        return 0
 
 
 def entry() -> None:

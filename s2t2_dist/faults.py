@@ -9,6 +9,7 @@ variable ``S2T2_FAULT`` says what happens there. When it is unset (every real ru
     S2T2_FAULT="nan_loss_at_step:3,inf_grad_at_step:5@1"
     S2T2_FAULT="enospc_in_checkpoint:4@1"          "No space left on device" while rank 1 writes checkpoint 4
     S2T2_FAULT="enospc_in_shard:2"                 "No space left on device" while committing shard 2
+    S2T2_FAULT="sigusr1_in_export:8"               SIGUSR1 as the final export (after step 8) begins
 
 Grammar: comma-separated ``ACTION:N[@RANK]``; N is the step (loop, checkpoints) or the shard number (shards);
 without ``@RANK`` every rank fires. Actions and the points they act at are in ``ACTIONS``.
@@ -33,6 +34,8 @@ from typing import Any
 
 import torch
 
+from s2t2_dist import envvars
+
 ENV = "S2T2_FAULT"
 TRACE_ENV = "S2T2_FAULT_TRACE"
 
@@ -47,6 +50,9 @@ ACTIONS: dict[str, tuple[str, str]] = {
     "kill_after_rename": ("checkpoint.after_rename", "kill"),
     "enospc_in_checkpoint": ("checkpoint.after_engine_save", "enospc"),
     "enospc_in_shard": ("shards.commit", "enospc"),
+    "sigusr1_in_export": ("export.begin", "sigusr1"),
+    "sigterm_in_export": ("export.begin", "sigterm"),
+    "sigint_in_export": ("export.begin", "sigint"),
     "nan_loss_at_step": ("loop.loss", "nan_loss"),
     "inf_loss_at_step": ("loop.loss", "inf_loss"),
     "nan_grad_at_step": ("loop.loss", "nan_grad"),
@@ -97,14 +103,14 @@ def _rank() -> int:
 
 def _active_plan() -> dict:
     global _plan, _plan_src
-    spec = os.environ.get(ENV, "")
+    spec = envvars.raw(ENV)  # parsed (and its errors said) by parse() below
     if spec != _plan_src:
         _plan, _plan_src = (parse(spec) if spec else {}), spec
     return _plan
 
 
 def enabled() -> bool:
-    return bool(os.environ.get(ENV) or os.environ.get(TRACE_ENV))
+    return bool(envvars.is_set(ENV) or envvars.is_set(TRACE_ENV))
 
 
 def _fires(point_name: str, n: int | None) -> list[str]:
@@ -117,7 +123,7 @@ def _fires(point_name: str, n: int | None) -> list[str]:
 
 def point(name: str, step: int | None = None, **ctx: Any) -> None:
     """A named place in the code. Traces it (when tracing) and applies the faults configured for it."""
-    if not (os.environ.get(ENV) or os.environ.get(TRACE_ENV)):
+    if not (envvars.is_set(ENV) or envvars.is_set(TRACE_ENV)):
         return
     record("point", name=name, step=step, **ctx)
     for eff in _fires(name, step):
@@ -129,9 +135,9 @@ def _apply(effect: str, name: str, step, ctx) -> None:
     if effect == "kill":
         record("fault", effect="SIGKILL", where=where)
         os.kill(os.getpid(), signal.SIGKILL)
-    elif effect in ("sigterm", "sigusr1"):
+    elif effect in ("sigterm", "sigusr1", "sigint"):
         record("fault", effect=effect.upper(), where=where)
-        os.kill(os.getpid(), signal.SIGTERM if effect == "sigterm" else signal.SIGUSR1)
+        os.kill(os.getpid(), {"sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1, "sigint": signal.SIGINT}[effect])
     elif effect == "enospc":
         record("fault", effect="ENOSPC", where=where)
         raise OSError(errno.ENOSPC, f"No space left on device (injected by {ENV} at {where})", ctx.get("path"))
@@ -154,7 +160,7 @@ class _PoisonGrad(torch.autograd.Function):
 
 def poison_loss(loss: torch.Tensor, step: int) -> torch.Tensor:
     """The loss of a micro-batch of optimiser step `step`, poisoned if a loss/grad fault is configured for it."""
-    if not os.environ.get(ENV):
+    if not envvars.is_set(ENV):
         return loss
     for eff in _fires("loop.loss", step):
         record("fault", effect=eff, where=f"loss of step {step}, rank {_rank()}")
@@ -175,7 +181,7 @@ def poison_loss(loss: torch.Tensor, step: int) -> torch.Tensor:
 
 def _trace():
     global _trace_file, _trace_dir
-    d = os.environ.get(TRACE_ENV)
+    d = envvars.get(TRACE_ENV)
     if not d:
         return None
     if _trace_file is None or _trace_dir != d:
@@ -203,13 +209,13 @@ def sample_ids(batch: dict) -> list:
 
 
 def record_batch(step: int, batch: dict) -> None:
-    if not os.environ.get(TRACE_ENV):
+    if not envvars.is_set(TRACE_ENV):
         return
     record("batch", step=step, ids=sample_ids(batch))
 
 
 def record_step(step: int, loss: float, applied: bool) -> None:
-    if not os.environ.get(TRACE_ENV):
+    if not envvars.is_set(TRACE_ENV):
         return
     record("step", step=step, loss=loss, applied=applied)
 

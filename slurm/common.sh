@@ -22,9 +22,12 @@
 #   S2T2_MASTER_ADDR  rendezvous address (default: NodeAddr of the first node of the allocation)
 #   S2T2_MASTER_PORT  rendezvous port (default: 20000 + job id % 12000, below Linux's ephemeral ports)
 #   S2T2_SRUN_ARGS    extra srun options, e.g. "--cpu-bind=cores"
-#   S2T2_REQUEUE      0: never requeue (default 1)
-#   S2T2_MAX_RESTARTS stop requeueing after this many restarts (default 50)
+#   S2T2_REQUEUE      no/false/off/0: never requeue (default yes)
+#   S2T2_MAX_RESTARTS stop requeueing after this many restarts (a whole number >= 0, default 50)
 #   S2T2_DEVICE=cpu   run on CPU with gloo even if GPUs are present (tests)
+# Every S2T2_* variable is declared, typed and checked in one place, s2t2_dist/envvars.py (docs/environment.md):
+# s2t2_run_stage checks them all before anything starts (one line naming a bad one, exit 2) and the typed ones are
+# read here through `s2t2_env NAME`, so the shell and Python agree on what "no" or "10.5" means.
 
 s2t2_log() { echo "[s2t2 $(date +%H:%M:%S) job ${SLURM_JOB_ID:-?}] $*" >&2; }
 
@@ -41,6 +44,17 @@ s2t2_python() {
     if [ -n "${S2T2_PYTHON:-}" ]; then echo "$S2T2_PYTHON"
     elif command -v python >/dev/null 2>&1; then echo python
     else echo python3; fi
+}
+
+# s2t2_env NAME: the value of a declared S2T2_* variable as s2t2_dist/envvars.py reads it (booleans 1/0, its
+# default when unset); a bad value prints one line naming it and the call fails.
+s2t2_env() {
+    PYTHONPATH="$S2T2_HOME${PYTHONPATH:+:$PYTHONPATH}" "$(s2t2_python)" -m s2t2_dist.envvars get "$1"
+}
+
+# Every S2T2_* variable (the package's and these scripts'), before any rank starts: one line, exit 2.
+s2t2_check_env() {
+    PYTHONPATH="$S2T2_HOME${PYTHONPATH:+:$PYTHONPATH}" "$(s2t2_python)" -m s2t2_dist.envvars check || exit 2
 }
 
 s2t2_entry() {  # s2t2_entry STAGE -> words after the interpreter
@@ -93,7 +107,7 @@ s2t2_srun() {
     local extra=(${S2T2_SRUN_ARGS:-})
     trap _s2t2_on_usr1 USR1
     trap _s2t2_on_term TERM
-    s2t2_log "srun ${srun_opts[*]} ${extra[*]} ${S2T2_STEP_DESC:-$*}"
+    s2t2_log "srun ${srun_opts[*]} ${extra[*]} ${_S2T2_STEP_DESC:-$*}"
     srun --kill-on-bad-exit=1 "${srun_opts[@]}" "${extra[@]}" "$@" &
     _S2T2_STEP_PID=$!
     local rc
@@ -114,12 +128,16 @@ s2t2_srun() {
 }
 
 s2t2_requeue() {
-    local restarts=${SLURM_RESTART_COUNT:-0}
-    if [ "${S2T2_REQUEUE:-1}" = 0 ]; then
-        s2t2_log "stopped with a checkpoint; not requeued (S2T2_REQUEUE=0): resubmit to continue"
+    local restarts=${SLURM_RESTART_COUNT:-0} requeue max
+    requeue=$(s2t2_env S2T2_REQUEUE) && max=$(s2t2_env S2T2_MAX_RESTARTS) || {
+        s2t2_log "stopped with a checkpoint; not requeued: a bad S2T2_REQUEUE or S2T2_MAX_RESTARTS (above)"
+        return 0
+    }
+    if [ "$requeue" = 0 ]; then
+        s2t2_log "stopped with a checkpoint; not requeued (S2T2_REQUEUE is off): resubmit to continue"
         return 0
     fi
-    if [ "$restarts" -ge "${S2T2_MAX_RESTARTS:-50}" ]; then
+    if [ "$restarts" -ge "$max" ]; then
         s2t2_log "stopped with a checkpoint; not requeued: already restarted $restarts times (S2T2_MAX_RESTARTS)"
         return 0
     fi
@@ -132,6 +150,7 @@ s2t2_requeue() {
 s2t2_run_stage() {
     local stage=$1; shift
     s2t2_require_slurm
+    s2t2_check_env
     s2t2_rendezvous
     local py entry
     py=$(s2t2_python)
@@ -146,7 +165,7 @@ s2t2_run_stage() {
     if [ -z "${S2T2_ENTRY:-}" ]; then
         "$py" -m s2t2_dist.cluster.layout "$stage" "${cfg[@]}" "$@" || exit 2
     fi
-    if [ "${S2T2_LAUNCHER:-srun}" = deepspeed ]; then
+    if [ "$(s2t2_env S2T2_LAUNCHER)" = deepspeed ]; then
         # shellcheck disable=SC2086
         s2t2_srun_deepspeed "$py" $entry "${cfg[@]}" "$@"
     else
@@ -165,7 +184,9 @@ s2t2_srun_deepspeed() {
     local script=$1; shift
     local tpn=${SLURM_NTASKS_PER_NODE:-1}
     tpn=${tpn%%\(*}             # "2(x2)" -> 2
-    local per_node=${S2T2_GPUS_PER_NODE:-${SLURM_GPUS_PER_NODE:-$tpn}}
+    local per_node
+    per_node=$(s2t2_env S2T2_GPUS_PER_NODE) || exit 2
+    [ "$per_node" = 0 ] && per_node=${SLURM_GPUS_PER_NODE:-$tpn}  # 0: unset
     per_node=${per_node##*:}   # "a100:4" -> 4
     local nnodes=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
     local cpus=$(( ${SLURM_CPUS_PER_TASK:-1} * tpn ))
@@ -176,11 +197,11 @@ s2t2_srun_deepspeed() {
     # the hostfile.
     # shellcheck disable=SC2016
     local body='hf=${TMPDIR:-/tmp}/s2t2-hostfile-$SLURM_JOB_ID-$SLURM_NODEID
-        scontrol show hostnames "$SLURM_JOB_NODELIST" | sed "s/\$/ slots=$S2T2_DS_PER_NODE/" > "$hf"
+        scontrol show hostnames "$SLURM_JOB_NODELIST" | sed "s/\$/ slots=$_S2T2_DS_PER_NODE/" > "$hf"
         trap "" USR1
         trap : TERM
-        "$S2T2_DS_PYTHON" -m deepspeed.launcher.runner --hostfile "$hf" --no_ssh --node_rank "$SLURM_NODEID" \
-            --num_nodes "$S2T2_DS_NNODES" --num_gpus "$S2T2_DS_PER_NODE" \
+        "$_S2T2_DS_PYTHON" -m deepspeed.launcher.runner --hostfile "$hf" --no_ssh --node_rank "$SLURM_NODEID" \
+            --num_nodes "$_S2T2_DS_NNODES" --num_gpus "$_S2T2_DS_PER_NODE" \
             --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" "$@" &
         pid=$!
         while :; do
@@ -190,8 +211,8 @@ s2t2_srun_deepspeed() {
         done
         rm -f "$hf"
         exit "$rc"'
-    export S2T2_DS_PER_NODE=$per_node S2T2_DS_NNODES=$nnodes S2T2_DS_PYTHON=$py
-    S2T2_STEP_DESC="deepspeed --no_ssh --num_nodes $nnodes --num_gpus $per_node ${mode[*]} $script $*" \
+    export _S2T2_DS_PER_NODE=$per_node _S2T2_DS_NNODES=$nnodes _S2T2_DS_PYTHON=$py
+    _S2T2_STEP_DESC="deepspeed --no_ssh --num_nodes $nnodes --num_gpus $per_node ${mode[*]} $script $*" \
     SLURM_CPUS_PER_TASK=$cpus s2t2_srun --ntasks-per-node=1 --ntasks="$nnodes" -- \
         bash -c "$body" s2t2-deepspeed "${mode[@]}" "$script" "$@"
 }

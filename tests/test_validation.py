@@ -204,6 +204,11 @@ def test_evaluate_user_errors_are_one_line(inputs, tmp_path, capsys):
     cfgj = json.loads((bad / "config.json").read_text())
     cfgj["vocab_size"] = 64
     (bad / "config.json").write_text(json.dumps(cfgj))
+    from safetensors.torch import load_file, save_file  # weights of 64 rows too: config.json agrees
+
+    sd = load_file(str(bad / "model.safetensors"))
+    save_file({k: v[:64].clone() if ("embed" in k or "lm_head" in k) and v.dim() == 2 else v for k, v in sd.items()},
+              str(bad / "model.safetensors"), metadata={"format": "pt"})
     rc = evaluate.main([*base, f"model.path={bad}", f"data.eval={a}/shards/new/eval"])
     line = _one_line_error(capsys, rc)
     assert "embedding rows" in line or "tokens" in line, line

@@ -142,7 +142,13 @@ def load_tokenizer(path: str | os.PathLike, *, bos_token: str | None = None, eos
     from tokenizers import Tokenizer
 
     f = _tokenizer_file(path)
-    tok = Tokenizer.from_file(str(f))
+    try:
+        tok = Tokenizer.from_file(str(f))
+    except Exception as e:  # noqa: BLE001 - the tokenizers library raises a bare Exception (another format version)
+        import tokenizers
+
+        raise DataError(f"{f}: not a tokenizer file that tokenizers {tokenizers.__version__} can read ({e}); was it "
+                        "written by another tool or version?") from None
     tok.no_truncation()
     tok.no_padding()
     tok.encode_special_tokens = True
@@ -288,7 +294,7 @@ def train_tokenizer(*, split_dir: str | os.PathLike, output_dir: str | os.PathLi
         if progress:
             from tqdm.auto import tqdm
 
-            it = tqdm(it, desc="bpe: reading sample", unit="rec", unit_scale=True, dynamic_ncols=True)
+            it = tqdm(it, desc="bpe: reading sample", unit="rec", dynamic_ncols=True)
         for t in it:
             count[0] += 1
             count[1] += len(t)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from s2t2_dist import envvars
 from s2t2_dist.utils.io import json_sha256, sha256_file
 
 from .bpe import load_tokenizer
@@ -28,7 +29,7 @@ ALL_TO_EVAL = 1.0
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("S2T2_CACHE_DIR") or Path.home() / ".cache" / "s2t2") / "tokenized"
+    return Path(envvars.get("S2T2_CACHE_DIR") or Path.home() / ".cache" / "s2t2") / "tokenized"
 
 
 def cache_key(files: list[tuple[str, str]], tokenizer_hash: str, reader: dict) -> str:

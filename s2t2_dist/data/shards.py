@@ -32,6 +32,7 @@ from typing import Iterator
 
 import numpy as np
 
+from s2t2_dist import envvars
 from s2t2_dist.utils.io import (
     AtomicFile, append_json_line, atomic_write_json, json_sha256, load_json, read_json_lines, sha256_file,
     write_json_lines)
@@ -106,7 +107,7 @@ class ShardFile:
         self.n_samples += 1
 
     def commit(self) -> dict:
-        if os.environ.get("S2T2_FAULT"):  # fault injection (tests/faults): e.g. a disk that fills here
+        if envvars.is_set("S2T2_FAULT"):  # fault injection (tests/faults): e.g. a disk that fills here
             from s2t2_dist import faults
 
             faults.point("shards.commit", int(self.path.name.rsplit("-", 1)[-1].split(".")[0]), path=str(self.path))
@@ -280,7 +281,7 @@ def write_shards(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=n_docs_total, initial=state["doc"], desc=f"tokenize {split}", unit="doc",
-                   unit_scale=True, dynamic_ncols=True)
+                   dynamic_ncols=True)  # no unit_scale: counts print as integers (59/59, not 59.0/59.0)
     writer = _PackedWriter if kind == "packed" else _DocWriter
     w = writer(out, split, context_len, shard_size, dtype, state, shards, journal)
     t0 = time.time()

@@ -149,7 +149,7 @@ def split_dataset(
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(desc="split", unit="rec", unit_scale=True, initial=skip, dynamic_ncols=True)
+        bar = tqdm(desc="split", unit="rec", initial=skip, dynamic_ncols=True)  # counts as integers
     position = 0
     writers = {s: _PartWriter(out / s, chunk_index) for s in SPLITS}
     pending = 0

@@ -127,6 +127,8 @@ def all_ranks(ok: bool) -> bool:
 def raise_if_any_failed(err: BaseException | None, what: str) -> None:
     """Re-raise `err` on its rank and a matching error on every other rank (so no rank waits forever)."""
     if any_rank(err is not None):
+        if err is not None and (not isinstance(err, Exception) or type(err).__name__ == "WriteError"):
+            raise err  # Ctrl-C, a stop signal, a full disk: said as what they are, not as "failed: "
         if err is not None:
             raise RuntimeError(f"{what} failed: {err}") from err
         raise RuntimeError(f"{what} failed on another rank")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from s2t2_dist import envvars
 from s2t2_dist.distributed.rendezvous import slurm_first_host_addr, slurm_port
 
 
@@ -87,7 +88,7 @@ def detect(env: dict | None = None) -> DistEnv:
             num_nodes=nnodes,
             # The batch script (slurm/common.sh) or submit.py exports MASTER_ADDR once for the whole job; asking
             # scontrol from every rank of a large job would flood slurmctld.
-            master_addr=env.get("S2T2_MASTER_ADDR") or env.get("MASTER_ADDR") or slurm_first_host_addr(env),
+            master_addr=envvars.get("S2T2_MASTER_ADDR", env) or env.get("MASTER_ADDR") or slurm_first_host_addr(env),
             master_port=slurm_port(env),
             launcher="slurm",
         )
@@ -96,14 +97,14 @@ def detect(env: dict | None = None) -> DistEnv:
 
 def use_cuda() -> bool:
     """GPUs are used when present, unless S2T2_DEVICE=cpu (tests, or CPU-only runs on a GPU node)."""
-    return torch.cuda.is_available() and os.environ.get("S2T2_DEVICE", "").lower() != "cpu"
+    return torch.cuda.is_available() and envvars.get("S2T2_DEVICE") != "cpu"
 
 
 def default_backend() -> str:
     """NCCL for CUDA tensors beside gloo for CPU ones (bookkeeping collectives run on CPU tensors; NCCL alone would
     reject them). S2T2_DIST_BACKEND overrides it: the tests set ``cuda:gloo``, a group with no CPU backend, so that
     a CPU collective that does not go through s2t2_dist.distributed.collectives fails on CPU as it would under NCCL."""
-    override = os.environ.get("S2T2_DIST_BACKEND", "").strip()
+    override = envvars.get("S2T2_DIST_BACKEND")
     if override:
         return override
     return "cpu:gloo,cuda:nccl" if use_cuda() else "gloo"

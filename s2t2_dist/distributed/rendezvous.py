@@ -15,6 +15,8 @@ import socket
 import subprocess
 import sys
 
+from s2t2_dist import envvars
+
 
 def _int(env: dict, key: str, default: int) -> int:
     val = env.get(key)
@@ -32,8 +34,8 @@ def slurm_first_host_addr(env: dict) -> str:
     Node names need not resolve (a cluster may name nodes n1, n2 without DNS), so ask SLURM for the node's
     address and fall back to resolving the name only if scontrol is missing.
     """
-    if env.get("S2T2_MASTER_ADDR"):
-        return env["S2T2_MASTER_ADDR"]
+    if envvars.get("S2T2_MASTER_ADDR", env):
+        return envvars.get("S2T2_MASTER_ADDR", env)
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     if not nodelist:
         return env.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")
@@ -58,8 +60,9 @@ PORT_BASE, PORT_SPAN = 20000, 12000
 
 def job_port(env: dict) -> int:
     """S2T2_MASTER_PORT, else a port every task of the job derives identically from the job id (PORT_BASE)."""
-    if env.get("S2T2_MASTER_PORT"):
-        return _int(env, "S2T2_MASTER_PORT", 0)
+    port = envvars.get("S2T2_MASTER_PORT", env)  # range-checked: 1-65535
+    if port:
+        return port
     return PORT_BASE + _int(env, "SLURM_JOB_ID", 0) % PORT_SPAN
 
 
@@ -80,4 +83,9 @@ def shell_exports(env: dict) -> str:
 if __name__ == "__main__":
     import os
 
-    sys.stdout.write(shell_exports(dict(os.environ)))
+    try:
+        exports = shell_exports(dict(os.environ))
+    except envvars.EnvError as e:  # S2T2_MASTER_PORT out of range, ...: one line, before any rank starts
+        print(f"s2t2 rendezvous: error: EnvError: {e}", file=sys.stderr)
+        sys.exit(2)
+    sys.stdout.write(exports)

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from s2t2_dist.distributed import collectives as coll
+from s2t2_dist.utils.io import write_error
 
 
 class Engine(abc.ABC):
@@ -69,7 +70,7 @@ class Engine(abc.ABC):
                 sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
                 self.model.save_pretrained(str(out_dir), state_dict=sd, safe_serialization=True)
             except BaseException as e:  # noqa: BLE001 - reported on every rank below
-                err = e
+                err = (write_error(out_dir / "model.safetensors", e) if isinstance(e, Exception) else None) or e
         coll.raise_if_any_failed(err, f"exporting {out_dir}")
         return out_dir if coll.rank_world()[0] == 0 else None
 

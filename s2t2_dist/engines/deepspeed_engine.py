@@ -303,8 +303,9 @@ def build_model_zero3(model_path_or_config, ds_cfg: dict, *, dtype: torch.dtype 
         kw = {"dtype": dtype} if dtype is not None else {}
         model = AutoModelForCausalLM.from_config(model_path_or_config, **kw, **hf_kwargs)
     else:
-        model = AutoModelForCausalLM.from_pretrained(str(model_path_or_config), dtype=dtype or torch.float32,
-                                                     **hf_kwargs)
+        from s2t2_dist.models.hf import from_pretrained_checked
+
+        model = from_pretrained_checked(model_path_or_config, dtype=dtype or torch.float32, **hf_kwargs)
     return model
 
 

@@ -36,6 +36,74 @@ class UnsupportedModel(ConfigError):
     and head of one shape, scaled logits): a user error, said in one line."""
 
 
+class ModelLoadError(ConfigError):
+    """A model directory whose weights and config.json disagree (tensors missing, unused or of other shapes): the
+    model would run with random parts; said in one line naming the directory."""
+
+
+def _tensor_groups(keys: list[str], shown: int = 3) -> str:
+    """`model.layers.2-31 (270 tensors), lm_head.weight`: numbered blocks folded into ranges."""
+    import re
+
+    groups: dict[str, set[int]] = {}
+    counts: dict[str, int] = {}
+    for k in keys:
+        m = re.match(r"^(.*?\.)(\d+)\.", k)
+        head = m.group(1) if m else k
+        groups.setdefault(head, set())
+        counts[head] = counts.get(head, 0) + 1
+        if m:
+            groups[head].add(int(m.group(2)))
+    parts = []
+    for head, idx in groups.items():
+        if idx:
+            lo, hi = min(idx), max(idx)
+            rng = f"{lo}-{hi}" if len(idx) == hi - lo + 1 and hi > lo else ",".join(map(str, sorted(idx)[:6]))
+            parts.append(f"{head}{rng} ({counts[head]} tensors)")
+        else:
+            parts.append(head)
+    more = f", ... ({len(parts) - shown} more)" if len(parts) > shown else ""
+    return ", ".join(parts[:shown]) + more
+
+
+def check_loading_info(path: str | os.PathLike, info: dict) -> None:
+    """After `from_pretrained(..., output_loading_info=True)`: every tensor the model needs came from the weights
+    and every tensor of the weights was used, else ModelLoadError (transformers only prints a load report and
+    initialises the missing ones at random)."""
+    missing, unexpected = list(info.get("missing_keys") or []), list(info.get("unexpected_keys") or [])
+    mismatched = list(info.get("mismatched_keys") or [])
+    if not (missing or unexpected or mismatched):
+        return
+    said = []
+    if missing:
+        said.append(f"{len(missing)} tensors the model needs are not in the weights ({_tensor_groups(missing)})")
+    if unexpected:
+        said.append(f"{len(unexpected)} tensors of the weights are not used by the model "
+                    f"({_tensor_groups(unexpected)})")
+    if mismatched:
+        names = [m[0] if isinstance(m, (tuple, list)) else str(m) for m in mismatched]
+        said.append(f"{len(names)} tensors have other shapes than config.json gives ({_tensor_groups(names)})")
+    raise ModelLoadError(f"model.path {path}: the weights do not match config.json: {'; '.join(said)}; the model "
+                         "would run with random parts (is config.json the one saved with these weights?)")
+
+
+def from_pretrained_checked(path: str | os.PathLike, **kwargs: Any):
+    """`AutoModelForCausalLM.from_pretrained(path, **kwargs)` that refuses a model that loads wrong
+    (`check_loading_info`; a shape mismatch transformers raises on is said in one line too)."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(str(path), output_loading_info=True, **kwargs)
+    except RuntimeError as e:
+        if "ignore_mismatched_sizes" not in str(e) and "size mismatch" not in str(e):
+            raise
+        raise ModelLoadError(f"model.path {path}: tensor shapes in the weights differ from what config.json "
+                             "describes (transformers' load report above lists them); is config.json the one "
+                             "saved with these weights?") from None
+    check_loading_info(path, info)
+    return model
+
+
 def asset_path(*parts: str) -> Path:
     """Path of a file shipped in `s2t2_dist/assets/` (raises FileNotFoundError naming it if missing)."""
     p = ASSETS.joinpath(*parts)
@@ -84,11 +152,9 @@ def load_causal_lm(
     arguments go to `from_pretrained` (e.g. `device_map`, `revision`, `attn_implementation`); with `device_map`,
     `device` is ignored.
     """
-    from transformers import AutoModelForCausalLM
-
     if dtype is not None:
         kwargs[_dtype_kwarg()] = torch_dtype(dtype)
-    model = AutoModelForCausalLM.from_pretrained(str(path_or_id), trust_remote_code=trust_remote_code, **kwargs)
+    model = from_pretrained_checked(path_or_id, trust_remote_code=trust_remote_code, **kwargs)
     if device is not None and "device_map" not in kwargs:
         model = model.to(device)
     return freeze(model) if frozen else model

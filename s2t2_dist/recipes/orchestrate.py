@@ -259,15 +259,17 @@ def english_sample() -> Path:
 
 
 def prepare_protein(out: Path, *, vocab_size: int, context_len: int, eval_fraction: float = 0.1,
-                    source_tokenizer: str | None = None, progress: bool = True, inputs: list[Path] | None = None
-                    ) -> dict:
+                    source_tokenizer: str | None = None, progress: bool = True, inputs: list[Path] | None = None,
+                    split_by: str = "id") -> dict:
     """`prepare` (split, BPE, shards; source-tokenizer shards too when `source_tokenizer` is given) on the shipped
-    protein sample. Rerunning with the same settings reuses the finished steps."""
+    protein sample. Rerunning with the same settings reuses the finished steps. split_by="text" keeps identical
+    sequences (the sample has some under different ids) in one split, so no eval text is also a train text."""
     from s2t2_dist.data.config import DataConfig
     from s2t2_dist.data.pipeline import prepare
 
     cfg = DataConfig(inputs=[str(p) for p in (inputs or protein_sample())], format="fasta", domain="protein",
                      extra_residue_policy="keep", eval_fraction=eval_fraction, seed=0, vocab_size=vocab_size,
+                     split_by=split_by,
                      tokenizer_max_records=None, source_tokenizer=source_tokenizer, context_len=context_len,
                      shard_size=256, num_workers=0, output_dir=str(out))
     return prepare(cfg, progress=progress)

@@ -491,6 +491,9 @@ def main(argv: list[str] | None = None) -> int:
     quiet_process_env()
 
     try:
+        from s2t2_dist import envvars
+
+        envvars.check()  # the S2T2_* variables its stages will read, before the first of them starts
         args, cfg = parse(argv)
     except ConfigError as e:
         from s2t2_dist.stages.common import report_user_error

@@ -36,6 +36,9 @@ def model_dir(path: str, key: str = "model.path") -> Path | None:
         if not (p / "config.json").is_file():
             raise ConfigError(f"{key}: {path} holds no config.json; it is not a Hugging Face model directory "
                               "(give the directory save_pretrained wrote, e.g. RUN_DIR/final)")
+        from s2t2_dist.models.dir_check import check  # config.json complete and agreeing with the weights
+
+        check(p, key)
         return p
     if _looks_like_hub_id(str(path)):
         return None

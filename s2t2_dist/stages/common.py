@@ -16,6 +16,7 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
+from s2t2_dist import envvars
 from s2t2_dist.config import load_config, save_config, to_dict
 from s2t2_dist.distributed.env import DistEnv, device_for, init_distributed
 from s2t2_dist.train.metrics import MetricsLogger
@@ -70,10 +71,10 @@ def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
 def setup(run_dir: str, precision: str, cfg, seed: int, *, record: bool = True) -> Runtime:
     """record=False: the caller writes RUN_DIR/config.yaml itself (`record_config`) once it knows the run will use
     this config (a resumed run checks its checkpoint first)."""
-    logging.basicConfig(level=os.environ.get("S2T2_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s: %(message)s")
+    envvars.setup_logging()
     env = init_distributed()
     device = device_for(env)
-    if os.environ.get("S2T2_DEVICE") == "cpu":
+    if envvars.get("S2T2_DEVICE") == "cpu":
         device = torch.device("cpu")
     torch.manual_seed(seed)
     rd = Path(run_dir)
@@ -121,6 +122,9 @@ def run_stage(cfg, work: Callable[[Any, Runtime], dict], *, preflight: Callable[
     rt = setup(cfg.run_dir, precision, cfg, seed, record=record)
     out = work(cfg, rt)
     if rt.env.is_main:
+        from s2t2_dist.utils.rundir import verify
+
+        verify(rt.run_dir, before="writing its result")  # still this run's directory (lock and owner marker)
         atomic_write_text(result(rt), json.dumps(out, indent=1))
         if report is not None:
             report(rt, out)
@@ -144,8 +148,8 @@ def teardown() -> None:
 
 #: errors about the user's inputs or the run's state whose message says what is wrong (config keys and values,
 #: shards and manifests, P files, initialisation, checkpoints, too many bad steps): one line, not a traceback
-USER_ERRORS = ("ConfigError", "DataError", "PFileError", "InitError", "CheckpointError", "TooManyBadSteps",
-               "FaultSpecError")
+USER_ERRORS = ("ConfigError", "EnvError", "DataError", "PFileError", "InitError", "CheckpointError", "TooManyBadSteps",
+               "FaultSpecError", "WriteError")
 
 
 def is_user_error(e: BaseException) -> bool:
@@ -168,19 +172,35 @@ def run_main(prog: str, fn: Callable[[], Any]) -> int:
     that the check imports nothing) is printed as one line (`report_user_error`) and gives exit code 2; anything
     else (a bug) keeps its traceback. S2T2_TRACEBACK=1 shows the traceback of every error. The exit code is fn's
     when it returns an int, else 0."""
+    from s2t2_dist.utils import stop
     from s2t2_dist.utils.rundir import release_all
 
+    stop.reset()  # an earlier entry point run in this process (tests, recipes) leaves nothing behind
     try:
-        rc = fn()
+        with stop.installed():  # SIGTERM/SIGUSR1 from the start, before any model is loaded (utils/stop.py)
+            envvars.check()  # every S2T2_* variable, before any work: a bad one is a user error like a bad key
+            rc = fn()
+        if stop.requested() is not None:  # arrived during the final export, which completed
+            import sys
+
+            print(f"{prog}: {stop.name(stop.requested())} arrived during the final export; the export completed "
+                  "and the run is finished", file=sys.stderr, flush=True)
     except KeyboardInterrupt:  # Ctrl-C outside the training loop (which checkpoints on the first one), or twice
-        if os.environ.get("S2T2_TRACEBACK"):
+        if envvars.traceback_wanted():
             raise
         import sys
 
         print(f"{prog}: interrupted (Ctrl-C); a run resumes from its last checkpoint", file=sys.stderr, flush=True)
         return 130
+    except stop.Stopped as s:  # before the first step: nothing was being written; exit 0 so the job is requeued
+        import sys
+
+        print(f"{prog}: stopped by {stop.name(s.signum)} outside the training steps (start-up, model loading); "
+              "nothing was being written: a requeued or repeated run resumes from the last checkpoint",
+              file=sys.stderr, flush=True)
+        return 0
     except Exception as e:  # noqa: BLE001 - re-raised unless it is a user error
-        if os.environ.get("S2T2_TRACEBACK") or not is_user_error(e):
+        if envvars.traceback_wanted() or not is_user_error(e):
             raise
         return report_user_error(prog, e)
     finally:

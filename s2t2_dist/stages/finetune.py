@@ -206,7 +206,9 @@ def export_model(engine, plan: InitPlan, out_dir: str | Path, *, dtype: torch.dt
             fsync_dir(partial)
             replace_dir(partial, out, EXPORT_INFO)
         except BaseException as e:  # noqa: BLE001 - raised on every rank
-            err = e
+            from s2t2_dist.utils.io import write_error
+
+            err = (write_error(partial, e) if isinstance(e, Exception) else None) or e
     coll.raise_if_any_failed(err, f"exporting {out}")
     return out
 
@@ -302,8 +304,13 @@ def _train(cfg: FinetuneConfig, rt: Runtime) -> dict:
         dtype = torch.float32 if cfg.export.dtype == "float32" else torch.bfloat16
         out = Path(cfg.export.dir or rt.run_dir / "final")
         probe = probe_logits(task)
-        export_model(engine, plan, out, dtype=dtype,
-                     extra={"step": result.step, "eval": summary.get("eval"), "run_id": run_id(rt.run_dir)})
+        from s2t2_dist import faults
+        from s2t2_dist.utils import stop
+
+        with stop.deferred():  # a time-limit signal now lets the export complete, then the run exits 0
+            faults.point("export.begin", result.step)
+            export_model(engine, plan, out, dtype=dtype,
+                         extra={"step": result.step, "eval": summary.get("eval"), "run_id": run_id(rt.run_dir)})
         summary["export"] = str(out)
         if rt.env.is_main:
             torch.save(probe, rt.run_dir / "export_probe.pt")

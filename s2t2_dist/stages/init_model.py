@@ -293,8 +293,7 @@ def write_initial_model(init: InitConfig, plan: InitPlan, identity: dict, model_
                         trust_remote_code: bool = False) -> Path:
     """Build and save the initial model directory (call on ONE rank). Reuses a directory holding the same
     initialisation. Returns its path."""
-    from transformers import AutoModelForCausalLM
-
+    from s2t2_dist.models.hf import from_pretrained_checked
     from s2t2_dist.models.translated import materialize
     from s2t2_dist.utils.io import atomic_write_text, fsync_dir
 
@@ -304,8 +303,7 @@ def write_initial_model(init: InitConfig, plan: InitPlan, identity: dict, model_
         return out
     if out.exists() and not (out / INFO_FILE).is_file():
         raise InitError(f"init.dir {out} exists and was not written by s2t2 (no {INFO_FILE}); choose another")
-    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32,
-                                                 trust_remote_code=trust_remote_code)
+    model = from_pretrained_checked(model_path, dtype=torch.float32, trust_remote_code=trust_remote_code)
     if init.kind == "translated":
         from s2t2_dist.pfile import load_p
 

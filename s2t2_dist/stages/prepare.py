@@ -51,9 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     from s2t2_dist.stages.common import run_main
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=os.environ.get("S2T2_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s: %(message)s")
 
     def work() -> int:
+        from s2t2_dist import envvars
+
+        envvars.setup_logging()  # inside run_main: a bad S2T2_LOG_LEVEL is one line
         cfg, args = parse_args(DataConfig, argv, "s2t2 prepare", extra=_flags)
         env = detect()
         if not env.is_main:

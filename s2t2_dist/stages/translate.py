@@ -22,6 +22,8 @@ from s2t2_dist.eval.scoring import ScoringConfig
 from s2t2_dist.data.config import DataPaths
 from s2t2_dist.models.hf import ModelPathConfig
 from s2t2_dist.stages import checks
+from s2t2_dist import faults
+from s2t2_dist.utils import stop
 from s2t2_dist.stages.common import (Runtime, config_part, fingerprint, parse_args, record_config, run_main,
                                      run_stage)
 from s2t2_dist.train.config import OptimConfig, TrainConfig
@@ -64,16 +66,14 @@ class TranslatorConfig:
     #: W_E = P / mu, W_L = P / nu
     normalization: Literal["convex", "paper"] = "convex"
     #: weight of the entropy regulariser alpha * H(P), H in nats (larger: sparser P). -1: the recipe's, 0.3 for
-    #: the sparse kind with recipe default, 0 otherwise (the paper's recipe and the baselines). With the uniform
-    #: source marginal it was the lever of #24 (stories260K: 68% -> 43% non-zeros, 1.585 -> 1.611 BpB); with the
-    #: shipped sparse start it changes little (1.914 at 0 and 1.915 at 0.3 from the FVT plan alone; BENCHMARKS.md #24)
+    #: the sparse kind with recipe default, 0 otherwise (the paper's recipe and the baselines). Its measured effect
+    #: (large with the uniform source marginal, small with the shipped sparse start): BENCHMARKS.md #24
     alpha: float = -1.0
     #: the plan C starts from. uniform: C = 1/v (the paper; P = mu nu^T). fvt: from the surface strings, each
     #: target token's bytes written as source tokens by greedy longest match (`ot.prior`), blended with the
     #: uniform plan, P0 = init_weight * P_fvt + (1 - init_weight) * mu nu^T; C = P0 (sparse; its zeros start below
     #: every threshold), log P0 (softmax), P0 / nu (unconstrained). Shipped: fvt at 0.5 with source_marginal start
-    #: and floor 1: on stories260K 1.580 BpB with 0.44% non-zeros (FVT alone 2.047; uniform start 2.59), on the
-    #: demo's proteins 4.440 with 1.3% (BENCHMARKS.md "#24 (session 5)")
+    #: and floor 1 (what each start gives: BENCHMARKS.md "#24 (session 5)"; help texts carry no measurements)
     init: Literal["uniform", "fvt"] = "fvt"
     #: fvt only: the weight of the surface-string plan in the blend (1: FVT itself, 0: uniform)
     init_weight: float = 0.5
@@ -81,7 +81,7 @@ class TranslatorConfig:
     #: sums of the FVT plan, each source token's share of the surface-string decomposition, so that the start is
     #: feasible and its zeros stay zeros (a sparse P); otherwise uniform. uniform: 1/v (the paper's), which forces
     #: every source token's 1/v of mass onto some target, spread by the projections thinly over almost every
-    #: column (43% non-zeros on stories260K)
+    #: column (a dense P; BENCHMARKS.md #24)
     source_marginal: Literal["start", "uniform"] = "start"
     #: sparse only: weights W = P / nu below floor / v are dropped from P and each column rescaled (a column's
     #: largest weight always stays): the full columns of weights far below 1/v that the projections' last column
@@ -225,7 +225,9 @@ class TranslateTask:
         loss = out.loss.float()
         extra = {"ce": loss.detach()}  # a tensor: the loop reads it on logging steps only
         if self.alpha:  # the global H on every rank: the loss (and what is logged) is the same at any rank count
-            loss = loss + self.alpha * self.translator.entropy()
+            reg = self.alpha * self.translator.entropy()
+            extra["alpha*H"] = reg.detach()  # the loss's second part, named wherever the loss is shown
+            loss = loss + reg
         return loss, extra
 
     @torch.no_grad()
@@ -580,7 +582,9 @@ def _train(cfg: TranslateConfig, rt: Runtime) -> dict:
     if summary["P"]["warning"] and rt.env.is_main:
         log.warning("translate: %s", summary["P"]["warning"])
     if result.finished:
-        summary["p_file"] = str(export_p(rt.run_dir / "P.safetensors", task, hashes))
+        with stop.deferred():  # a time-limit signal now lets the export complete, then the run exits 0
+            faults.point("export.begin", result.step)
+            summary["p_file"] = str(export_p(rt.run_dir / "P.safetensors", task, hashes))
         if task.eval_docs is not None:
             engine.eval()
             metrics = task.evaluate()

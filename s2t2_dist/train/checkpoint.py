@@ -135,6 +135,17 @@ class Checkpointer:
         previous = self.latest()
         kept = f"; the previous checkpoint {previous.name if previous else '(none)'} is kept and still valid"
         err: BaseException | None = None
+        if rank == 0:  # the run directory is still this run's: its lock and owner marker (utils/rundir.verify)
+            from s2t2_dist.utils.rundir import verify
+
+            try:
+                verify(self.root.parent, before=f"writing checkpoint {final.name}")
+            except BaseException as e:  # noqa: BLE001 - re-raised below on every rank
+                err = e
+        if not _all_ok(err is None):
+            if err is not None:
+                raise err
+            raise CheckpointError(f"the run directory {self.root.parent} changed hands on rank 0; stopping")
         if rank == 0:
             try:
                 if partial.exists():

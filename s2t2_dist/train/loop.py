@@ -9,7 +9,6 @@ SIGTERM/SIGUSR1 (what SLURM sends before preemption or a time limit).
 from __future__ import annotations
 
 import math
-import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
-from s2t2_dist import faults
+from s2t2_dist import envvars, faults
 from s2t2_dist.distributed import collectives as coll
 from s2t2_dist.distributed.stats_batch import Reduced, StatsBatch
 from s2t2_dist.train.checkpoint import Checkpointer
@@ -160,10 +159,10 @@ def train(
     after_backward = getattr(task, "after_backward", None)
     report_stats = getattr(task, "report_stats", None)
     step_async = getattr(engine, "step_async", None)
-    tracing = bool(os.environ.get(faults.TRACE_ENV))  # the fault tests' trace records every step's loss
+    tracing = envvars.is_set(faults.TRACE_ENV)  # the fault tests' trace records every step's loss
     # S2T2_SYNC_DEBUG=error|warn (bench/gpu_smoke.py): on CUDA, a step that neither logs, checkpoints nor stops
     # runs under torch.cuda.set_sync_debug_mode, so any host sync in it raises (or warns) where it happens
-    sync_debug = os.environ.get(SYNC_DEBUG_ENV) if torch.cuda.is_available() else None
+    sync_debug = envvars.get(SYNC_DEBUG_ENV) if torch.cuda.is_available() else None
     # Steps not yet read back: (step, this rank's summed micro-batch losses, applied, grad norm), device values.
     # Nothing is read to the host on a step that does not log, checkpoint or stop (a GPU keeps running ahead).
     pending: list[tuple[int, Any, Any, Any]] = []
@@ -203,7 +202,7 @@ def train(
                 faults.record_step(at, mean_loss, bool(ok))
                 last["norm"] = norm
             if bar is not None and k:
-                bar.set_postfix(loss=f"{result.final_loss:.4f}")
+                bar.set_postfix({"loss": f"{result.final_loss:.4f}", **last.get("parts", {})})  # in this order
             pending.clear()
             last["tok_total"] = r.float("loop.tokens")
             return r.float("loop.stop") > 0
@@ -272,6 +271,9 @@ def train(
                 if logging_step:
                     extra = {k: red.float(f"extra.{k}") if isinstance(v, torch.Tensor) else v
                              for k, v in extra.items()}
+                    if bar is not None and extra:  # the loss's parts beside it (stage 1: ce, alpha*H)
+                        last["parts"] = {k: f"{float(v):.4f}" for k, v in extra.items()}
+                        bar.set_postfix({"loss": f"{result.final_loss:.4f}", **last["parts"]})
             else:
                 # only the stop flag, a host value over the host (gloo) group: no device sync
                 (stop_now,) = _sum_across([stop_flag])

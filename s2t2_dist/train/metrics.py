@@ -11,6 +11,7 @@ from the step it resumed at (out-of-order steps purge a tag's later points), so 
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -38,6 +39,20 @@ class MetricsLogger:
             self._writers[scope] = SummaryWriter(str(self.log_dir / self._dirs[scope]), flush_secs=self._flush_secs)
         return self._writers[scope]
 
+    @contextlib.contextmanager
+    def _guard(self):
+        """A write that fails because the run directory is gone or no longer this run's is said as that, in one
+        line (utils/rundir.verify), not as TensorBoard's traceback from its writer thread: checked before each
+        write (a stat and a small JSON read; a no-op on ranks that hold no lock) and after one that failed."""
+        from s2t2_dist.utils.rundir import verify
+
+        verify(self.log_dir.parent, before="logging metrics")
+        try:
+            yield
+        except OSError:
+            verify(self.log_dir.parent, before="logging metrics")
+            raise
+
     @property
     def _global(self):
         return self._writer("global")
@@ -52,19 +67,22 @@ class MetricsLogger:
         w = self._global if scope == "global" else self._node
         if w is None:
             return
-        for k, v in values.items():
-            if v is None:
-                continue
-            w.add_scalar(k, float(v), step)
+        with self._guard():
+            for k, v in values.items():
+                if v is None:
+                    continue
+                w.add_scalar(k, float(v), step)
 
     def text(self, step: int, tag: str, text: str) -> None:
         """Markdown text (TensorBoard's Text tab), global only."""
         if self._global is not None:
-            self._global.add_text(tag, text, step)
+            with self._guard():
+                self._global.add_text(tag, text, step)
 
     def image(self, step: int, tag: str, img_hwc) -> None:
         if self._global is not None:
-            self._global.add_image(tag, img_hwc, step, dataformats="HWC")
+            with self._guard():
+                self._global.add_image(tag, img_hwc, step, dataformats="HWC")
 
     def heatmap(self, step: int, tag: str, matrix: torch.Tensor, max_pixels: int = 512, scale: int = 0) -> None:
         """A slice of P as an image (rows: source tokens, columns: target tokens), brighter = more mass.
@@ -73,15 +91,18 @@ class MetricsLogger:
         (a sparse entry never disappears); small ones are enlarged `scale` times (default: to about 256 px)."""
         if self._global is None:
             return
-        self._global.add_image(tag, heatmap_image(matrix, max_pixels, scale), step, dataformats="HWC")
+        with self._guard():
+            self._global.add_image(tag, heatmap_image(matrix, max_pixels, scale), step, dataformats="HWC")
 
     def histogram(self, step: int, tag: str, values: torch.Tensor) -> None:
         if self._global is not None:
-            self._global.add_histogram(tag, values.detach().float().cpu(), step)
+            with self._guard():
+                self._global.add_histogram(tag, values.detach().float().cpu(), step)
 
     def flush(self) -> None:
-        for w in self._writers.values():
-            w.flush()
+        with self._guard():
+            for w in self._writers.values():
+                w.flush()
 
     def close(self) -> None:
         for w in self._writers.values():

@@ -19,6 +19,35 @@ from pathlib import Path
 from typing import Any, Iterator
 
 
+class WriteError(OSError):
+    """Writing an output failed for a reason outside the program (a full disk, a quota): one line naming the file."""
+
+
+def write_error(final: str | Path, err: BaseException) -> WriteError | None:
+    """A WriteError naming `final` when `err` is a failed write on a full (or quota-limited) disk, else None.
+    Libraries report a full disk in their own words: safetensors "No space left on device (os error 28)", torch.save
+    "unexpected pos" / "file write failed"; so the free space decides too."""
+    import errno
+
+    final = Path(final)
+    text = f"{err}"
+    codes = {e.errno for e in (err, err.__cause__, err.__context__) if isinstance(e, OSError) and e.errno}
+    where = final.parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        free = None
+    full = bool(codes & {errno.ENOSPC, errno.EDQUOT}) or "No space left" in text or "os error 28" in text \
+        or (free is not None and free < (1 << 20) and ("unexpected pos" in text or "write failed" in text))
+    if not full:
+        return None
+    return WriteError(errno.ENOSPC, f"writing {final} failed: the disk is full ({free:,} bytes free on the "
+                      f"filesystem of {where}); nothing was replaced ({final.name} is as before, if it existed); "
+                      "free space and run the same command again")
+
+
 def fsync_dir(path: str | Path) -> None:
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
@@ -54,8 +83,11 @@ def atomic_path(final: str | Path, suffix: str = "") -> Iterator[Path]:
                 os.fsync(f.fileno())
         os.replace(tmp_path, final)
         fsync_dir(final.parent)
-    except BaseException:
+    except BaseException as e:
         _remove(tmp_path)
+        full = write_error(final, e) if isinstance(e, Exception) and not isinstance(e, WriteError) else None
+        if full is not None:
+            raise full from e
         raise
 
 

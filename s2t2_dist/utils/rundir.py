@@ -30,6 +30,7 @@ _SIGNS = {"prepare_summary.json": "prepare", "P.safetensors": "translate", "eval
           "final": "finetune", "export_probe.pt": "finetune"}
 
 _held: dict[str, int] = {}  # resolved directory -> open fd of its lock (kept open: the lock lives with the process)
+_run_ids: dict[str, str] = {}  # resolved directory -> the run id of the marker this process claimed it under
 
 
 class RunDirError(ConfigError):
@@ -76,6 +77,7 @@ def lock(directory: str | Path, stage: str, key: str = "run_dir") -> Path:
 
 def release(directory: str | Path) -> None:
     """Drop the lock early (tests, recipes that run several stages in one process); exiting drops it too."""
+    _run_ids.pop(str(Path(directory).resolve()), None)
     fd = _held.pop(str(Path(directory).resolve()), None)
     if fd is not None:
         os.close(fd)
@@ -85,6 +87,7 @@ def release_all() -> None:
     """Drop every lock this process holds: a stage run in-process (tests, recipes) leaves its directory free."""
     for d in list(_held):
         os.close(_held.pop(d))
+    _run_ids.clear()
 
 
 def owner(directory: str | Path) -> dict | None:
@@ -137,7 +140,41 @@ def claim(directory: str | Path, stage: str, key: str = "run_dir") -> dict:
         from s2t2_dist.utils.io import atomic_write_json
 
         atomic_write_json(d / MARKER, m)
+    _run_ids[str(d.resolve())] = str(m.get("run_id"))
     return m
+
+
+def verify(directory: str | Path, key: str = "run_dir", before: str = "writing on") -> None:
+    """Rank 0 of a run, before it writes again (each checkpoint): the lock file it holds is still the one at
+    RUN_DIR/.s2t2.lock and the marker still names its run. Someone deleting the lock file lets a second run lock a
+    new one; a removed or replaced run directory would be re-created and written into. RunDirError if either
+    changed; a no-op for a directory this process did not claim."""
+    d = Path(directory)
+    real = str(d.resolve())
+    fd = _held.get(real)
+    if fd is None:
+        return
+    held = os.fstat(fd)
+    what = None
+    if not d.is_dir():
+        what = "was removed"
+    else:
+        try:
+            st = os.stat(d / LOCK)
+            if (st.st_dev, st.st_ino) != (held.st_dev, held.st_ino):
+                what = f"has a new lock file ({_holder(d / LOCK)}): its lock file was deleted or replaced"
+        except FileNotFoundError:
+            what = "lost its lock file (deleted)"
+        if what is None and real in _run_ids:
+            m = owner(d)
+            if m is None:
+                what = f"lost its owner marker {MARKER} (deleted)"
+            elif str(m.get("run_id")) != _run_ids[real]:
+                what = (f"is now owned by another run ({MARKER}: {m.get('stage')} run {m.get('run_id')}, not this "
+                        f"run {_run_ids[real]})")
+    if what is not None:
+        raise RunDirError(f"{key}: {d} {what} while this run was using it; stopping instead of {before} (another "
+                          "run may be writing there); check the directory, then run again")
 
 
 def run_id(directory: str | Path) -> str | None:

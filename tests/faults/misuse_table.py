@@ -89,7 +89,8 @@ def s2t2_inproc(*args, env=None):
 
 _VARYING = [(re.compile(r"(?<=run )[0-9a-f]{12}\b"), "RUNID"),
             (re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d"), "TIME"),
-            (re.compile(r"pid \d+"), "pid PID"), (re.compile(r"on host [^,]+,"), "on host HOST,")]
+            (re.compile(r"pid \d+"), "pid PID"), (re.compile(r"on host [^,]+,"), "on host HOST,"),
+            (re.compile(r"(?<=tokenizers )\d+\.\d+\.\d+"), "VERSION")]
 
 
 def normalise(msg: str, work: Path) -> str:
@@ -310,6 +311,11 @@ def generate(work: Path) -> str:
     c = json.loads((badm / "config.json").read_text())
     c["vocab_size"] = 64
     (badm / "config.json").write_text(json.dumps(c))
+    from safetensors.torch import load_file, save_file  # weights of 64 rows too: config.json agrees
+
+    sd = load_file(str(badm / "model.safetensors"))
+    save_file({k: v[:64].clone() if ("embed" in k or "lm_head" in k) and v.dim() == 2 else v for k, v in sd.items()},
+              str(badm / "model.safetensors"), metadata={"format": "pt"})
     case("evaluate", "a model whose tokenizer has more tokens (96) than embedding rows (64)",
          [*eargs, f"model.path={badm}"], ev, fresh=True)
     case("evaluate", "an eval split with no documents", [*eargs, f"model.path={model}", f"data.eval={empty_eval}"],
@@ -334,6 +340,7 @@ def generate(work: Path) -> str:
          ["translate", "--config", work / "bad_slurm.yaml", "--cluster", "local"], work / "submitit", fresh=True)
 
     new_cases(work, case, rows, model, data, other, base_fa, prep, targs, ok)
+    round4_cases(work, case, rows, model, data, targs, ok)
     out = ["| stage | case | message shown | exit | kept |", "|---|---|---|---:|---|"]
     for stage, what, msg, rc, k in rows:
         msg = normalise(msg, work).replace("|", "\\|").replace("`", "'")
@@ -563,6 +570,146 @@ def new_cases(work, case, rows, model, data, other, base_fa, prep, targs, ok) ->
          "train.steps=5"], fa)
     case("submit", "a YAML key given twice, before queueing",
          ["translate", "--config", work / "dup_key.yaml", "--cluster", "local"], work / "submitit", fresh=True)
+
+
+def _live(rows, stage, what, args, watch: Path, ready, act, env=None, shown=None):
+    """A case that needs the command running: start `s2t2 STAGE ARGS` as a process, wait for `ready()`, `act(proc)`,
+    let it end. `shown`: the words of its non-error line to show (a clean stop is not an error)."""
+    before = snapshot(watch) if watch.exists() else {}
+    proc = subprocess.Popen([sys.executable, "-m", "s2t2_dist.cli", stage, *map(str, args)], cwd=REPO, text=True,
+                            env={**ENV, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not ready():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    act(proc)
+    out, err = proc.communicate(timeout=600)
+    p = _Captured(proc.returncode, out, err)
+    msg = message(p)
+    if shown:
+        msg = [ln for ln in err.splitlines() if shown in ln][-1]
+    rows.append((stage, what, msg, proc.returncode, kept(before, watch, fresh=not before)))
+    print(f"{stage}: {what}: rc {proc.returncode}", file=sys.stderr, flush=True)
+
+
+def _slurm_requeue(rows, what, env):
+    """slurm/common.sh's requeue decision after a step stopped cleanly for the time limit, with a fake scontrol."""
+    fake = Path(tempfile.mkdtemp(prefix="s2t2_fake_scontrol_"))
+    (fake / "scontrol").write_text('#!/bin/sh\necho "scontrol $*" >&2\n')
+    (fake / "scontrol").chmod(0o755)
+    base = {k: v for k, v in ENV.items() if not k.startswith("SLURM_")}
+    p = subprocess.run(["bash", "-c", ". slurm/common.sh; s2t2_requeue"], cwd=REPO, capture_output=True, text=True,
+                       env={**base, "PATH": f"{fake}:{os.environ['PATH']}", "S2T2_HOME": str(REPO),
+                            "S2T2_PYTHON": sys.executable, "SLURM_JOB_ID": "7", **env})
+    shutil.rmtree(fake)
+    said = [re.sub(r"^\[s2t2 [^]]*\] ", "", ln) for ln in p.stderr.splitlines()]
+    rows.append(("slurm", what, " / ".join(said), p.returncode,
+                 "requeued" if any(ln.startswith("scontrol requeue") for ln in said) else "not requeued"))
+
+
+def round4_cases(work, case, rows, model, data, targs, ok) -> None:
+    """Issue #35: environment variables, models that load wrong, signals outside the loop, the run directory
+    watched. Each of these was silent or a raw traceback before."""
+    from s2t2_dist import faults
+
+    ev = work / "ev35"
+    missing = work / "none.fasta"
+    # ---- environment variables: checked before any work, one line naming the variable (real processes: a
+    # variable is read at start-up)
+    for var, val, what in (
+            ("S2T2_LOG_LEVEL", "debug", "S2T2_LOG_LEVEL=debug (lower case: accepted; the run goes on to its next check)"),
+            ("S2T2_LOG_LEVEL", "loud", "S2T2_LOG_LEVEL=loud"),
+            ("S2T2_TRACEBACK", "0", "S2T2_TRACEBACK=0 (off: the user error stays one line)"),
+            ("S2T2_TRACEBACK", "maybe", "S2T2_TRACEBACK=maybe"),
+            ("S2T2_MASTER_PORT", "99999", "S2T2_MASTER_PORT=99999"),
+            ("S2T2_DIST_BACKEND", "nccl", "S2T2_DIST_BACKEND=nccl on a machine without CUDA"),
+            ("S2T2_DEVICE", "gpu", "S2T2_DEVICE=gpu (no such choice)"),
+            ("S2T2_TRACEBAK", "1", "S2T2_TRACEBAK=1 (a misspelt variable)"),
+            ("S2T2_FAULT", "kill_at:3", "S2T2_FAULT=kill_at:3 (no such fault)")):
+        # logging and tracebacks are set up once per process: those two run as fresh processes
+        case("prepare", what, [f"inputs=[{missing}]", f"output_dir={work / 'penv'}", "--no-progress"],
+             work / "penv", fresh=True, env={var: val}, proc=var in ("S2T2_LOG_LEVEL", "S2T2_TRACEBACK"))
+    cache_file = _text(work / "cache_is_a_file", "x")
+    case("evaluate", "S2T2_CACHE_DIR pointing at a file", [f"run_dir={ev}", f"model.path={model}",
+         "init.kind=as_is", "eval.context_len=64", f"data.files=[{work / 'sample.fasta'}]"], ev, fresh=True,
+         env={"S2T2_CACHE_DIR": str(cache_file)})
+    for env, what in (({"S2T2_REQUEUE": "no"}, "S2T2_REQUEUE=no after a clean stop for the time limit"),
+                      ({"S2T2_REQUEUE": "false"}, "S2T2_REQUEUE=false after a clean stop"),
+                      ({"S2T2_MAX_RESTARTS": "abc", "SLURM_RESTART_COUNT": "60"},
+                       "S2T2_MAX_RESTARTS=abc, restarted 60 times"),
+                      ({"S2T2_MAX_RESTARTS": "10.5", "SLURM_RESTART_COUNT": "60"},
+                       "S2T2_MAX_RESTARTS=10.5, restarted 60 times")):
+        _slurm_requeue(rows, what, env)
+
+    # ---- a model that would load wrong
+    def model_without(what, drop=(), set_=None, tensor=None):
+        d = work / f"model_{what}"
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(model, d)
+        c = json.loads((d / "config.json").read_text())
+        for k in drop:
+            c.pop(k)
+        c.update(set_ or {})
+        (d / "config.json").write_text(json.dumps(c))
+        if tensor:
+            from safetensors.torch import load_file, save_file
+
+            sd = load_file(str(d / "model.safetensors"))
+            del sd[tensor]
+            save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+        return d
+
+    for what, kw in (("config.json without num_hidden_layers (was: 32 layers, 27 of them random; exit 0)",
+                      {"drop": ["num_hidden_layers"]}),
+                     ("config.json without vocab_size", {"drop": ["vocab_size"]}),
+                     ("config.json without rms_norm_eps (was: 1e-6 instead of the model's 1e-5, silently)",
+                      {"drop": ["rms_norm_eps"]}),
+                     ("config.json saying 3 layers beside weights of 5", {"set_": {"num_hidden_layers": 3}}),
+                     ("weights missing a tensor (model.norm.weight)", {"tensor": "model.norm.weight"})):
+        d = model_without(what.split(" (")[0].replace(" ", "_").replace(".", "_"), **kw)
+        case("evaluate", f"model.path: {what}", [f"run_dir={ev}", f"model.path={d}", "init.kind=as_is",
+             "eval.context_len=64", f"data.files=[{work / 'sample.fasta'}]", f"data.cache_dir={work / 'cache35'}"],
+             ev, fresh=True)
+
+    ok_run = [*targs, *ok]
+    # ---- inputs written by other tools
+    tok2 = work / "tokenizer_v2"
+    tok2.mkdir(exist_ok=True)
+    tj = json.loads((data / "tokenizer" / "tokenizer.json").read_text())
+    (tok2 / "tokenizer.json").write_text(json.dumps({**tj, "version": "2.0"}))
+    case("translate", "data.tokenizer: a tokenizer.json of another format version", [*ok_run,
+         f"run_dir={work / 'fresh4'}", f"data.tokenizer={tok2}"], work / "fresh4", fresh=True)
+
+    # ---- signals outside the training loop, on real processes
+    run = work / "sig"
+    shutil.rmtree(run, ignore_errors=True)
+    _live(rows, "translate", "SIGUSR1 (time-limit warning) while the model loads, before the first step",
+          [*ok_run, f"run_dir={run}"], run, lambda: (run / ".s2t2.lock").exists(),
+          lambda proc: proc.send_signal(signal.SIGUSR1), shown="stopped by")
+    # (whether the marker was written before the signal depends on timing: said as what matters)
+    rows[-1] = rows[-1][:4] + ("no checkpoint, no result" if not (run / "checkpoints").exists()
+                               and not (run / "result.json").exists() else "WROTE ON",)
+    for sig in ("sigusr1", "sigterm"):
+        shutil.rmtree(run, ignore_errors=True)
+        _live(rows, "translate", f"{sig.upper()} while the final export is written", [*ok_run, f"run_dir={run}"], run,
+              lambda: True, lambda proc: None, env={faults.ENV: f"{sig}_in_export:4"}, shown="arrived during")
+    shutil.rmtree(run, ignore_errors=True)
+    _live(rows, "translate", "Ctrl-C while the final export is written", [*ok_run, f"run_dir={run}"], run,
+          lambda: True, lambda proc: None, env={faults.ENV: "sigint_in_export:4"}, shown="interrupted")
+    rows[-1] = rows[-1][:4] + (f"P.safetensors {'not ' if not (run / 'P.safetensors').exists() else ''}written "
+                               "(the export is atomic); the next launch exports it",)
+
+    # ---- the run directory watched: lock and owner marker re-checked at each checkpoint
+    long = [*ok_run, "train.steps=60", "train.ckpt_every=2"]
+    for what, act in (("the run's lock file deleted while it runs", lambda r: (r / ".s2t2.lock").unlink()),
+                      ("the run directory removed while it runs", lambda r: shutil.rmtree(r)),
+                      ("the owner marker replaced by another run's while it runs",
+                       lambda r: (r / ".s2t2_run.json").write_text(json.dumps(
+                           {"stage": "translate", "run_id": "0123456789ab", "created": "TIME"})))):
+        shutil.rmtree(run, ignore_errors=True)
+        _live(rows, "translate", what, [*long, f"run_dir={run}"], run,
+              lambda: (run / "checkpoints" / "step_00000002").is_dir(), lambda proc, a=act: a(run))
+        rows[-1] = rows[-1][:4] + ("stopped before its next write" if rows[-1][3] == 2 else rows[-1][4],)
 
 
 def _text(path: Path, text: str) -> Path:

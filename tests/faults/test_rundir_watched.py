@@ -1,0 +1,80 @@
+"""The run directory is watched (issue #35 item 4): rank 0 re-checks its lock file and owner marker before each
+checkpoint, each metrics write and the result; a lock file deleted or replaced, a marker of another run, or the
+directory removed mid-run stop the run with one line instead of writing on (before: a second identical run could
+work beside it; a removed directory was re-created and written into)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import base_env, translate_args
+
+from s2t2_dist.utils import rundir
+from s2t2_dist.utils.rundir import RunDirError, claim, release_all, verify
+from stage_fixtures import REPO
+
+pytestmark = pytest.mark.faults
+
+
+def test_verify_sees_each_change(tmp_path):
+    d = tmp_path / "run"
+    try:
+        m = claim(d, "translate")
+        verify(d)  # untouched: fine
+        (d / rundir.MARKER).write_text(json.dumps({**m, "run_id": "0123456789ab"}))
+        with pytest.raises(RunDirError, match=r"is now owned by another run \(.s2t2_run.json: translate run "
+                                              r"0123456789ab, not this run " + m["run_id"]):
+            verify(d, before="writing checkpoint step_00000004")
+        (d / rundir.MARKER).unlink()
+        with pytest.raises(RunDirError, match="lost its owner marker"):
+            verify(d)
+        (d / rundir.MARKER).write_text(json.dumps(m))
+        (d / rundir.LOCK).unlink()
+        with pytest.raises(RunDirError, match="lost its lock file"):
+            verify(d)
+        (d / rundir.LOCK).write_text("{}")  # what a second run's lock() would create
+        with pytest.raises(RunDirError, match="has a new lock file"):
+            verify(d)
+        shutil.rmtree(d)
+        with pytest.raises(RunDirError, match=r"was removed while this run was using it; stopping instead of"):
+            verify(d)
+        verify(tmp_path / "never_claimed")  # not this process's: nothing to check
+    finally:
+        release_all()
+
+
+def _run_then(tmp_path, tiny_data, stories, change) -> tuple[subprocess.CompletedProcess, object]:
+    run = tmp_path / "run"
+    args = translate_args(tiny_data, stories, run, "train.steps=60", "train.ckpt_every=2", "train.log_every=1")
+    proc = subprocess.Popen([sys.executable, "-m", "s2t2_dist.cli", "translate", *args], cwd=REPO, text=True,
+                            env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not (run / "checkpoints" / "step_00000002").is_dir():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    change(run)
+    out, err = proc.communicate(timeout=300)
+    return proc, err
+
+
+def test_lock_file_deleted_mid_run_stops_it(tmp_path, tiny_data, stories):
+    proc, err = _run_then(tmp_path, tiny_data, stories, lambda run: (run / rundir.LOCK).unlink())
+    lines = [ln for ln in err.splitlines() if "error" in ln or "Traceback" in ln]
+    assert proc.returncode == 2 and len(lines) == 1, err[-3000:]
+    assert lines[0].startswith(f"s2t2 translate: error: RunDirError: run_dir: {tmp_path / 'run'} lost its lock file "
+                               "(deleted) while this run was using it; stopping instead of ")
+    steps = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert "step_00000060" not in steps and not (tmp_path / "run" / "result.json").exists()
+
+
+def test_run_dir_removed_mid_run_is_not_recreated(tmp_path, tiny_data, stories):
+    proc, err = _run_then(tmp_path, tiny_data, stories, lambda run: shutil.rmtree(run))
+    lines = [ln for ln in err.splitlines() if "error" in ln or "Traceback" in ln]
+    assert proc.returncode == 2 and len(lines) == 1, err[-3000:]
+    assert f"run_dir: {tmp_path / 'run'} was removed while this run was using it" in lines[0]
+    assert not (tmp_path / "run").exists()

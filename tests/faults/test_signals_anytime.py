@@ -1,0 +1,156 @@
+"""Signals and a full disk outside the training loop (issue #35 item 3), on real `s2t2 translate` processes:
+
+- SIGUSR1 / SIGTERM (what SLURM sends before the time limit / on preemption) during start-up or model loading, before
+  the first step: a clean exit 0 with one line (slurm/common.sh requeues only a step that exited 0; before: killed,
+  exit 138, no message), nothing written, and the next launch runs to the end;
+- the same signal while the final export is written: the export completes, exit 0, said in one line;
+- Ctrl-C while the final export is written: "interrupted", exit 130 (before: "exporting .../final failed: ", exit 1);
+- the disk full when P.safetensors is written: one line naming the file and the free space, nothing replaced
+  (before: a 41-54-line traceback without the file's name), and after freeing space the same command finishes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import base_env, ledger, translate_args
+
+from s2t2_dist import faults
+from s2t2_dist.pfile import load_p
+from stage_fixtures import REPO
+
+pytestmark = pytest.mark.faults
+
+
+def _s2t2(args, **env):
+    return subprocess.run([sys.executable, "-m", "s2t2_dist.cli", "translate", *args], cwd=REPO, text=True,
+                          capture_output=True, env=base_env(**env), timeout=600)
+
+
+def _errors(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if "s2t2 translate:" in ln or "Traceback" in ln or "received" in ln]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
+def test_signal_during_model_loading_is_a_clean_stop_then_the_run_completes(tmp_path, tiny_data, stories, sig):
+    run = tmp_path / "run"
+    args = translate_args(tiny_data, stories, run, "train.steps=4")
+    proc = subprocess.Popen([sys.executable, "-m", "s2t2_dist.cli", "translate", *args], cwd=REPO, text=True,
+                            env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not (run / ".s2t2.lock").exists():  # setup took the lock: the model is being loaded next
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.01)
+    os.kill(proc.pid, sig)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert _errors(err) == [f"s2t2 translate: stopped by {sig.name} outside the training steps (start-up, model "
+                            "loading); nothing was being written: a requeued or repeated run resumes from the last "
+                            "checkpoint"]
+    assert not (run / "checkpoints").exists() and not (run / "result.json").exists()
+    p = _s2t2(args)  # the requeued job
+    assert p.returncode == 0 and (run / "P.safetensors").is_file(), p.stderr[-3000:]
+    ledger(f"{sig.name} during model loading (before the first step)")
+
+
+@pytest.mark.parametrize("sig", ["sigusr1", "sigterm"])
+def test_signal_during_the_final_export_lets_it_complete(tmp_path, tiny_data, stories, sig):
+    run = tmp_path / "run"
+    p = _s2t2(translate_args(tiny_data, stories, run, "train.steps=4"), **{faults.ENV: f"{sig}_in_export:4"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    name = sig.upper()
+    assert _errors(p.stderr) == [f"{name} received: stopping once the export in progress is complete",
+                                 f"s2t2 translate: {name} arrived during the final export; the export completed "
+                                 "and the run is finished"]
+    assert load_p(run / "P.safetensors").shape[0] > 0
+    ledger(f"{name} during the final export")
+
+
+def test_ctrl_c_during_the_final_export_is_an_interrupt(tmp_path, tiny_data, stories):
+    run = tmp_path / "run"
+    args = translate_args(tiny_data, stories, run, "train.steps=4")
+    p = _s2t2(args, **{faults.ENV: "sigint_in_export:4"})
+    assert p.returncode == 130, p.stderr[-3000:]
+    assert _errors(p.stderr) == ["s2t2 translate: interrupted (Ctrl-C); a run resumes from its last checkpoint"]
+    assert not (run / "P.safetensors").exists() and not list(run.glob(".P.safetensors*"))
+    p = _s2t2(args)
+    assert p.returncode == 0 and (run / "P.safetensors").is_file()
+    ledger("Ctrl-C during the final export")
+
+
+def test_disk_full_while_writing_the_p_file_names_it(tmp_path, tiny_data, stories, monkeypatch):
+    """A real full disk (tmpfs) at the P-file write, in the process of `s2t2 translate` (the fill happens as the
+    export begins, through the export's fault point)."""
+    from test_disk_full import fill
+
+    disk = tmp_path / "small_disk"
+    disk.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()})")
+    try:
+        run = disk / "run"
+        args = translate_args(tiny_data, stories, run, "train.steps=4")
+        from s2t2_dist.stages import translate
+
+        real = translate.export_p
+
+        def export_p(path, task, hashes):
+            fill(disk)
+            return real(path, task, hashes)
+
+        monkeypatch.setattr(translate, "export_p", export_p)
+        monkeypatch.setenv("S2T2_DEVICE", "cpu")
+        import contextlib
+        import io
+
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = translate.main(args)
+        assert rc == 2
+        line = [ln for ln in err.getvalue().splitlines() if ": error: " in ln]
+        assert len(line) == 1 and line[0].startswith(
+            f"s2t2 translate: error: WriteError: [Errno 28] writing {run}/P.safetensors failed: the disk is full ("), \
+            err.getvalue()[-3000:]
+        assert not (run / "P.safetensors").exists() and not list(run.glob(".P.safetensors*"))
+        (disk / "filler").unlink()
+        monkeypatch.setattr(translate, "export_p", real)
+        assert translate.main(args) == 0 and load_p(run / "P.safetensors").shape[0] > 0
+        ledger("disk full while the P file is written (real tmpfs)")
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_batch_script_requeues_a_step_stopped_before_its_first_step(tmp_path, tiny_data, stories):
+    """slurm/common.sh end to end with stand-ins for srun and scontrol: the time-limit warning (SIGUSR1 to the batch
+    shell) arrives while the stage loads its model; s2t2_srun forwards it, the stage stops cleanly (exit 0) and the
+    shell requeues the job (before: the stage died with exit 138 and the job chain ended)."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "srun").write_text('#!/bin/bash\nwhile [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n')
+    (bin_ / "scontrol").write_text('#!/bin/sh\necho "scontrol $*"\n')
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    run = tmp_path / "run"
+    args = " ".join(translate_args(tiny_data, stories, run, "train.steps=4"))
+    env = {k: v for k, v in base_env().items() if not k.startswith("SLURM_")}
+    env.update({"PATH": f"{bin_}:{env['PATH']}", "S2T2_HOME": str(REPO), "S2T2_PYTHON": sys.executable,
+                "SLURM_JOB_ID": "7"})
+    shell = subprocess.Popen(["bash", "-c", f". slurm/common.sh; s2t2_srun -- {sys.executable} -m s2t2_dist.cli "
+                              f"translate {args}"], cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not (run / ".s2t2.lock").exists():
+        assert shell.poll() is None and time.monotonic() < deadline, shell.communicate()
+        time.sleep(0.01)
+    shell.send_signal(signal.SIGUSR1)  # what SLURM's --signal=B:USR1@LEAD sends to the batch shell
+    out, err = shell.communicate(timeout=300)
+    assert "s2t2 translate: stopped by SIGUSR1 outside the training steps" in err, err[-3000:]
+    assert "job step exited with code 0" in err and "scontrol requeue 7" in out, (out, err[-3000:])
+    assert not (run / "result.json").exists()
+    ledger("SIGUSR1 to the batch shell during model loading: clean stop, requeued")
