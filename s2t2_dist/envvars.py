@@ -149,7 +149,7 @@ def _path(v: Var, raw: str) -> str:
 
 
 def _fault(v: Var, raw: str) -> str:
-    from s2t2_dist.faults import FaultSpecError, parse  # tests only: set by the fault suite
+    from s2t2_dist.fault_spec import FaultSpecError, parse  # tests only: set by the fault suite
 
     try:
         parse(raw)

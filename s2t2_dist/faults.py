@@ -36,52 +36,9 @@ import torch
 
 from s2t2_dist import envvars
 
-ENV = "S2T2_FAULT"
+from s2t2_dist.fault_spec import ACTIONS, ENV, FaultSpecError, parse  # noqa: F401 (the spec's grammar, re-exported)
+
 TRACE_ENV = "S2T2_FAULT_TRACE"
-
-# action -> (point, effect)
-ACTIONS: dict[str, tuple[str, str]] = {
-    "kill_at_step": ("loop.step_end", "kill"),
-    "sigterm_at_step": ("loop.step_end", "sigterm"),
-    "sigusr1_at_step": ("loop.step_end", "sigusr1"),
-    "kill_at_checkpoint_start": ("checkpoint.begin", "kill"),
-    "kill_in_checkpoint": ("checkpoint.after_engine_save", "kill"),
-    "kill_before_rename": ("checkpoint.before_rename", "kill"),
-    "kill_after_rename": ("checkpoint.after_rename", "kill"),
-    "enospc_in_checkpoint": ("checkpoint.after_engine_save", "enospc"),
-    "enospc_in_shard": ("shards.commit", "enospc"),
-    "sigusr1_in_export": ("export.begin", "sigusr1"),
-    "sigterm_in_export": ("export.begin", "sigterm"),
-    "sigint_in_export": ("export.begin", "sigint"),
-    "nan_loss_at_step": ("loop.loss", "nan_loss"),
-    "inf_loss_at_step": ("loop.loss", "inf_loss"),
-    "nan_grad_at_step": ("loop.loss", "nan_grad"),
-    "inf_grad_at_step": ("loop.loss", "inf_grad"),
-}
-
-
-class FaultSpecError(ValueError):
-    pass
-
-
-def parse(spec: str) -> dict[str, list[tuple[str, int, int | None]]]:
-    """``S2T2_FAULT`` -> {point: [(effect, n, rank or None)]}."""
-    out: dict[str, list[tuple[str, int, int | None]]] = {}
-    for item in (s.strip() for s in spec.split(",")):
-        if not item:
-            continue
-        action, sep, rest = item.partition(":")
-        if not sep or action not in ACTIONS:
-            raise FaultSpecError(f"{ENV}: {item!r} is not ACTION:N[@RANK] with ACTION one of {sorted(ACTIONS)}")
-        n, _, rank = rest.partition("@")
-        try:
-            n_i = int(n)
-            rank_i = int(rank) if rank else None
-        except ValueError:
-            raise FaultSpecError(f"{ENV}: {item!r}: N and RANK must be integers") from None
-        point_name, effect = ACTIONS[action]
-        out.setdefault(point_name, []).append((effect, n_i, rank_i))
-    return out
 
 
 _plan: dict | None = None

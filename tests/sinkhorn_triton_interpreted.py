@@ -146,6 +146,6 @@ def test_sharded_on_two_ranks_equals_one_process():
 def test_first_use_check_passes_where_the_kernels_run():
     """The route's one-off check (the streamed-column and registers-row kernels, forward + backward, against the
     torch steps) passes where the kernels run."""
-    from s2t2_dist.ot.dykstra_triton import kernels_ok
+    from s2t2_dist.ot.dykstra import kernels_ok
 
     assert kernels_ok(torch.device("cpu"))

@@ -304,7 +304,7 @@ def test_safe_inv_zero_marginals():
 def test_kernels_that_cannot_run_fail_their_first_use_check_with_one_warning(caplog):
     """Without a GPU and without Triton's interpreter the kernels cannot launch: the route's check says so once (the
     CUDA route would then take the torch steps instead of stopping the run)."""
-    from s2t2_dist.ot.dykstra_triton import kernels_ok
+    from s2t2_dist.ot.dykstra import kernels_ok
 
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("(the interpreter runs them: tests/sinkhorn_triton_interpreted.py)")

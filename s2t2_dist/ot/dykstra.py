@@ -25,13 +25,17 @@ solver (``s2t2_dist.distributed.sharded_sinkhorn``) replaces the row steps with 
 """
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-__all__ = ["TorchSteps", "apply_projection", "compute_dtype", "dykstra", "newton_thresholds", "projection_backward",
-           "steps_for"]
+log = logging.getLogger(__name__)
+
+__all__ = ["TorchSteps", "apply_projection", "compute_dtype", "dykstra", "kernels_ok", "newton_thresholds",
+           "projection_backward", "steps_for"]
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -122,12 +126,43 @@ class TorchSteps:
         return projection_backward(g, gQ, mask, cnt, 0)
 
 
+@functools.lru_cache(maxsize=None)
+def kernels_ok(device: torch.device) -> bool:
+    """Once per device: the kernels compile and agree with the torch steps on a small plan whose columns take the
+    streamed path and whose rows the registers path (5,000 x 4, forward + backward, float32). False (with one
+    warning) when they do not: the route then falls back to the torch steps rather than stopping a run."""
+    from s2t2_dist.ot.dykstra_triton import TritonSteps
+
+    g = torch.Generator().manual_seed(0)
+    v, u = 5000, 4
+    C = (1.0 / v + torch.rand(v, u, generator=g) / v).to(device)
+    mu, nu = torch.full((v,), 1.0 / v, device=device), torch.full((u,), 1.0 / u, device=device)
+    G = torch.randn(v, u, generator=g).to(device)
+    try:
+        out = []
+        for steps in (TritonSteps(mu, nu), TorchSteps(mu, nu)):
+            Cg = C.clone().requires_grad_(True)
+            P = dykstra(Cg, steps, 2)
+            (P * G).sum().backward()
+            out.append((P.detach(), Cg.grad))
+        (P1, g1), (P2, g2) = out
+        err = max(float((P1 - P2).abs().max()) * v, float((g1 - g2).abs().max()) / max(float(g2.abs().max()), 1e-30))
+        if err < 1e-3:
+            return True
+        reason = f"they differ from the torch steps by {err:.2g} (relative)"
+    except Exception as e:  # noqa: BLE001 - a kernel that does not compile on this device: the torch steps instead
+        reason = f"{type(e).__name__}: {e}"
+    log.warning("sparse Sinkhorn: the Triton kernels failed their first-use check on %s (%s); the torch steps are "
+                "used there instead (exact, slower: a host read per Newton step)", device, reason)
+    return False
+
+
 def steps_for(device: torch.device, mu: Tensor, nu: Tensor):
     """The route of ``device``: the Triton kernels on CUDA, the torch steps on a CPU. Should the kernels fail their
-    first-use check on a GPU (:func:`~s2t2_dist.ot.dykstra_triton.kernels_ok`), one warning and the torch steps
+    first-use check on a GPU (:func:`kernels_ok`), one warning and the torch steps
     there (exact too, with a host read per Newton step)."""
     if device.type == "cuda":
-        from s2t2_dist.ot.dykstra_triton import TritonSteps, kernels_ok
+        from s2t2_dist.ot.dykstra_triton import TritonSteps
 
         return TritonSteps(mu, nu) if kernels_ok(device) else TorchSteps(mu, nu)
     if device.type != "cpu":

@@ -26,17 +26,13 @@ reference; kernels are built on first use, so that the interpreter switch is rea
 """
 from __future__ import annotations
 
-import functools
-import logging
 from contextlib import contextmanager
 from typing import Iterator, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-__all__ = ["TritonSteps", "dry_run", "kernels_ok", "launches"]
-
-log = logging.getLogger(__name__)
+__all__ = ["TritonSteps", "dry_run", "launches"]
 
 #: entries of a column streamed per chunk (a 16 KB tile of float32 per program)
 BLOCK_N = 4096
@@ -168,33 +164,3 @@ class TritonSteps:
     def col_bwd(self, g: Tensor, gQ: Optional[Tensor], mask: Tensor, cnt: Tensor) -> Tensor:
         return self._backward(0, g, gQ, mask, cnt)
 
-
-@functools.lru_cache(maxsize=None)
-def kernels_ok(device: torch.device) -> bool:
-    """Once per device: the kernels compile and agree with the torch steps on a small plan whose columns take the
-    streamed path and whose rows the registers path (5,000 x 4, forward + backward, float32). False (with one
-    warning) when they do not: the route then falls back to the torch steps rather than stopping a run."""
-    from s2t2_dist.ot.dykstra import TorchSteps, dykstra
-
-    g = torch.Generator().manual_seed(0)
-    v, u = 5000, 4
-    C = (1.0 / v + torch.rand(v, u, generator=g) / v).to(device)
-    mu, nu = torch.full((v,), 1.0 / v, device=device), torch.full((u,), 1.0 / u, device=device)
-    G = torch.randn(v, u, generator=g).to(device)
-    try:
-        out = []
-        for steps in (TritonSteps(mu, nu), TorchSteps(mu, nu)):
-            Cg = C.clone().requires_grad_(True)
-            P = dykstra(Cg, steps, 2)
-            (P * G).sum().backward()
-            out.append((P.detach(), Cg.grad))
-        (P1, g1), (P2, g2) = out
-        err = max(float((P1 - P2).abs().max()) * v, float((g1 - g2).abs().max()) / max(float(g2.abs().max()), 1e-30))
-        if err < 1e-3:
-            return True
-        reason = f"they differ from the torch steps by {err:.2g} (relative)"
-    except Exception as e:  # noqa: BLE001 - a kernel that does not compile on this device: the torch steps instead
-        reason = f"{type(e).__name__}: {e}"
-    log.warning("sparse Sinkhorn: the Triton kernels failed their first-use check on %s (%s); the torch steps are "
-                "used there instead (exact, slower: a host read per Newton step)", device, reason)
-    return False
