@@ -34,6 +34,7 @@ from s2t2_dist.config import ConfigError
 from s2t2_dist.distributed import collectives as coll
 from s2t2_dist.engines.base import Engine, EngineKind
 from s2t2_dist.models.hf import enable_activation_checkpointing
+from s2t2_dist.train import phases
 from s2t2_dist.train.optim import param_groups
 
 #: subdirectory (DeepSpeed "tag") of a loop checkpoint directory that holds DeepSpeed's own files
@@ -601,8 +602,10 @@ class DeepSpeed(EngineKind):
         ds_cfg = resolve_ds_config(cfg.ds_config, train_cfg=train_cfg, optim_cfg=optim_cfg, hidden_size=hidden,
                                    offload=cfg.offload, overrides=cfg.ds_overrides or None)
         # float32 master weights whatever `dtype`: bf16 compute is DeepSpeed's (bf16.enabled)
-        model = source if isinstance(source, torch.nn.Module) else build_model_zero3(
-            source, ds_cfg, seed=train_cfg.seed)
-        engine = DeepSpeedEngine.build(model, optim_cfg=optim_cfg, train_cfg=train_cfg, ds_config=ds_cfg,
-                                       resolved=True, activation_checkpointing=cfg.activation_checkpointing)
+        with phases.phase("model load (ZeRO partitions)"):
+            model = source if isinstance(source, torch.nn.Module) else build_model_zero3(
+                source, ds_cfg, seed=train_cfg.seed)
+        with phases.phase("engine build (deepspeed.initialize, optimiser)"):
+            engine = DeepSpeedEngine.build(model, optim_cfg=optim_cfg, train_cfg=train_cfg, ds_config=ds_cfg,
+                                           resolved=True, activation_checkpointing=cfg.activation_checkpointing)
         return engine.model, engine

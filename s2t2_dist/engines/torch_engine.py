@@ -13,6 +13,7 @@ import torch
 from s2t2_dist.distributed import collectives as coll
 from s2t2_dist.engines.base import Engine, EngineKind
 from s2t2_dist.models.hf import build_causal_lm, enable_activation_checkpointing
+from s2t2_dist.train import phases
 from s2t2_dist.train.optim import cosine_lr_factor
 
 
@@ -226,8 +227,10 @@ class Plain(EngineKind):
         return torch.bfloat16 if dtype == torch.bfloat16 else None
 
     def build(self, cfg, source, optim_cfg, train_cfg, *, device, dtype=None, trust_remote_code=False):
-        model = build_causal_lm(source, dtype=dtype, device=device, seed=train_cfg.seed,
-                                trust_remote_code=trust_remote_code)
+        with phases.phase("model load"):
+            model = build_causal_lm(source, dtype=dtype, device=device, seed=train_cfg.seed,
+                                    trust_remote_code=trust_remote_code)
         if cfg.activation_checkpointing:
             enable_activation_checkpointing(model)
-        return model, TorchEngine.build(model, optim_cfg, train_cfg.steps)
+        with phases.phase("optimiser"):
+            return model, TorchEngine.build(model, optim_cfg, train_cfg.steps)

@@ -67,10 +67,14 @@ def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16
 
 
+def _configure_logging() -> None:
+    logging.basicConfig(level=os.environ.get("S2T2_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s: %(message)s")
+
+
 def setup(run_dir: str, precision: str, cfg, seed: int, *, record: bool = True) -> Runtime:
     """record=False: the caller writes RUN_DIR/config.yaml itself (`record_config`) once it knows the run will use
     this config (a resumed run checks its checkpoint first)."""
-    logging.basicConfig(level=os.environ.get("S2T2_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s: %(message)s")
+    _configure_logging()
     env = init_distributed()
     device = device_for(env)
     if os.environ.get("S2T2_DEVICE") == "cpu":
@@ -111,15 +115,21 @@ def run_stage(cfg, work: Callable[[Any, Runtime], dict], *, preflight: Callable[
     distributed start (`engine`: the config's engine section), `setup` (record: write config.yaml now; else the
     work calls `record_config` once its resume checks passed), `work(cfg, rt)` -> the result dict, written
     atomically by rank 0 to `result(rt)` and then shown by `report(rt, result)`, the logger closed, teardown."""
+    from s2t2_dist.train import phases
     from s2t2_dist.utils.io import atomic_write_text
 
-    preflight(cfg)
-    if engine is not None:
-        from s2t2_dist.engines.build import engine_kind
+    _configure_logging()
+    startup = phases.reset()  # each start-up phase logged as it ends, kept in the result (train/phases.py)
+    with startup.phase("preflight"):
+        preflight(cfg)
+    with startup.phase("process group"):
+        if engine is not None:
+            from s2t2_dist.engines.build import engine_kind
 
-        engine_kind(engine.kind).init_distributed()
-    rt = setup(cfg.run_dir, precision, cfg, seed, record=record)
+            engine_kind(engine.kind).init_distributed()
+        rt = setup(cfg.run_dir, precision, cfg, seed, record=record)
     out = work(cfg, rt)
+    out.setdefault("startup", startup.summary())
     if rt.env.is_main:
         atomic_write_text(result(rt), json.dumps(out, indent=1))
         if report is not None:

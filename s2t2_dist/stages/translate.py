@@ -25,6 +25,7 @@ from s2t2_dist.stages import checks
 from s2t2_dist.stages.common import (Runtime, config_part, fingerprint, parse_args, record_config, run_main,
                                      run_stage)
 from s2t2_dist.train.config import OptimConfig, TrainConfig
+from s2t2_dist.train.loop import Task
 from s2t2_dist.translator.kinds import REGISTRY as TRANSLATOR_KINDS
 
 log = logging.getLogger("s2t2.translate")
@@ -171,7 +172,7 @@ class TranslateConfig:
     eval: ScoringConfig = field(default_factory=ScoringConfig)
 
 
-class TranslateTask:
+class TranslateTask(Task):
     """Loss of a micro-batch through the frozen LM reading and predicting target tokens via E', L'."""
 
     def __init__(self, lm, translator, E, L, src_ids, cfg: TranslateConfig, rt: Runtime, target_vocab: list[str],
