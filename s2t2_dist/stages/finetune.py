@@ -16,6 +16,7 @@ directory (RUN_DIR/final: config with the new vocabulary, safetensors, the token
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -98,10 +99,8 @@ class FinetuneTask(Task):
 
     def loss(self, batch):
         ids = batch["input_ids"].to(self.engine.device, non_blocking=True)
-        if self.autocast is not None:
-            with torch.autocast(ids.device.type, dtype=self.autocast):
-                out = self.engine.module(input_ids=ids, labels=ids, use_cache=False)
-        else:
+        cast = torch.autocast(ids.device.type, dtype=self.autocast) if self.autocast else contextlib.nullcontext()
+        with cast, windows_not_packed():
             out = self.engine.module(input_ids=ids, labels=ids, use_cache=False)
         return out.loss.float(), {}
 
@@ -124,6 +123,32 @@ class FinetuneTask(Task):
                                         pad_id=_pad(self.plan), max_docs=self.cfg.train.eval_max_docs)
         self.last_eval = (self.step, metrics)
         return metrics
+
+
+@contextlib.contextmanager
+def windows_not_packed():
+    """Training windows hold one causal stream each (default positions, no per-document masking), so transformers'
+    probe for packed sequences (masking_utils.find_packed_sequence_indices, called when no attention mask is given)
+    always answers None -- after reading a device value back in a Python ``if``: one host sync per forward, which
+    would keep a GPU from running ahead. The probe is skipped while the task's forward runs."""
+    try:
+        import transformers.masking_utils as mu
+    except ImportError:  # an older transformers without the probe
+        yield
+        return
+    real = getattr(mu, "find_packed_sequence_indices", None)
+    if real is None:
+        yield
+        return
+    mu.find_packed_sequence_indices = _no_packing
+    try:
+        yield
+    finally:
+        mu.find_packed_sequence_indices = real
+
+
+def _no_packing(position_ids):
+    return None
 
 
 def _pad(plan: InitPlan) -> int:
