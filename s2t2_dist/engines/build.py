@@ -38,14 +38,20 @@ class EngineConfig:
     ds_config: str | None = None
     #: nested keys merged over the DeepSpeed JSON (e.g. {"zero_optimization": {"stage3_param_persistence_threshold": 0}})
     ds_overrides: dict[str, Any] = field(default_factory=dict)
-    #: recompute each transformer block's activations in backward (transformers gradient checkpointing)
-    activation_checkpointing: bool = False
+    #: recompute each transformer block's activations in backward (transformers gradient checkpointing); auto: only
+    #: when the model's states and activations would not fit in 85% of the GPU's memory (never on CPU)
+    activation_checkpointing: bool | Literal["auto"] = "auto"
+    #: torch.compile each transformer block's forward (plain, fsdp); the first step then includes the compile
+    compile: bool = False
     #: optimizer states (and, ZeRO-3 / FSDP2, parameters) in CPU memory; deepspeed: fills offload_* when absent
     offload: bool = False
     #: FSDP2: free the gathered parameters of a block after its forward (ZeRO-3-like); False is ZeRO-2-like
     fsdp_reshard_after_forward: bool = True
 
     def validate(self) -> None:
+        if self.compile and self.kind == "deepspeed":
+            raise ConfigError("compile: engine.kind=deepspeed does not compile the blocks (ZeRO-3's parameter hooks "
+                              "run inside them); use engine.kind=fsdp or plain, or compile=false")
         if self.kind == "deepspeed":
             if not self.ds_config:
                 raise ConfigError(
@@ -61,6 +67,8 @@ class EngineConfig:
             if self.offload and stage < 1:
                 raise ConfigError(f"offload: needs ZeRO stage >= 1, {self.ds_config} has stage {stage}")
             return
+        if self.activation_checkpointing not in (True, False, "auto"):
+            raise ConfigError(f"activation_checkpointing: true, false or auto, got {self.activation_checkpointing!r}")
         if self.ds_config:
             other = ("FSDP2 already shards parameters, gradients and optimizer states the way ZeRO-3 does"
                      if self.kind == "fsdp" else "the plain engine replicates the model on every rank")
@@ -92,3 +100,61 @@ def build_model_and_engine(engine_cfg: EngineConfig, source, optim_cfg, train_cf
     engine_cfg.validate()
     return engine_kind(engine_cfg.kind).build(engine_cfg, source, optim_cfg, train_cfg, device=device, dtype=dtype,
                                               trust_remote_code=trust_remote_code)
+
+
+#: the share of a GPU's memory that the model's states and activations may fill before activation checkpointing
+#: turns on (the rest: the allocator's fragmentation, the communication buffers, the CUDA context)
+AUTO_CHECKPOINT_FILL = 0.85
+
+
+def activation_memory(hf_config, micro_batch: int, context_len: int) -> float:
+    """Bytes of a training step's saved activations without recomputation, bf16 (34 s b h per layer, Korthikanti
+    et al. 2022, with the attention scores left to SDPA), plus the logits over the vocabulary (bf16, their float32
+    copy for the loss and its gradient)."""
+    h = getattr(hf_config, "hidden_size", 0) or 0
+    layers = getattr(hf_config, "num_hidden_layers", 0) or 0
+    vocab = getattr(hf_config, "vocab_size", 0) or 0
+    tokens = micro_batch * context_len
+    return 34.0 * tokens * h * layers + 10.0 * tokens * vocab
+
+
+def wants_activation_checkpointing(setting, hf_config, n_params: int, micro_batch: int, context_len: int,
+                                   shards: int) -> bool:
+    """engine.activation_checkpointing resolved: auto is on when the float32 weights, gradients and Adam moments
+    (16 bytes a parameter, split over ``shards`` ranks) and the step's activations exceed AUTO_CHECKPOINT_FILL of
+    the GPU's memory (OLMo-1B, micro-batch 16 x 512 on one 80 GB GPU: 19 + 13 GB, off; OLMo-7B on one: on)."""
+    if setting != "auto":
+        return bool(setting)
+    if not torch.cuda.is_available():
+        return False  # on a CPU the memory is the host's and recomputation only costs time
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    need = 16.0 * n_params / max(shards, 1) + activation_memory(hf_config, micro_batch, context_len)
+    return need > AUTO_CHECKPOINT_FILL * total
+
+
+def checkpointing_for(cfg: "EngineConfig", model: torch.nn.Module, train_cfg, *, sharded: bool) -> bool:
+    """Whether ``model`` recomputes its blocks' activations under this engine (said on rank 0 when auto decides)."""
+    from s2t2_dist.distributed import collectives as coll
+
+    n = sum(int(getattr(p, "ds_numel", 0) or p.numel()) for p in model.parameters())
+    micro = train_cfg.micro_batch_size if isinstance(train_cfg.micro_batch_size, int) else 1
+    on = wants_activation_checkpointing(cfg.activation_checkpointing, getattr(model, "config", None), n, micro,
+                                        train_cfg.context_len, coll.world_size() if sharded else 1)
+    if cfg.activation_checkpointing == "auto" and coll.rank() == 0:
+        import logging
+
+        logging.getLogger("s2t2.engine").info("engine.activation_checkpointing=auto: %s (%.2f B parameters, "
+                                              "micro-batch %d x %d)", "on" if on else "off", n / 1e9, micro,
+                                              train_cfg.context_len)
+    return on
+
+
+def compile_blocks(model: torch.nn.Module) -> int:
+    """torch.compile each transformer block's forward in place (names, hooks and sharding stay the module's: FSDP2's
+    hooks run around the compiled forward, as in torchtitan's per-block compile); returns the blocks compiled."""
+    from s2t2_dist.engines.fsdp_engine import transformer_blocks
+
+    blocks = transformer_blocks(model)
+    for b in blocks:
+        b.forward = torch.compile(b.forward)
+    return len(blocks)

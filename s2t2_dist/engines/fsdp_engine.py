@@ -351,6 +351,11 @@ class FSDP2(EngineKind):
         with phases.phase("model build (meta)" if weights is not None else "model load"):
             model = (empty_causal_lm(source, trust_remote_code=trust_remote_code) if weights is not None else
                      build_causal_lm(source, seed=train_cfg.seed, trust_remote_code=trust_remote_code))
+        from s2t2_dist.engines.build import checkpointing_for, compile_blocks
+
+        if cfg.compile:
+            compile_blocks(model)  # before sharding: FSDP2's hooks stay outside the compiled forward
         return model, FSDP2Engine.build(model, optim_cfg, train_cfg,
-                                        activation_checkpointing=cfg.activation_checkpointing, offload=cfg.offload,
-                                        reshard_after_forward=cfg.fsdp_reshard_after_forward, weights=weights)
+                                        activation_checkpointing=checkpointing_for(cfg, model, train_cfg, sharded=True),
+                                        offload=cfg.offload, reshard_after_forward=cfg.fsdp_reshard_after_forward,
+                                        weights=weights)

@@ -254,7 +254,11 @@ class Plain(EngineKind):
         with phases.phase("model load"):
             model = build_causal_lm(source, dtype=dtype, device=device, seed=train_cfg.seed,
                                     trust_remote_code=trust_remote_code)
-        if cfg.activation_checkpointing:
+        from s2t2_dist.engines.build import checkpointing_for, compile_blocks
+
+        if checkpointing_for(cfg, model, train_cfg, sharded=False):
             enable_activation_checkpointing(model)
+        if cfg.compile:
+            compile_blocks(model)  # compiled lazily: the first step's phase holds the compile
         with phases.phase("optimiser"):
             return model, TorchEngine.build(model, optim_cfg, train_cfg.steps)
