@@ -163,6 +163,7 @@ def test_compile_is_refused_for_deepspeed():
         EngineConfig(kind="deepspeed", ds_config=str(REPO / "configs/ds_zero3.json"), compile=True).validate()
 
 
+@pytest.mark.slow  # the first compile of two blocks with inductor on a CPU: about a minute
 def test_compiled_blocks_train_like_eager():
     """engine.compile: each block's forward compiled in place (parameter names unchanged); one step of the plain
     engine gives the eager loss and gradients."""
