@@ -26,7 +26,7 @@ import torch
 from s2t2_dist.engines.build import EngineConfig, engine_kind
 from s2t2_dist.engines.fsdp_engine import FSDP2Engine
 from s2t2_dist.models.hf import build_causal_lm
-from s2t2_dist.train import phases
+import s2t2_dist.train.phases as phases
 from s2t2_dist.train.config import OptimConfig, TrainConfig
 
 model_dir, way = sys.argv[1], sys.argv[2]

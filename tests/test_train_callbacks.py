@@ -94,7 +94,7 @@ def test_on_step_and_extra_callbacks(tmp_path):
 
 
 def test_phases_logged_and_summarised(caplog):
-    from s2t2_dist.train import phases
+    import s2t2_dist.train.phases as phases
 
     rec = phases.reset()
     with caplog.at_level(logging.INFO, logger="s2t2.startup"):
@@ -135,7 +135,7 @@ def test_peak_table_and_flops():
 def test_activation_checkpointing_by_memory_and_block_buckets():
     from transformers import OlmoConfig
 
-    from s2t2_dist.engines.build import activation_memory, wants_activation_checkpointing
+    from s2t2_dist.engines.model_setup import activation_memory, wants_activation_checkpointing
     from s2t2_dist.engines.deepspeed_engine import block_numel, resolve_ds_config
     from s2t2_dist.train.config import OptimConfig, TrainConfig
 
@@ -169,7 +169,7 @@ def test_compiled_blocks_train_like_eager():
     engine gives the eager loss and gradients."""
     from engines_tiny import tiny_olmo_config
     from s2t2_dist.engines.build import EngineConfig, build_model_and_engine
-    from s2t2_dist.engines.fsdp_engine import transformer_blocks
+    from s2t2_dist.engines.model_setup import transformer_blocks
     from s2t2_dist.train.config import OptimConfig, TrainConfig
 
     ids = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(0))

@@ -34,7 +34,7 @@ from s2t2_dist.config import ConfigError
 from s2t2_dist.distributed import collectives as coll
 from s2t2_dist.engines.base import Engine, EngineKind
 from s2t2_dist.models.hf import enable_activation_checkpointing
-from s2t2_dist.train import phases
+import s2t2_dist.train.phases as phases
 from s2t2_dist.train.optim import param_groups
 
 #: subdirectory (DeepSpeed "tag") of a loop checkpoint directory that holds DeepSpeed's own files
@@ -631,7 +631,7 @@ class DeepSpeed(EngineKind):
             model = source if isinstance(source, torch.nn.Module) else build_model_zero3(
                 source, ds_cfg, seed=train_cfg.seed)
         with phases.phase("engine build (deepspeed.initialize, optimiser)"):
-            from s2t2_dist.engines.build import checkpointing_for
+            from s2t2_dist.engines.model_setup import checkpointing_for
 
             ckpt = checkpointing_for(cfg, model, train_cfg, sharded=zero_stage(ds_cfg) >= 1)
             engine = DeepSpeedEngine.build(model, optim_cfg=optim_cfg, train_cfg=train_cfg, ds_config=ds_cfg,

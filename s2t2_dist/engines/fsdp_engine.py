@@ -22,8 +22,9 @@ import torch
 
 from s2t2_dist.distributed import collectives as coll
 from s2t2_dist.engines.base import Engine, EngineKind
+from s2t2_dist.engines.model_setup import transformer_blocks  # noqa: F401 - also this module's name for it
 from s2t2_dist.models.hf import build_causal_lm, enable_activation_checkpointing
-from s2t2_dist.train import phases
+import s2t2_dist.train.phases as phases
 
 try:  # torch >= 2.6
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
@@ -31,19 +32,6 @@ except ImportError:  # pragma: no cover - torch 2.4/2.5
     from torch.distributed._composable.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 FSDP_DIR = "fsdp"
-
-
-def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated blocks to shard one by one: the classes a transformers model lists in `_no_split_modules`
-    (e.g. OlmoDecoderLayer), else the children of a ModuleList called layers / h / blocks."""
-    names = set(getattr(model, "_no_split_modules", None) or [])
-    blocks = [m for m in model.modules() if type(m).__name__ in names]
-    if blocks:
-        return blocks
-    for name, m in model.named_modules():
-        if isinstance(m, torch.nn.ModuleList) and name.split(".")[-1] in ("layers", "h", "blocks"):
-            return list(m)
-    raise ValueError(f"FSDP2Engine: cannot find the transformer blocks of {type(model).__name__}")
 
 
 def local_numel(model: torch.nn.Module) -> tuple[int, int]:
@@ -351,7 +339,7 @@ class FSDP2(EngineKind):
         with phases.phase("model build (meta)" if weights is not None else "model load"):
             model = (empty_causal_lm(source, trust_remote_code=trust_remote_code) if weights is not None else
                      build_causal_lm(source, seed=train_cfg.seed, trust_remote_code=trust_remote_code))
-        from s2t2_dist.engines.build import checkpointing_for, compile_blocks
+        from s2t2_dist.engines.model_setup import checkpointing_for, compile_blocks
 
         if cfg.compile:
             compile_blocks(model)  # before sharding: FSDP2's hooks stay outside the compiled forward

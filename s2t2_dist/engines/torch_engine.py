@@ -13,7 +13,7 @@ import torch
 from s2t2_dist.distributed import collectives as coll
 from s2t2_dist.engines.base import Engine, EngineKind
 from s2t2_dist.models.hf import build_causal_lm, enable_activation_checkpointing
-from s2t2_dist.train import phases
+import s2t2_dist.train.phases as phases
 from s2t2_dist.train.optim import cosine_lr_factor
 
 
@@ -254,7 +254,7 @@ class Plain(EngineKind):
         with phases.phase("model load"):
             model = build_causal_lm(source, dtype=dtype, device=device, seed=train_cfg.seed,
                                     trust_remote_code=trust_remote_code)
-        from s2t2_dist.engines.build import checkpointing_for, compile_blocks
+        from s2t2_dist.engines.model_setup import checkpointing_for, compile_blocks
 
         if checkpointing_for(cfg, model, train_cfg, sharded=False):
             enable_activation_checkpointing(model)

@@ -115,7 +115,7 @@ def run_stage(cfg, work: Callable[[Any, Runtime], dict], *, preflight: Callable[
     distributed start (`engine`: the config's engine section), `setup` (record: write config.yaml now; else the
     work calls `record_config` once its resume checks passed), `work(cfg, rt)` -> the result dict, written
     atomically by rank 0 to `result(rt)` and then shown by `report(rt, result)`, the logger closed, teardown."""
-    from s2t2_dist.train import phases
+    import s2t2_dist.train.phases as phases
     from s2t2_dist.utils.io import atomic_write_text
 
     _configure_logging()

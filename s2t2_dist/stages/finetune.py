@@ -35,7 +35,7 @@ from s2t2_dist.stages import checks
 from s2t2_dist.stages.common import (Runtime, config_part, fingerprint, parse_args, record_config, run_main,
                                      run_stage)
 from s2t2_dist.stages.init_model import InitConfig, InitPlan
-from s2t2_dist.train import phases
+import s2t2_dist.train.phases as phases
 from s2t2_dist.train.config import OptimConfig, TrainConfig
 from s2t2_dist.train.loop import Task
 

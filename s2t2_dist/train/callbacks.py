@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 
 from s2t2_dist import faults
-from s2t2_dist.train import phases
+import s2t2_dist.train.phases as phases
 from s2t2_dist.train.flops import mfu, peak_flops
 
 log = logging.getLogger("s2t2.train")

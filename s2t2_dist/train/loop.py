@@ -20,7 +20,7 @@ import torch
 
 from s2t2_dist.distributed import collectives as coll
 from s2t2_dist.distributed.stats_batch import Reduced, StatsBatch
-from s2t2_dist.train import phases
+import s2t2_dist.train.phases as phases
 from s2t2_dist.train.callbacks import SYNC_DEBUG_ENV, Callback, LoopState, OnStep, default_callbacks
 from s2t2_dist.train.checkpoint import Checkpointer
 from s2t2_dist.train.config import TrainConfig
