@@ -31,6 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from s2t2_dist.train.loop import Task  # noqa: E402 - after the path insert
+
 #: (width, layers): OLMo proportions (MLP = 2.6875 x width as in OLMo-1B/7B: 8192/2048 ~ 11008/4096), 64-wide heads
 MEM_MODEL = (768, 8)  # ~96M parameters: model states dominate the process memory
 TP_MODEL = (256, 4)  # ~16M parameters: quick steps on a small CPU
@@ -84,7 +86,7 @@ class _Loader:
         self.pos = s["pos"]
 
 
-class _Task:
+class _Task(Task):
     def __init__(self, engine):
         self.engine = engine
 

@@ -24,7 +24,7 @@ from engines_tiny import tiny_olmo, tiny_olmo_config
 from s2t2_dist.engines.launcher import parse_launcher_args
 from s2t2_dist.train.checkpoint import Checkpointer
 from s2t2_dist.train.config import OptimConfig, TrainConfig
-from s2t2_dist.train.loop import train
+from s2t2_dist.train.loop import Task, train
 from s2t2_dist.train.metrics import MetricsLogger
 class BlockLoader:
     """A fixed pool of random token blocks over a small alphabet (so a few steps visibly lower the loss), this
@@ -52,7 +52,7 @@ class BlockLoader:
         self.pos = int(s["pos"])
 
 
-class LMTask:
+class LMTask(Task):
     def __init__(self, engine):
         self.engine = engine
 

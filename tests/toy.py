@@ -7,6 +7,7 @@ import torch
 from s2t2_dist.config import load_config
 from s2t2_dist.engines.torch_engine import TorchEngine
 from s2t2_dist.train.config import OptimConfig, TrainConfig
+from s2t2_dist.train.loop import Task
 
 
 class ListLoader:
@@ -34,7 +35,7 @@ class ListLoader:
         self.pos, self.epoch = s["pos"], s["epoch"]
 
 
-class LinearTask:
+class LinearTask(Task):
     def __init__(self, model, target_w, poison_steps=()):
         self.model, self.target_w = model, target_w
         self.poison_steps = set(poison_steps)

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from s2t2_dist.train.loop import Task
+
 
 class _Loader:
     """Deterministic batches of a linear regression problem, resumable by position."""
@@ -44,7 +46,7 @@ class _Loader:
         self.pos = int(state["pos"])
 
 
-class _Task:
+class _Task(Task):
     def __init__(self, model: torch.nn.Module, step_time: float, is_main: bool):
         self.model, self.step_time, self.is_main = model, step_time, is_main
 

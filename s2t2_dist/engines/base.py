@@ -28,6 +28,11 @@ class Engine(abc.ABC):
         Returns (global grad norm before clipping, applied). A step whose gradients are not finite on any rank is
         not applied on any rank (applied=False) and the gradients are dropped."""
 
+    def step_async(self) -> tuple:
+        """:meth:`step` as the loop calls it: an engine that can decide without a host read (TorchEngine) returns
+        (grad norm, applied) as device tensors; here the host values of step()."""
+        return self.step()
+
     @abc.abstractmethod
     def lr(self) -> float: ...
 

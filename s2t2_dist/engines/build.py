@@ -38,14 +38,20 @@ class EngineConfig:
     ds_config: str | None = None
     #: nested keys merged over the DeepSpeed JSON (e.g. {"zero_optimization": {"stage3_param_persistence_threshold": 0}})
     ds_overrides: dict[str, Any] = field(default_factory=dict)
-    #: recompute each transformer block's activations in backward (transformers gradient checkpointing)
-    activation_checkpointing: bool = False
+    #: recompute each transformer block's activations in backward (transformers gradient checkpointing); auto: only
+    #: when the model's states and activations would not fit in 85% of the GPU's memory (never on CPU)
+    activation_checkpointing: bool | Literal["auto"] = "auto"
+    #: torch.compile each transformer block's forward (plain, fsdp); the first step then includes the compile
+    compile: bool = False
     #: optimizer states (and, ZeRO-3 / FSDP2, parameters) in CPU memory; deepspeed: fills offload_* when absent
     offload: bool = False
     #: FSDP2: free the gathered parameters of a block after its forward (ZeRO-3-like); False is ZeRO-2-like
     fsdp_reshard_after_forward: bool = True
 
     def validate(self) -> None:
+        if self.compile and self.kind == "deepspeed":
+            raise ConfigError("compile: engine.kind=deepspeed does not compile the blocks (ZeRO-3's parameter hooks "
+                              "run inside them); use engine.kind=fsdp or plain, or compile=false")
         if self.kind == "deepspeed":
             if not self.ds_config:
                 raise ConfigError(
@@ -61,6 +67,8 @@ class EngineConfig:
             if self.offload and stage < 1:
                 raise ConfigError(f"offload: needs ZeRO stage >= 1, {self.ds_config} has stage {stage}")
             return
+        if self.activation_checkpointing not in (True, False, "auto"):
+            raise ConfigError(f"activation_checkpointing: true, false or auto, got {self.activation_checkpointing!r}")
         if self.ds_config:
             other = ("FSDP2 already shards parameters, gradients and optimizer states the way ZeRO-3 does"
                      if self.kind == "fsdp" else "the plain engine replicates the model on every rank")
@@ -92,3 +100,4 @@ def build_model_and_engine(engine_cfg: EngineConfig, source, optim_cfg, train_cf
     engine_cfg.validate()
     return engine_kind(engine_cfg.kind).build(engine_cfg, source, optim_cfg, train_cfg, device=device, dtype=dtype,
                                               trust_remote_code=trust_remote_code)
+

@@ -34,6 +34,7 @@ from s2t2_dist.config import ConfigError
 from s2t2_dist.distributed import collectives as coll
 from s2t2_dist.engines.base import Engine, EngineKind
 from s2t2_dist.models.hf import enable_activation_checkpointing
+import s2t2_dist.train.phases as phases
 from s2t2_dist.train.optim import param_groups
 
 #: subdirectory (DeepSpeed "tag") of a loop checkpoint directory that holds DeepSpeed's own files
@@ -184,9 +185,11 @@ def resolve_ds_config(
     offload: bool = False,
     overrides: dict | None = None,
     source: str | None = None,
+    block_numel: int | None = None,
 ) -> dict:
     """The DeepSpeed config this run uses: the file (or dict) with `overrides` merged in, every run-config-owned key
-    filled or checked, "auto" bucket sizes derived from the model width (as the HF Trainer does).
+    filled or checked, "auto" bucket sizes derived from the transformer block's size `block_numel` (else from the
+    model width, as the HF Trainer does).
 
     `offload=True` asks for ZeRO-Offload (optimizer states and, under ZeRO-3, parameters on CPU) when the file does
     not already say where to put them."""
@@ -221,11 +224,19 @@ def resolve_ds_config(
     zero = dict(cfg.get("zero_optimization") or {})
     stage = int(zero.get("stage", 0))
     h = hidden_size
-    autos = {
-        "reduce_bucket_size": (h * h) if h else None,
-        "stage3_prefetch_bucket_size": int(0.9 * h * h) if h else None,
-        "stage3_param_persistence_threshold": (10 * h) if h else None,
-    }
+    if block_numel:
+        # sized by one transformer block (OLMo-1B: 67 M elements, 7B: 202 M): the next block's all-gather and the
+        # previous block's gradient reduction overlap this block's compute in one transfer each (HF's hidden^2 is
+        # 1/16 to 1/48 of a block: dozens of small transfers per block); parameters under 1e5 elements (norms,
+        # biases: a few MB in all) stay gathered, DeepSpeed's default, so they cost no transfer per step
+        autos = {"reduce_bucket_size": int(block_numel), "stage3_prefetch_bucket_size": int(block_numel),
+                 "stage3_param_persistence_threshold": max(10 * (h or 0), 100_000)}
+    else:  # no model facts: the HF Trainer's formulas of the width, or DeepSpeed's defaults
+        autos = {
+            "reduce_bucket_size": (h * h) if h else None,
+            "stage3_prefetch_bucket_size": int(0.9 * h * h) if h else None,
+            "stage3_param_persistence_threshold": (10 * h) if h else None,
+        }
     for k, v in autos.items():
         if _is_auto(zero.get(k)):
             if v is None:
@@ -254,6 +265,18 @@ def resolve_ds_config(
     if leftover:
         raise ConfigError(f"DeepSpeed config {source}: no value could be derived for {leftover} = \"auto\"")
     return cfg
+
+
+def block_numel(hf_config) -> int | None:
+    """Weights of one decoder block of a transformers config (attention q, k, v, o with grouped keys/values, and a
+    gated MLP): what ZeRO-3 gathers per block; None when the config does not say."""
+    h = getattr(hf_config, "hidden_size", None)
+    ff = getattr(hf_config, "intermediate_size", None)
+    heads = getattr(hf_config, "num_attention_heads", None)
+    if not (h and ff and heads):
+        return None
+    kv = getattr(hf_config, "num_key_value_heads", None) or heads
+    return int(2 * h * h + 2 * h * (h * kv // heads) + 3 * h * ff)
 
 
 def _find_auto(d: dict, prefix: str = "") -> str | None:
@@ -448,7 +471,8 @@ class DeepSpeedEngine(Engine):
                                          betas=tuple(optim_cfg.betas), eps=optim_cfg.eps,
                                          weight_decay=optim_cfg.weight_decay, adamw_mode=True)
         else:
-            optimizer = optim_cfg.build(params)
+            # fused on CUDA: one kernel over ZeRO's few flat float32 partitions (foreach/for-loop on a CPU)
+            optimizer = optim_cfg.build(params, fused=torch.cuda.is_available())
         return cls(model, optimizer, lambda opt: optim_cfg.schedule(opt, train_cfg.steps), ds_config)
 
     # ---- training
@@ -599,11 +623,18 @@ class DeepSpeed(EngineKind):
             hf = source if isinstance(source, PretrainedConfig) else AutoConfig.from_pretrained(
                 str(source), trust_remote_code=trust_remote_code)
             hidden = getattr(hf, "hidden_size", None)
+        hf_config = getattr(source, "config", None) if isinstance(source, torch.nn.Module) else hf
         ds_cfg = resolve_ds_config(cfg.ds_config, train_cfg=train_cfg, optim_cfg=optim_cfg, hidden_size=hidden,
-                                   offload=cfg.offload, overrides=cfg.ds_overrides or None)
+                                   offload=cfg.offload, overrides=cfg.ds_overrides or None,
+                                   block_numel=block_numel(hf_config))
         # float32 master weights whatever `dtype`: bf16 compute is DeepSpeed's (bf16.enabled)
-        model = source if isinstance(source, torch.nn.Module) else build_model_zero3(
-            source, ds_cfg, seed=train_cfg.seed)
-        engine = DeepSpeedEngine.build(model, optim_cfg=optim_cfg, train_cfg=train_cfg, ds_config=ds_cfg,
-                                       resolved=True, activation_checkpointing=cfg.activation_checkpointing)
+        with phases.phase("model load (ZeRO partitions)"):
+            model = source if isinstance(source, torch.nn.Module) else build_model_zero3(
+                source, ds_cfg, seed=train_cfg.seed)
+        with phases.phase("engine build (deepspeed.initialize, optimiser)"):
+            from s2t2_dist.engines.model_setup import checkpointing_for
+
+            ckpt = checkpointing_for(cfg, model, train_cfg, sharded=zero_stage(ds_cfg) >= 1)
+            engine = DeepSpeedEngine.build(model, optim_cfg=optim_cfg, train_cfg=train_cfg, ds_config=ds_cfg,
+                                           resolved=True, activation_checkpointing=ckpt)
         return engine.model, engine

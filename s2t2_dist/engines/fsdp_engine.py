@@ -1,15 +1,20 @@
 """FSDP2 (`torch.distributed.fsdp.fully_shard`) behind the Engine interface.
 
-Each transformer block is its own FSDP unit, then the root (embeddings, final norm, LM head, tied or not). The
-optimiser and schedule are the paper's (train.optim); gradients are clipped with `clip_grad_norm_` on the sharded
-DTensor gradients (the norm is global); a step whose global norm is not finite is skipped on every rank. Checkpoints
+Each transformer block is its own FSDP unit, then the root (embeddings, final norm, LM head, tied or not). From a
+model directory the model is built the torchtitan way: parameters on the meta device (no memory, no init), sharded,
+materialised as shards only on the rank's device, then each rank reads just its rows of every weight from the
+safetensors files (no rank ever holds the whole model, no full float32 copy, no per-parameter broadcast). The
+optimiser and schedule are the paper's (train.optim): the fused AdamW (on CUDA and CPU), which skips a step whose
+global gradient norm is not finite on the device (``found_inf``), after a clipping that is a multiply: a step reads
+nothing back to the host. Checkpoints
 are torch.distributed.checkpoint (DCP) directories of the sharded model + optimiser state; resume is bit-identical on
 CPU float32. bf16 mixed precision (bf16 compute, float32 master weights and gradient reduction) on GPU only.
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
+import json
 import warnings
 from pathlib import Path
 
@@ -17,7 +22,9 @@ import torch
 
 from s2t2_dist.distributed import collectives as coll
 from s2t2_dist.engines.base import Engine, EngineKind
+from s2t2_dist.engines.model_setup import transformer_blocks  # noqa: F401 - also this module's name for it
 from s2t2_dist.models.hf import build_causal_lm, enable_activation_checkpointing
+import s2t2_dist.train.phases as phases
 
 try:  # torch >= 2.6
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
@@ -25,19 +32,6 @@ except ImportError:  # pragma: no cover - torch 2.4/2.5
     from torch.distributed._composable.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 FSDP_DIR = "fsdp"
-
-
-def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated blocks to shard one by one: the classes a transformers model lists in `_no_split_modules`
-    (e.g. OlmoDecoderLayer), else the children of a ModuleList called layers / h / blocks."""
-    names = set(getattr(model, "_no_split_modules", None) or [])
-    blocks = [m for m in model.modules() if type(m).__name__ in names]
-    if blocks:
-        return blocks
-    for name, m in model.named_modules():
-        if isinstance(m, torch.nn.ModuleList) and name.split(".")[-1] in ("layers", "h", "blocks"):
-            return list(m)
-    raise ValueError(f"FSDP2Engine: cannot find the transformer blocks of {type(model).__name__}")
 
 
 def local_numel(model: torch.nn.Module) -> tuple[int, int]:
@@ -131,36 +125,57 @@ class FSDP2Engine(Engine):
     @classmethod
     def build(cls, model: torch.nn.Module, optim_cfg, train_cfg, *, activation_checkpointing: bool = False,
               offload: bool = False, reshard_after_forward: bool = True,
-              mixed_precision: bool | None = None) -> "FSDP2Engine":
-        """Shard `model`, then build optim_cfg's optimiser over the shards and the schedule over train_cfg.steps."""
+              mixed_precision: bool | None = None, weights: dict[str, Path] | None = None) -> "FSDP2Engine":
+        """Shard `model`, then build optim_cfg's optimiser over the shards and the schedule over train_cfg.steps.
+        `weights` (parameter name -> safetensors file, from `safetensors_index`): `model`'s parameters are on the
+        meta device and are materialised as shards and loaded from these files after sharding."""
         if activation_checkpointing:
             enable_activation_checkpointing(model)
-        mp = cls.shard(model, precision=train_cfg.precision, offload=offload,
-                       reshard_after_forward=reshard_after_forward, mixed_precision=mixed_precision)
-        opt = optim_cfg.build([p for p in model.parameters() if p.requires_grad])
-        return cls(model, opt, optim_cfg.schedule(opt, train_cfg.steps), grad_clip=optim_cfg.grad_clip,
-                   mixed_precision=mp)
+        with phases.phase("sharding"):
+            mp = cls.shard(model, precision=train_cfg.precision, offload=offload,
+                           reshard_after_forward=reshard_after_forward, mixed_precision=mixed_precision)
+        if weights is not None:
+            with phases.phase("weights load (sharded)"):
+                load_sharded(model, weights)
+        with phases.phase("optimiser"):
+            # fused: one kernel over all shards, and found_inf skips a non-finite step on the device (step_async)
+            opt = optim_cfg.build([p for p in model.parameters() if p.requires_grad], fused=True)
+            sched = optim_cfg.schedule(opt, train_cfg.steps)
+        return cls(model, opt, sched, grad_clip=optim_cfg.grad_clip, mixed_precision=mp)
 
     def backward(self, loss: torch.Tensor) -> None:
         # Gradients are reduce-scattered after every micro-batch and accumulate sharded (memory-light).
         loss.backward()
 
     def step(self) -> tuple[float, bool]:
-        params = [p for p in self.model.parameters() if p.requires_grad and p.grad is not None]
-        max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else float("inf")
-        total = torch.nn.utils.clip_grad_norm_(params, max_norm, error_if_nonfinite=False,
-                                               foreach=None if self._device.type == "cuda" else False)
+        norm, applied = self.step_async()
+        return float(norm), bool(applied)
+
+    def step_async(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Clip and apply without a host read: (global grad norm, applied) as device tensors. The norm of the
+        sharded gradients is reduced over the ranks (one all-reduce); clipping multiplies by min(1, clip / norm);
+        a non-finite norm skips the update inside the fused AdamW (found_inf: parameters, moments and step count
+        unchanged); the schedule advances either way (a skipped step costs its lr slot)."""
+        grads = [p.grad for p in self.model.parameters() if p.requires_grad and p.grad is not None]
+        if not grads:
+            raise RuntimeError("FSDP2Engine.step: no parameter has a gradient (was backward called?)")
+        # torch's own total norm over DTensor gradients: per-shard partial norms, reduced by full_tensor()
+        total = torch.nn.utils.get_total_norm(grads, foreach=True) if hasattr(torch.nn.utils, "get_total_norm") \
+            else torch.nn.utils.clip_grad_norm_(grads, float("inf"), foreach=True)
         if hasattr(total, "full_tensor"):
-            total = total.full_tensor()  # reduce the per-shard partial norms: the same value on every rank
-        norm = float(total)
-        if not math.isfinite(norm):
-            self.optimizer.zero_grad(set_to_none=True)
-            self.scheduler.step()
-            return norm, False
+            total = total.full_tensor()
+        norm = total.to(torch.float32)
+        finite = torch.isfinite(norm)
+        if self.grad_clip and self.grad_clip > 0:
+            coef = (self.grad_clip / (norm + 1e-6)).clamp(max=1.0)
+            torch._foreach_mul_(grads, coef.to(grads[0].dtype))
+        self.optimizer.found_inf = (~finite).to(torch.float32)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        return norm, True
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            self.scheduler.step()
+        return norm, finite
 
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
@@ -212,9 +227,106 @@ class FSDP2Engine(Engine):
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+@contextlib.contextmanager
+def params_on_meta():
+    """Every parameter registered inside is moved to the meta device as it is created (no memory, no init: a
+    module's initialisation then runs on meta); buffers stay real (e.g. the rotary inv_freq a checkpoint does not
+    hold)."""
+    register = torch.nn.Module.register_parameter
+
+    def to_meta(module, name, param):
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":
+            p = module._parameters[name]
+            module._parameters[name] = type(p)(p.to("meta"), requires_grad=p.requires_grad)
+
+    torch.nn.Module.register_parameter = to_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
+
+
+def safetensors_index(source) -> dict[str, Path] | None:
+    """Tensor name -> file of a model directory saved as safetensors (sharded with an index, or one file); None
+    for anything else (a config, a module, a .bin checkpoint, a hub id)."""
+    if not isinstance(source, (str, Path)) or not Path(source).is_dir():
+        return None
+    d = Path(source)
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        return {k: d / v for k, v in json.loads(index.read_text())["weight_map"].items()}
+    single = d / "model.safetensors"
+    if single.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(single), framework="pt") as f:
+            return {k: single for k in f.keys()}
+    return None
+
+
+def empty_causal_lm(source, *, trust_remote_code: bool = False) -> torch.nn.Module:
+    """The model of a directory with its parameters on the meta device (float32 when materialised)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(source), trust_remote_code=trust_remote_code)
+    with params_on_meta():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=trust_remote_code)
+    bad = [n for n, b in model.named_buffers() if b.device.type == "meta"]
+    if bad:
+        raise RuntimeError(f"FSDP2: buffers {bad[:3]} were built on the meta device")
+    return model
+
+
+def _dim0_range(p: torch.Tensor, local: torch.Tensor) -> tuple[int, int]:
+    """[start, end) of the global rows this rank holds of a parameter sharded on dim 0 (FSDP2 cuts as torch.chunk:
+    ceil(n / ranks) rows per rank, the last ones shorter or empty)."""
+    n = p.shape[0] if p.dim() else 1
+    placements = getattr(p, "placements", ())
+    if not placements or not p.dim() or local.shape == p.shape:
+        return 0, n
+    world, rank = p.device_mesh.size(), p.device_mesh.get_local_rank()
+    chunk = -(-n // world)
+    start = min(rank * chunk, n)
+    if local.shape[0] != min(chunk, n - start):
+        raise RuntimeError(f"FSDP2: unexpected shard of {tuple(p.shape)}: {tuple(local.shape)} on rank {rank}")
+    return start, start + local.shape[0]
+
+
+@torch.no_grad()
+def load_sharded(model: torch.nn.Module, weights: dict[str, Path]) -> None:
+    """Materialise a meta-device model sharded by fully_shard on its devices and fill each rank's shards straight
+    from the safetensors files (only this rank's rows are read). Raises naming a parameter the files lack."""
+    from safetensors import safe_open
+
+    buffers = {n: b.clone() for n, b in model.named_buffers()}
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    model.to_empty(device=device)
+    for n, b in model.named_buffers():
+        b.copy_(buffers[n])
+    names = dict(model.named_parameters())  # a tied parameter once, under its first name
+    missing = [n for n in names if n not in weights]
+    if missing:
+        raise RuntimeError(f"FSDP2: the checkpoint has no tensor for {missing[:5]} (of {len(missing)})")
+    by_file: dict[Path, list[str]] = {}
+    for n in names:
+        by_file.setdefault(weights[n], []).append(n)
+    for file, keys in by_file.items():
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for n in keys:
+                p = names[n]
+                local = p.to_local() if hasattr(p, "to_local") else p
+                start, end = _dim0_range(p, local)
+                if local.numel():
+                    src = f.get_slice(n)
+                    rows = src[start:end] if p.dim() else src[:]
+                    local.copy_(rows.reshape(local.shape))
+
+
 class FSDP2(EngineKind):
-    """engine.kind=fsdp: a 1-rank group when there is no launcher (FSDP2 needs one); the model loaded whole in
-    float32 on every rank, then sharded."""
+    """engine.kind=fsdp: a 1-rank group when there is no launcher (FSDP2 needs one). From a safetensors model
+    directory: built on the meta device, sharded, then each rank loads its shards (torchtitan's order); from a
+    config (random init) or a module: built whole in float32, then sharded."""
 
     def init_distributed(self) -> None:
         from s2t2_dist.distributed.env import init_distributed
@@ -223,7 +335,15 @@ class FSDP2(EngineKind):
 
     def build(self, cfg, source, optim_cfg, train_cfg, *, device, dtype=None, trust_remote_code=False):
         # float32 master weights whatever `dtype`: bf16 compute is the mixed-precision policy's
-        model = build_causal_lm(source, seed=train_cfg.seed, trust_remote_code=trust_remote_code)
+        weights = safetensors_index(source)
+        with phases.phase("model build (meta)" if weights is not None else "model load"):
+            model = (empty_causal_lm(source, trust_remote_code=trust_remote_code) if weights is not None else
+                     build_causal_lm(source, seed=train_cfg.seed, trust_remote_code=trust_remote_code))
+        from s2t2_dist.engines.model_setup import checkpointing_for, compile_blocks
+
+        if cfg.compile:
+            compile_blocks(model)  # before sharding: FSDP2's hooks stay outside the compiled forward
         return model, FSDP2Engine.build(model, optim_cfg, train_cfg,
-                                        activation_checkpointing=cfg.activation_checkpointing, offload=cfg.offload,
-                                        reshard_after_forward=cfg.fsdp_reshard_after_forward)
+                                        activation_checkpointing=checkpointing_for(cfg, model, train_cfg, sharded=True),
+                                        offload=cfg.offload, reshard_after_forward=cfg.fsdp_reshard_after_forward,
+                                        weights=weights)

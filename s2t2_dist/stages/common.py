@@ -112,15 +112,21 @@ def run_stage(cfg, work: Callable[[Any, Runtime], dict], *, preflight: Callable[
     distributed start (`engine`: the config's engine section), `setup` (record: write config.yaml now; else the
     work calls `record_config` once its resume checks passed), `work(cfg, rt)` -> the result dict, written
     atomically by rank 0 to `result(rt)` and then shown by `report(rt, result)`, the logger closed, teardown."""
+    import s2t2_dist.train.phases as phases
     from s2t2_dist.utils.io import atomic_write_text
 
-    preflight(cfg)
-    if engine is not None:
-        from s2t2_dist.engines.build import engine_kind
+    envvars.setup_logging()
+    startup = phases.reset()  # each start-up phase logged as it ends, kept in the result (train/phases.py)
+    with startup.phase("preflight"):
+        preflight(cfg)
+    with startup.phase("process group"):
+        if engine is not None:
+            from s2t2_dist.engines.build import engine_kind
 
-        engine_kind(engine.kind).init_distributed()
-    rt = setup(cfg.run_dir, precision, cfg, seed, record=record)
+            engine_kind(engine.kind).init_distributed()
+        rt = setup(cfg.run_dir, precision, cfg, seed, record=record)
     out = work(cfg, rt)
+    out.setdefault("startup", startup.summary())
     if rt.env.is_main:
         from s2t2_dist.utils.rundir import verify
 

@@ -16,6 +16,7 @@ directory (RUN_DIR/final: config with the new vocabulary, safetensors, the token
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -34,7 +35,9 @@ from s2t2_dist.stages import checks
 from s2t2_dist.stages.common import (Runtime, config_part, fingerprint, parse_args, record_config, run_main,
                                      run_stage)
 from s2t2_dist.stages.init_model import InitConfig, InitPlan
+import s2t2_dist.train.phases as phases
 from s2t2_dist.train.config import OptimConfig, TrainConfig
+from s2t2_dist.train.loop import Task
 
 log = logging.getLogger("s2t2.finetune")
 
@@ -81,7 +84,7 @@ class FinetuneConfig:
 # task
 
 
-class FinetuneTask:
+class FinetuneTask(Task):
     """Next-token loss of the whole model in the vocabulary it now speaks; held-out perplexity and BpB."""
 
     def __init__(self, engine, rt: Runtime, plan: InitPlan, cfg: FinetuneConfig, eval_docs=None):
@@ -96,10 +99,8 @@ class FinetuneTask:
 
     def loss(self, batch):
         ids = batch["input_ids"].to(self.engine.device, non_blocking=True)
-        if self.autocast is not None:
-            with torch.autocast(ids.device.type, dtype=self.autocast):
-                out = self.engine.module(input_ids=ids, labels=ids, use_cache=False)
-        else:
+        cast = torch.autocast(ids.device.type, dtype=self.autocast) if self.autocast else contextlib.nullcontext()
+        with cast, windows_not_packed():
             out = self.engine.module(input_ids=ids, labels=ids, use_cache=False)
         return out.loss.float(), {}
 
@@ -122,6 +123,32 @@ class FinetuneTask:
                                         pad_id=_pad(self.plan), max_docs=self.cfg.train.eval_max_docs)
         self.last_eval = (self.step, metrics)
         return metrics
+
+
+@contextlib.contextmanager
+def windows_not_packed():
+    """Training windows hold one causal stream each (default positions, no per-document masking), so transformers'
+    probe for packed sequences (masking_utils.find_packed_sequence_indices, called when no attention mask is given)
+    always answers None -- after reading a device value back in a Python ``if``: one host sync per forward, which
+    would keep a GPU from running ahead. The probe is skipped while the task's forward runs."""
+    try:
+        import transformers.masking_utils as mu
+    except ImportError:  # an older transformers without the probe
+        yield
+        return
+    real = getattr(mu, "find_packed_sequence_indices", None)
+    if real is None:
+        yield
+        return
+    mu.find_packed_sequence_indices = _no_packing
+    try:
+        yield
+    finally:
+        mu.find_packed_sequence_indices = real
+
+
+def _no_packing(position_ids):
+    return None
 
 
 def _pad(plan: InitPlan) -> int:
@@ -158,20 +185,22 @@ def build(cfg: FinetuneConfig, rt: Runtime):
 
     env = rt.env
     init_dir = cfg.init.dir or str(rt.run_dir / "init")
-    plan = prepare_initial_model(cfg.init, cfg.model.path, cfg.data.tokenizer, init_dir, is_main=env.is_main,
-                                 trust_remote_code=cfg.model.trust_remote_code)
+    with phases.phase("initial model"):
+        plan = prepare_initial_model(cfg.init, cfg.model.path, cfg.data.tokenizer, init_dir, is_main=env.is_main,
+                                     trust_remote_code=cfg.model.trust_remote_code)
     # the data position is global (a sample count): a checkpoint resumes on another number of ranks
     cfg.train.resolve_layout(env.world_size)  # auto -> a number; ConfigError naming the keys if impossible
-    loader = GlobalTrainLoader(cfg.data.train, global_batch_size=cfg.train.batch_size,
-                               micro_batch_size=cfg.train.micro_batch_size, rank=env.rank, world_size=env.world_size,
-                               num_workers=cfg.data.num_workers, seed=cfg.train.seed,
-                               shuffle_window=cfg.data.shuffle_window)
-    check_shards(loader.manifest, plan, "data.train")
-    checks.context_matches_shards(loader.manifest, cfg.train.context_len, "data.train")  # the shards read
-    eval_docs = None
-    if cfg.data.eval:
-        eval_docs = EvalDocs(cfg.data.eval, rank=env.rank, world_size=env.world_size)
-        check_shards(eval_docs.manifest, plan, "data.eval")
+    with phases.phase("data"):
+        loader = GlobalTrainLoader(cfg.data.train, global_batch_size=cfg.train.batch_size,
+                                   micro_batch_size=cfg.train.micro_batch_size, rank=env.rank,
+                                   world_size=env.world_size, num_workers=cfg.data.num_workers, seed=cfg.train.seed,
+                                   shuffle_window=cfg.data.shuffle_window)
+        check_shards(loader.manifest, plan, "data.train")
+        checks.context_matches_shards(loader.manifest, cfg.train.context_len, "data.train")  # the shards read
+        eval_docs = None
+        if cfg.data.eval:
+            eval_docs = EvalDocs(cfg.data.eval, rank=env.rank, world_size=env.world_size)
+            check_shards(eval_docs.manifest, plan, "data.eval")
     model, engine = build_model(cfg, plan, rt)
     task = FinetuneTask(engine, rt, plan, cfg, eval_docs)
     return task, model, engine, loader, plan
@@ -285,7 +314,10 @@ def _train(cfg: FinetuneConfig, rt: Runtime) -> dict:
     ck.check_resumable()
     record_config(rt, cfg)
     task, model, engine, loader, plan = build(cfg, rt)
-    result = train(cfg.train, task, engine, loader, ck, rt.logger, on_step=task.on_step)
+    from s2t2_dist.train.flops import flops_per_token
+
+    result = train(cfg.train, task, engine, loader, ck, rt.logger, on_step=task.on_step,
+                   flops_per_token=flops_per_token(model, cfg.train.context_len))
     summary: dict = {"step": result.step, "finished": result.finished, "preempted": result.preempted,
                      "bad_steps": result.bad_steps, "losses": result.losses,
                      "final_loss": result.final_loss,

@@ -27,6 +27,8 @@ from s2t2_dist.utils import stop
 from s2t2_dist.stages.common import (Runtime, config_part, fingerprint, parse_args, record_config, run_main,
                                      run_stage)
 from s2t2_dist.train.config import OptimConfig, TrainConfig
+import s2t2_dist.train.phases as phases
+from s2t2_dist.train.loop import Task
 from s2t2_dist.translator.kinds import REGISTRY as TRANSLATOR_KINDS
 
 log = logging.getLogger("s2t2.translate")
@@ -171,7 +173,7 @@ class TranslateConfig:
     eval: ScoringConfig = field(default_factory=ScoringConfig)
 
 
-class TranslateTask:
+class TranslateTask(Task):
     """Loss of a micro-batch through the frozen LM reading and predicting target tokens via E', L'."""
 
     def __init__(self, lm, translator, E, L, src_ids, cfg: TranslateConfig, rt: Runtime, target_vocab: list[str],
@@ -330,8 +332,9 @@ def build(cfg: TranslateConfig, rt: Runtime):
     from s2t2_dist.translator import freeze_warning
 
     env = rt.env
-    model = load_causal_lm(cfg.model.path, dtype=rt.dtype, device=rt.device, frozen=True,
-                           trust_remote_code=cfg.model.trust_remote_code)
+    with phases.phase("model load"):
+        model = load_causal_lm(cfg.model.path, dtype=rt.dtype, device=rt.device, frozen=True,
+                               trust_remote_code=cfg.model.trust_remote_code)
     src_tok = load_hf_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     try:
         E, L, tied = get_embedding_and_head(model)
@@ -356,7 +359,8 @@ def build(cfg: TranslateConfig, rt: Runtime):
     # C's columns are sharded over every rank, on the group that serves C's device (NCCL for CUDA)
     group = group_for(rt.device) if env.distributed else None
     tc = cfg.translator
-    translator, dec, step = start_translator(cfg, src_tok, src_ids.tolist(), tgt, group=group, device=rt.device)
+    with phases.phase("translator"):
+        translator, dec, step = start_translator(cfg, src_tok, src_ids.tolist(), tgt, group=group, device=rt.device)
     # The source tokenizer is hashed from its tokenizer.json file, as the data pipeline hashes it for manifests
     # (transformers may rebuild a hub tokenizer in memory, which would hash differently).
     hashes = {"source": tokenizer_hash(cfg.model.path), "target": tgt.hash}
@@ -380,7 +384,8 @@ def build(cfg: TranslateConfig, rt: Runtime):
         checkpoint_frozen_blocks(model)
     from s2t2_dist.engines.torch_engine import TorchEngine
 
-    engine = TorchEngine.build(translator, cfg.optim, cfg.train.steps, params="sharded", lr=step.lr)
+    with phases.phase("optimiser"):
+        engine = TorchEngine.build(translator, cfg.optim, cfg.train.steps, params="sharded", lr=step.lr)
     # The data position is global (a sample count), so that a checkpoint resumes on any number of ranks
     cfg.train.resolve_layout(env.world_size)  # auto -> a number; ConfigError naming the keys if impossible
     loader = GlobalTrainLoader(cfg.data.train, global_batch_size=cfg.train.batch_size,

@@ -97,6 +97,9 @@ class TrainConfig:
     max_bad_steps: int = 10
     #: stop (with a checkpoint) after this many steps of this invocation; 0 = run to `steps` (for tests, time limits)
     stop_after: int = 0
+    #: [first, last]: a torch.profiler trace of steps first..last (1-based) per rank in RUN_DIR/tb/profile
+    #: (TensorBoard's profiler plugin opens it); []: no profiling
+    profile: list[int] = field(default_factory=list)
 
     def validate(self) -> None:
         for k in ("steps", "batch_size", "micro_batch_size", "context_len", "max_micro_tokens"):
@@ -104,6 +107,9 @@ class TrainConfig:
                 raise ConfigError(f"{k}: must be > 0, got {getattr(self, k)}")
         if self.ckpt_every < 0 or self.log_every <= 0 or self.max_bad_steps < 0:
             raise ConfigError("ckpt_every must be >= 0, log_every > 0, max_bad_steps >= 0")
+        if self.profile and (len(self.profile) != 2 or not 1 <= self.profile[0] <= self.profile[1]):
+            raise ConfigError(f"profile: [first, last] steps with 1 <= first <= last, or [] for none; got "
+                              f"{self.profile}")
         if self.keep_checkpoints < 1:  # 0 deleted every checkpoint as soon as it was written
             raise ConfigError(f"keep_checkpoints: must be >= 1 (the newest checkpoint is what a restart resumes "
                               f"from), got {self.keep_checkpoints}")

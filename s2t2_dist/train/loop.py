@@ -2,49 +2,61 @@
 
 A stage supplies a Task (how to compute the loss of a micro-batch, what to report) and an Engine (who owns the
 parameters and the optimiser); the loop owns the step counter, gradient accumulation, skipping of non-finite
-steps, logging, periodic evaluation, checkpoint/resume (with the data position and RNG) and clean stopping on
-SIGTERM/SIGUSR1 (what SLURM sends before preemption or a time limit).
+steps, checkpoint/resume (with the data position and RNG), the one reduction of a logging step and clean stopping
+on SIGTERM/SIGUSR1 (what SLURM sends before preemption or a time limit). Everything else it does (progress bar,
+throughput, memory, step split and MFU, profiler, fault traces, sync debugging, evaluation) is a callback
+(train/callbacks.py).
 """
 
 from __future__ import annotations
 
 import math
 import signal
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
-from s2t2_dist import envvars, faults
 from s2t2_dist.distributed import collectives as coll
 from s2t2_dist.distributed.stats_batch import Reduced, StatsBatch
+import s2t2_dist.train.phases as phases
+from s2t2_dist.train.callbacks import SYNC_DEBUG_ENV, Callback, LoopState, OnStep, default_callbacks
 from s2t2_dist.train.checkpoint import Checkpointer
 from s2t2_dist.train.config import TrainConfig
 from s2t2_dist.train.metrics import MetricsLogger
 
 
-class Task(Protocol):
-    def loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+class Task:
+    """A stage's hooks into the loop: ``loss`` is required; every other hook is a no-op here."""
+
+    def loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, Any]]:
         """Mean loss of one micro-batch (the tensor to backpropagate) and extra scalars to log (floats or 0-dim
         tensors: tensors are read on logging steps only, so no host sync per micro-batch)."""
+        raise NotImplementedError
 
     def report(self, step: int, logger: MetricsLogger) -> dict[str, float]:
         """Expensive diagnostics, called every log interval (collective: every rank calls it)."""
+        return {}
+
+    def report_stats(self, step: int, logger: MetricsLogger,
+                     batch: StatsBatch) -> Callable[[Reduced], dict[str, float]] | None:
+        """report() in two halves, so that the logging step reduces the task's statistics in the loop's one
+        collective: registers this rank's partial values into ``batch`` and returns what turns the reduced host
+        values into the metrics (no collective, no device read there). None (here): report() is called instead."""
+        return None
 
     def evaluate(self) -> dict[str, float]:
         """Held-out metrics (collective)."""
+        return {}
 
-    # Optional (called when the task defines them):
-    # report_stats(step, logger, batch: StatsBatch) -> Callable[[Reduced], dict[str, float]]: report() in two
-    #     halves, so that the logging step reduces the task's statistics in the loop's one collective: registers
-    #     this rank's partial values into ``batch`` and returns what turns the reduced host values into the metrics
-    #     (no collective, no device read there); report() is then not called
-    # before_step(steps_done: int, logging: bool) -> None: before the step's first micro-batch
-    # after_backward(logging: bool) -> None: after its last backward, before engine.step() (the gradient must be
-    #     final here: the engine's clipping and non-finite check read it); ``logging``: this step logs (the only
-    #     steps on which a task may read values back to the host)
+    def before_step(self, steps_done: int, logging: bool) -> None:
+        """Before the step's first micro-batch."""
+
+    def after_backward(self, logging: bool) -> None:
+        """After the step's last backward, before engine.step() (the gradient must be final here: the engine's
+        clipping and non-finite check read it); ``logging``: this step logs (the only steps on which a task may
+        read values back to the host)."""
 
 
 class ResumableLoader(Protocol):
@@ -53,8 +65,7 @@ class ResumableLoader(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
-#: environment variable: torch.cuda.set_sync_debug_mode for the steps that read nothing back (see train())
-SYNC_DEBUG_ENV = "S2T2_SYNC_DEBUG"
+__all__ = ["Task", "train", "LoopResult", "TooManyBadSteps", "SYNC_DEBUG_ENV"]
 
 
 class TooManyBadSteps(RuntimeError):
@@ -105,6 +116,75 @@ _world = coll.rank_world
 _sum_across = coll.sum_scalars
 
 
+class _Pending:
+    """Steps taken but not yet read back: (step, this rank's summed micro-batch losses, applied, grad norm) as
+    device values. Nothing is read to the host on a step that does not log, checkpoint or stop (a GPU keeps
+    running ahead); the next step that does registers them into its StatsBatch and finishes them from the
+    reduced values: bad steps counted, losses recorded."""
+
+    def __init__(self, state: LoopState, callbacks: list[Callback]):
+        self.state, self.callbacks, self.steps = state, callbacks, []
+        self.norm = float("nan")
+
+    def batch(self) -> StatsBatch:
+        # where the step's values live (the losses' device): NCCL for CUDA, gloo for CPU
+        return StatsBatch(self.steps[0][1].device if self.steps else "cpu")
+
+    def add(self, batch: StatsBatch, stop_flag: float) -> Callable[[Reduced], bool]:
+        """Registers the pending steps and the stop flag into ``batch``; returns what reads them back and tells
+        whether some rank asked to stop."""
+        k, dev = len(self.steps), batch.device
+        if k:
+            batch.add("loop.loss_sums", torch.stack([v.reshape(()).to(dev, torch.float64) for _, v, _, _ in self.steps]))
+            # the applied flag is the same on every rank (the engine's decision); the norm is already global
+            batch.add("loop.applied_norm", torch.stack([torch.as_tensor(v, dtype=torch.float64, device=dev).reshape(())
+                                                        for _, _, *vals in self.steps for v in vals]), "local")
+        batch.add("loop.stop", stop_flag)
+        return lambda r: self.finish(r, k)
+
+    def finish(self, r: Reduced, k: int) -> bool:
+        st, cfg = self.state, self.state.cfg
+        sums = r["loop.loss_sums"].tolist() if k else []
+        host = r["loop.applied_norm"].reshape(k, 2).tolist() if k else []
+        for (at, _, _, _), (ok, norm), total in zip(self.steps, host, sums):
+            mean_loss = total / st.accum / st.world
+            if ok != 1.0 or not math.isfinite(mean_loss):
+                st.result.bad_steps += 1
+                st.logger.scalars(at, {"train/bad_steps": st.result.bad_steps})
+                if st.result.bad_steps > cfg.max_bad_steps:
+                    raise TooManyBadSteps(
+                        f"{st.result.bad_steps} steps had non-finite loss or gradients (limit train.max_bad_steps="
+                        f"{cfg.max_bad_steps}); last at step {at}. The parameters were not updated by them.")
+            st.result.losses.append((at, mean_loss))
+            st.result.final_loss = mean_loss
+            for cb in self.callbacks:
+                cb.on_step_loss(at, mean_loss, bool(ok))
+            self.norm = norm
+        self.steps.clear()
+        return r.float("loop.stop") > 0
+
+
+def _resume(cfg: TrainConfig, checkpointer: Checkpointer, engine, loader, result: LoopResult, rank: int,
+            world: int) -> int:
+    """Restores the newest complete checkpoint (engine, data position, RNG, counters) into the run; returns the
+    steps already done (0 on a fresh start)."""
+    resumed = checkpointer.resume(engine)
+    if resumed is None:
+        return 0
+    latest, state = resumed
+    step, result.bad_steps = int(state["step"]), int(state["bad_steps"])
+    result.final_loss = state.get("last_loss")
+    loader.load_state_dict(state["loader"])
+    if state.get("world_size", world) == world:
+        torch.set_rng_state(state["rng"])
+        if state.get("cuda_rng") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state(state["cuda_rng"])  # this rank's device (dropout, sampling on the GPU)
+    else:  # an elastic restart: per-rank random streams cannot be carried to another number of ranks
+        torch.manual_seed(cfg.seed + rank + 1_000_003 * step)
+    result.last_checkpoint = latest
+    return step
+
+
 def train(
     cfg: TrainConfig,
     task: Task,
@@ -116,217 +196,123 @@ def train(
     tokens_per_micro_batch: int | None = None,
     progress: bool = True,
     on_step: Callable[[int, torch.Tensor], None] | None = None,
+    flops_per_token: float | None = None,
+    callbacks: list[Callback] = (),
 ) -> LoopResult:
+    """Trains ``task`` with ``engine`` up to cfg.steps (resuming from ``checkpointer``'s newest checkpoint).
+    ``flops_per_token``: the model's training FLOPs per token (train/flops.py), for MFU; ``callbacks``: run after
+    the defaults (callbacks.default_callbacks); ``on_step(step, this rank's loss tensor)``: after each step."""
     rank, world = _world()
-    accum = cfg.grad_accum(world)
     torch.manual_seed(cfg.seed + rank)
-    step, bad_steps = 0, 0
     result = LoopResult(step=0, finished=False, preempted=False)
-
-    resumed = checkpointer.resume(engine)
-    latest = None
-    if resumed is not None:
-        latest, state = resumed
-        step, bad_steps = int(state["step"]), int(state["bad_steps"])
-        result.final_loss = state.get("last_loss")
-        loader.load_state_dict(state["loader"])
-        if state.get("world_size", world) == world:
-            torch.set_rng_state(state["rng"])
-            if state.get("cuda_rng") is not None and torch.cuda.is_available():
-                torch.cuda.set_rng_state(state["cuda_rng"])  # this rank's device (dropout, sampling on the GPU)
-        else:  # an elastic restart: per-rank random streams cannot be carried to another number of ranks
-            torch.manual_seed(cfg.seed + rank + 1_000_003 * step)
-        result.last_checkpoint = latest
-    faults.record("start", step=step, checkpoint=str(latest) if latest is not None else None)
+    st = LoopState(cfg=cfg, task=task, engine=engine, logger=logger, rank=rank, world=world,
+                   accum=cfg.grad_accum(world), result=result)
+    with phases.phase("checkpoint resume"):
+        st.step = st.start_step = _resume(cfg, checkpointer, engine, loader, result, rank, world)
+    cbs = default_callbacks(cfg, rank, getattr(logger, "log_dir", None), progress=progress,
+                            tokens_per_micro_batch=tokens_per_micro_batch, flops_per_token=flops_per_token)
+    cbs += list(callbacks) + ([OnStep(on_step)] if on_step is not None else [])
+    reads_every_step = any(cb.reads_every_step for cb in cbs)
+    pending = _Pending(st, cbs)
 
     def save(at_step: int) -> None:
-        state = {"step": at_step, "bad_steps": bad_steps, "loader": loader.state_dict(), "rng": torch.get_rng_state(),
-                 "last_loss": result.final_loss, "world_size": world,
+        state = {"step": at_step, "bad_steps": result.bad_steps, "loader": loader.state_dict(),
+                 "rng": torch.get_rng_state(), "last_loss": result.final_loss, "world_size": world,
                  "cuda_rng": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
         result.last_checkpoint = checkpointer.save(at_step, engine, state)
 
     stop = _StopFlag()
-    bar = None
-    if progress and rank == 0:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=cfg.steps, initial=step, desc="train", dynamic_ncols=True)
     engine.train()
     data = iter(loader)
-    steps_this_run = 0
-    t_last, toks_since, wait_since = time.perf_counter(), 0, 0.0
-    before_step = getattr(task, "before_step", None)
-    after_backward = getattr(task, "after_backward", None)
-    report_stats = getattr(task, "report_stats", None)
-    step_async = getattr(engine, "step_async", None)
-    tracing = envvars.is_set(faults.TRACE_ENV)  # the fault tests' trace records every step's loss
-    # S2T2_SYNC_DEBUG=error|warn (bench/gpu_smoke.py): on CUDA, a step that neither logs, checkpoints nor stops
-    # runs under torch.cuda.set_sync_debug_mode, so any host sync in it raises (or warns) where it happens
-    sync_debug = envvars.get(SYNC_DEBUG_ENV) if torch.cuda.is_available() else None
-    # Steps not yet read back: (step, this rank's summed micro-batch losses, applied, grad norm), device values.
-    # Nothing is read to the host on a step that does not log, checkpoint or stop (a GPU keeps running ahead).
-    pending: list[tuple[int, Any, Any, Any]] = []
-    last = {"norm": float("nan"), "tok_total": 0.0}
-
-    def flush(batch: StatsBatch, stop_flag: float) -> Callable[[Reduced], bool]:
-        """Registers the pending steps (each one's loss sum, applied flag and grad norm: device values), the tokens
-        and the stop flag into ``batch`` (reduced over the ranks in one collective with whatever else the step
-        reports, read back once); returns what then counts bad steps, records the losses and tells whether some
-        rank asked to stop."""
-        k = len(pending)
-        if k:
-            dev = batch.device
-            batch.add("loop.loss_sums", torch.stack([v.reshape(()).to(dev, torch.float64) for _, v, _, _ in pending]))
-            # the applied flag is the same on every rank (the engine's decision); the norm is already global
-            batch.add("loop.applied_norm", torch.stack([torch.as_tensor(v, dtype=torch.float64, device=dev).reshape(())
-                                                        for _, _, *vals in pending for v in vals]), "local")
-        batch.add("loop.tokens", float(toks_since))
-        batch.add("loop.stop", stop_flag)
-
-        def finish(r: Reduced) -> bool:
-            nonlocal bad_steps
-            sums = r["loop.loss_sums"].tolist() if k else []
-            host = r["loop.applied_norm"].reshape(k, 2).tolist() if k else []
-            for (at, _, _, _), (ok, norm), total in zip(pending, host, sums):
-                mean_loss = total / accum / world
-                if ok != 1.0 or not math.isfinite(mean_loss):
-                    bad_steps += 1
-                    logger.scalars(at, {"train/bad_steps": bad_steps})
-                    if bad_steps > cfg.max_bad_steps:
-                        raise TooManyBadSteps(
-                            f"{bad_steps} steps had non-finite loss or gradients (limit train.max_bad_steps="
-                            f"{cfg.max_bad_steps}); last at step {at}. The parameters were not updated by them."
-                        )
-                result.losses.append((at, mean_loss))
-                result.final_loss = mean_loss
-                faults.record_step(at, mean_loss, bool(ok))
-                last["norm"] = norm
-            if bar is not None and k:
-                bar.set_postfix({"loss": f"{result.final_loss:.4f}", **last.get("parts", {})})  # in this order
-            pending.clear()
-            last["tok_total"] = r.float("loop.tokens")
-            return r.float("loop.stop") > 0
-        return finish
-
-    def new_batch() -> StatsBatch:
-        # where the step's values live (the losses' device): NCCL for CUDA, gloo for CPU
-        return StatsBatch(pending[0][1].device if pending else "cpu")
-
     try:
-        while step < cfg.steps:
-            logging_step = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps
-            budget_hit = cfg.stop_after and steps_this_run + 1 >= cfg.stop_after
-            ckpt_step = (cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0) or step + 1 == cfg.steps or budget_hit
-            quiet = not (logging_step or ckpt_step or tracing)  # nothing is read back in this step
-            if sync_debug and quiet:
-                torch.cuda.set_sync_debug_mode(sync_debug)
-            if before_step is not None:
-                before_step(step, logging_step)
+        for cb in cbs:
+            cb.pre_train(st)
+        while st.step < cfg.steps:
+            nxt = st.step + 1
+            st.logging = nxt % cfg.log_every == 0 or nxt == cfg.steps
+            budget_hit = cfg.stop_after and nxt - st.start_step >= cfg.stop_after
+            ckpt_step = (cfg.ckpt_every and nxt % cfg.ckpt_every == 0) or nxt == cfg.steps or budget_hit
+            st.quiet = not (st.logging or ckpt_step or reads_every_step)  # nothing is read back in this step
+            for cb in cbs:
+                cb.pre_step(st)
+            task.before_step(st.step, st.logging)
+            st.clock.start(timed=st.logging)
             # The micro-batch losses are summed on the device: reading one (float()) would stall the host until
             # its forward has run, before the backward is even queued.
             loss_sum, extra = None, {}
-            for _ in range(accum):
-                t0 = time.perf_counter()
-                try:
-                    batch = next(data)
-                except StopIteration:  # epoch boundary: the loader starts its next epoch
+            for _ in range(st.accum):
+                batch = next(data, None)
+                if batch is None:  # epoch boundary: the loader starts its next epoch
                     data = iter(loader)
                     batch = next(data)
-                wait_since += time.perf_counter() - t0
-                faults.record_batch(step + 1, batch)
+                st.clock.lap("data")
                 loss, extra = task.loss(batch)
-                loss = faults.poison_loss(loss, step + 1)
-                engine.backward(loss / accum)
+                st.clock.lap("forward")
+                for cb in cbs:
+                    loss = cb.on_micro_batch(st, batch, loss)
+                engine.backward(loss / st.accum)
+                st.clock.lap("backward")
                 loss_sum = loss.detach().double() if loss_sum is None else loss_sum + loss.detach().double()
-                toks_since += tokens_per_micro_batch or batch["input_ids"].numel()
-            if after_backward is not None:
-                after_backward(logging_step)
+            task.after_backward(st.logging)
             # device tensors where the engine can decide without a host read (TorchEngine), else host values
-            grad_norm, applied = engine.step_async() if step_async is not None else engine.step()
-            step += 1
-            steps_this_run += 1
-            pending.append((step, loss_sum, applied, grad_norm))
-            faults.point("loop.step_end", step)
-            if on_step is not None:
-                on_step(step, loss_sum / accum)  # this rank's loss, a device tensor: reading it is a host sync
-            if bar is not None:
-                bar.update(1)
-            if sync_debug and quiet:
-                torch.cuda.set_sync_debug_mode(0)
+            grad_norm, applied = engine.step_async()
+            st.clock.lap("optimizer")
+            st.step += 1
+            st.step_loss = loss_sum / st.accum
+            pending.steps.append((st.step, loss_sum, applied, grad_norm))
+            for cb in cbs:
+                cb.post_step(st)
             stop_flag = 1.0 if stop.requested is not None else 0.0
-            reported = None  # the task's statistics, finished from the step's one reduction
-            if not quiet:
+            if not st.quiet:
                 # ONE collective and one host read for everything this step reduces: the loop's numbers, the
-                # last micro-batch's extra scalars and, on a logging step, the task's statistics (report_stats)
-                batch = new_batch()
-                finish_loop = flush(batch, stop_flag)
-                if logging_step:
+                # last micro-batch's extra scalars and, on a logging step, the task's and callbacks' statistics
+                batch = pending.batch()
+                finish = pending.add(batch, stop_flag)
+                reported = None
+                if st.logging:
                     for k, v in extra.items():
                         if isinstance(v, torch.Tensor):
                             batch.add(f"extra.{k}", v, "local")
-                    if report_stats is not None:
-                        reported = report_stats(step, logger, batch)
+                    reported = task.report_stats(st.step, logger, batch)
+                    for cb in cbs:
+                        cb.register(st, batch)
                 red = batch.reduce()
-                stop_now = finish_loop(red)
-                if logging_step:
+                stop_now = finish(red)
+                if st.logging:
                     extra = {k: red.float(f"extra.{k}") if isinstance(v, torch.Tensor) else v
                              for k, v in extra.items()}
-                    if bar is not None and extra:  # the loss's parts beside it (stage 1: ce, alpha*H)
-                        last["parts"] = {k: f"{float(v):.4f}" for k, v in extra.items()}
-                        bar.set_postfix({"loss": f"{result.final_loss:.4f}", **last["parts"]})
+                    _log_step(st, engine, logger, cbs, red, pending.norm, extra, reported)
             else:
                 # only the stop flag, a host value over the host (gloo) group: no device sync
                 (stop_now,) = _sum_across([stop_flag])
                 if stop_now:
-                    batch = new_batch()
-                    flush(batch, stop_flag)(batch.reduce())
-            if logging_step:
-                now = time.perf_counter()
-                dt = now - t_last
-                logger.scalars(
-                    step,
-                    {
-                        "train/loss": result.final_loss,
-                        "train/perplexity": math.exp(min(result.final_loss, 50.0)),
-                        "train/lr": engine.lr(),
-                        "train/grad_norm": float(last["norm"]),
-                        "train/tokens_per_s": last["tok_total"] / max(dt, 1e-9),
-                        **{f"train/{k}": float(v) for k, v in extra.items()},  # tensors read in the batch
-                    },
-                )
-                node_vals = {"node/tokens_per_s": toks_since / max(dt, 1e-9),
-                             "node/step_time_s": dt / cfg.log_every, "node/data_wait_s": wait_since / cfg.log_every}
-                node_vals.update(_memory_stats())
-                logger.scalars(step, node_vals, scope="node")
-                logger.scalars(step, reported(red) if reported is not None else task.report(step, logger))
-                t_last, toks_since, wait_since = time.perf_counter(), 0, 0.0
-            if cfg.eval_every and step % cfg.eval_every == 0:
-                engine.eval()
-                logger.scalars(step, {f"eval/{k}": v for k, v in task.evaluate().items()})
-                engine.train()
+                    batch = pending.batch()
+                    pending.add(batch, stop_flag)(batch.reduce())
+            for cb in cbs:
+                cb.end_step(st)
             if ckpt_step or stop_now:
-                save(step)
-            if stop_now or (budget_hit and step < cfg.steps):
+                save(st.step)
+            if stop_now or (budget_hit and st.step < cfg.steps):
                 result.preempted = True
                 break
-        result.finished = step >= cfg.steps
+        result.finished = st.step >= cfg.steps
     finally:
         stop.restore()
-        if bar is not None:
-            bar.close()
+        for cb in cbs:
+            cb.post_train(st)
         logger.flush()
-    result.step, result.bad_steps = step, bad_steps
+    result.step = st.step
     return result
 
 
-def _memory_stats() -> dict[str, float]:
-    out = {}
-    if torch.cuda.is_available():
-        out["node/gpu_mem_max_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    try:
-        import resource
-
-        out["node/cpu_rss_max_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    except ImportError:
-        pass
-    return out
+def _log_step(st: LoopState, engine, logger: MetricsLogger, cbs: list[Callback], red: Reduced, norm: float,
+              extra: dict, reported) -> None:
+    """A logging step's scalars: the loop's, the callbacks', the task's report."""
+    loss = st.result.final_loss
+    st.loss_parts = {k: f"{float(v):.4f}" for k, v in extra.items()}
+    values = {"train/loss": loss, "train/perplexity": math.exp(min(loss, 50.0)), "train/lr": engine.lr(),
+              "train/grad_norm": float(norm), **{f"train/{k}": float(v) for k, v in extra.items()}}
+    for cb in cbs:
+        values.update(cb.log_metrics(st, red))
+    logger.scalars(st.step, values)
+    logger.scalars(st.step, reported(red) if reported is not None else st.task.report(st.step, logger))

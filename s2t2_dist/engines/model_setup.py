@@ -1,0 +1,76 @@
+"""How a model is set up inside an engine, decided from the model and the run: its repeated blocks (the units
+FSDP2 shards and compile compiles), activation checkpointing by memory (engine.activation_checkpointing=auto), and
+the opt-in per-block torch.compile (engine.compile). Used by every engine kind (engines/*_engine.py)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks to shard one by one: the classes a transformers model lists in `_no_split_modules`
+    (e.g. OlmoDecoderLayer), else the children of a ModuleList called layers / h / blocks."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if blocks:
+        return blocks
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.ModuleList) and name.split(".")[-1] in ("layers", "h", "blocks"):
+            return list(m)
+    raise ValueError(f"cannot find the transformer blocks of {type(model).__name__}")
+
+
+#: the share of a GPU's memory that the model's states and activations may fill before activation checkpointing
+#: turns on (the rest: the allocator's fragmentation, the communication buffers, the CUDA context)
+AUTO_CHECKPOINT_FILL = 0.85
+
+
+def activation_memory(hf_config, micro_batch: int, context_len: int) -> float:
+    """Bytes of a training step's saved activations without recomputation, bf16 (34 s b h per layer, Korthikanti
+    et al. 2022, with the attention scores left to SDPA), plus the logits over the vocabulary (bf16, their float32
+    copy for the loss and its gradient)."""
+    h = getattr(hf_config, "hidden_size", 0) or 0
+    layers = getattr(hf_config, "num_hidden_layers", 0) or 0
+    vocab = getattr(hf_config, "vocab_size", 0) or 0
+    tokens = micro_batch * context_len
+    return 34.0 * tokens * h * layers + 10.0 * tokens * vocab
+
+
+def wants_activation_checkpointing(setting, hf_config, n_params: int, micro_batch: int, context_len: int,
+                                   shards: int) -> bool:
+    """engine.activation_checkpointing resolved: auto is on when the float32 weights, gradients and Adam moments
+    (16 bytes a parameter, split over ``shards`` ranks) and the step's activations exceed AUTO_CHECKPOINT_FILL of
+    the GPU's memory (OLMo-1B, micro-batch 16 x 512 on one 80 GB GPU: 19 + 13 GB, off; OLMo-7B on one: on)."""
+    if setting != "auto":
+        return bool(setting)
+    if not torch.cuda.is_available():
+        return False  # on a CPU the memory is the host's and recomputation only costs time
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    need = 16.0 * n_params / max(shards, 1) + activation_memory(hf_config, micro_batch, context_len)
+    return need > AUTO_CHECKPOINT_FILL * total
+
+
+def checkpointing_for(cfg, model: torch.nn.Module, train_cfg, *, sharded: bool) -> bool:
+    """Whether ``model`` recomputes its blocks' activations under this engine (said on rank 0 when auto decides)."""
+    from s2t2_dist.distributed import collectives as coll
+
+    n = sum(int(getattr(p, "ds_numel", 0) or p.numel()) for p in model.parameters())
+    micro = train_cfg.micro_batch_size if isinstance(train_cfg.micro_batch_size, int) else 1
+    on = wants_activation_checkpointing(cfg.activation_checkpointing, getattr(model, "config", None), n, micro,
+                                        train_cfg.context_len, coll.world_size() if sharded else 1)
+    if cfg.activation_checkpointing == "auto" and coll.rank() == 0:
+        import logging
+
+        logging.getLogger("s2t2.engine").info("engine.activation_checkpointing=auto: %s (%.2f B parameters, "
+                                              "micro-batch %d x %d)", "on" if on else "off", n / 1e9, micro,
+                                              train_cfg.context_len)
+    return on
+
+
+def compile_blocks(model: torch.nn.Module) -> int:
+    """torch.compile each transformer block's forward in place (names, hooks and sharding stay the module's: FSDP2's
+    hooks run around the compiled forward, as in torchtitan's per-block compile); returns the blocks compiled."""
+    blocks = transformer_blocks(model)
+    for b in blocks:
+        b.forward = torch.compile(b.forward)
+    return len(blocks)
