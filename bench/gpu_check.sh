@@ -9,11 +9,12 @@
 #   B1    stage 1 through launch/translate.py, OLMo-1B architecture (random weights), shipped config, 16 x 512, v = 243
 #   bare  bench/bare_step.py: a bare Hugging Face forward + backward of the same model and batch
 #   B2    as B1 with model.source_vocab=all (v = 50,280)
-#   F, Z  finetune at full OLMo-1B size, original tokenizer, 16 x 512, 20 steps: FSDP2, DeepSpeed ZeRO-3
+#   FT    bench/bench_finetune_gpu.py: finetune at full OLMo-1B size, original tokenizer, 16 x 512, 20 steps, FSDP2 and
+#         DeepSpeed ZeRO-3 through torchrun (tokens/s, MFU, memory, step split, start-up phases)
 # Default SECONDS 480 (8 minutes). Writes $OUT/gpu_check.json (one JSON: bench/gpu_check_report.py), $OUT/summary.txt
 # and $OUT/logs.tgz. Needs torch with CUDA, transformers, tokenizers, triton, deepspeed, webdataset, submitit
 # importable (PYTHONPATH may point at extra packages: the machine may lack a registry).
-BUDGET=${1:-480}; ITEMS=${2:-A,C1,C2,B1,bare,B2,F,Z}
+BUDGET=${1:-480}; ITEMS=${2:-A,C1,C2,B1,bare,B2,FT}
 T0=$(date +%s); W=${W:-${TMPDIR:-/tmp}/s2t2_gpu_check}; L=$W/logs; mkdir -p $L "$OUT"; S=$OUT/summary.txt
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 note() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a $S; }
@@ -27,7 +28,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TOKENIZERS_
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > $L/gpu.txt 2>&1
 python3 -c "import torch, transformers, triton, deepspeed, webdataset, submitit, s2t2_dist.stages.translate; print('torch', torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'NO CUDA', 'transformers', transformers.__version__, 'triton', triton.__version__, 'deepspeed', deepspeed.__version__)" > $L/versions.txt 2>&1 || { note "import check failed: $(tail -1 $L/versions.txt)"; exit 1; }
 M=$W/cache/olmo1b-L16-d2048; D=$W/data; FA=s2t2_dist/assets/protein/mmseqs2_QUERY_uniprotkb.fasta
-need_model() { want B1 || want B2 || want bare || want F || want Z; }
+need_model() { want B1 || want B2 || want bare; }
 if need_model; then   # built on the CPUs while the first items use the GPU
 ( python3 -c "import sys; sys.path.insert(0, 'bench'); from rehearsal import build_model; from pathlib import Path; print(build_model(Path('$W/cache'), 16, 2048, 16))" > $L/build.log 2>&1
   python3 -m s2t2_dist.cli prepare --no-progress "inputs=[$FA]" format=fasta domain=protein eval_fraction=0.05 vocab_size=512 context_len=512 shard_size=256 num_workers=0 source_tokenizer=$M output_dir=$D > $L/prepare.log 2>&1; echo "prepare rc=$?" >> $L/build.log ) &
@@ -41,8 +42,6 @@ TR=(--config configs/translate_olmo1b.yaml model.path=$M data.train=$D/shards/ne
 item B1 120 env S2T2_SYNC_DEBUG=warn python3 -m torch.distributed.run --nproc_per_node 1 launch/translate.py "${TR[@]}" run_dir=$W/tr1
 item bare 60 python3 bench/bare_step.py $M 16 512 $L/bare.json
 item B2 120 env S2T2_SYNC_DEBUG=warn python3 -m torch.distributed.run --nproc_per_node 1 launch/translate.py "${TR[@]}" model.source_vocab=all run_dir=$W/tr2
-FT=(--config configs/finetune_olmo1b.yaml model.path=$M data.train=$D/shards/source/train data.eval=$D/shards/source/eval data.tokenizer=$M init.kind=orig_tok init.p_file= data.num_workers=2 train.steps=20 train.log_every=5 train.ckpt_every=0 train.eval_every=0 train.eval_max_docs=32 export.dtype=bfloat16)
-item F 120 python3 -m torch.distributed.run --nproc_per_node 1 launch/finetune.py "${FT[@]}" engine.kind=fsdp run_dir=$W/fsdp
-item Z 120 python3 -m torch.distributed.run --nproc_per_node 1 launch/finetune.py --ds_config configs/ds_zero3.json "${FT[@]}" run_dir=$W/z3
+item FT 250 python3 bench/bench_finetune_gpu.py --out $W/ft --timeout 110; cp $W/ft/finetune_gpu.json $L/ 2>/dev/null
 python3 bench/gpu_check_report.py $W $OUT/gpu_check.json >> $S 2>&1
 note "done"; tar czf $OUT/logs.tgz -C $W logs 2>/dev/null

@@ -34,10 +34,11 @@ def main() -> None:
     res["smoke"] = _json(logs / "smoke.json")
     res["sinkhorn"] = _json(logs / "sinkhorn.json")
     res["bare"] = _json(logs / "bare.json")
+    res["finetune"] = _json(logs / "finetune_gpu.json")
     c2 = logs / "C2.log"
     if c2.is_file():
         res["product_rows"] = [line for line in c2.read_text().splitlines() if re.match(r"\| (shipped|moved) ", line)]
-    for name in ("tr1", "tr2", "fsdp", "z3"):
+    for name in ("tr1", "tr2"):
         run = work / name
         if (run / "tb").is_dir():
             st = stage_stats(run)
