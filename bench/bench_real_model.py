@@ -1,7 +1,13 @@
-"""Real-model benchmark of the translators (issue #16): stories260K on English text of its own kind.
+"""Real-model benchmark of the translators (issues #16, #37): a pretrained English LM on English text of its own
+kind and on proteins.
 
     python bench/bench_real_model.py            # every row: hours on a busy 2-core CPU; results in OUT/table.md
     python bench/bench_real_model.py --out /tmp/rm --steps 300 --ft-steps 100 --only s2t2_fvt
+    python bench/bench_real_model.py --source smollm2 --text c4.json.gz --regimes "v>d,protein" --batch 4 ...
+
+`--source smollm2` (#37): SmolLM2-135M-Instruct (`s2t2 source-lm smollm2`: d = 576, a 49,152-token byte-level BPE)
+instead of stories260K; `--text FILES` (jsonl with a `text` field, e.g. web text such as C4 for SmolLM2) is the
+English corpus instead of samples drawn from the model (which a 135M model on a CPU makes too slowly).
 
 The source LM is the shipped stories260K (llama2.c, trained on TinyStories; d = 64, its own sentencepiece
 vocabulary of 512). The English text is sampled from stories260K itself (temperature 1, seed 0): TinyStories-like
@@ -22,7 +28,9 @@ each P only (frozen LM) and after `--ft-steps` of finetuning the whole model (`f
 "shared -> self": of the target tokens whose string is also one source token, the fraction whose largest weight
 (W = P / nu) is that source token. Reruns reuse finished runs (same arguments), so subsets of rows can run in
 parallel (`--only ROWS --tag T`, same --out) and a final plain invocation collects them.
-  protein the demo's stage 1: stories260K on the shipped protein sample (context 128), against its unigram line.
+  protein the demo's stage 1: the source LM on the shipped protein sample (context 128), against its unigram line
+          and the source model with its own tokenizer (original tokenizer).
+P's non-zeros are also given over the target columns some source piece builds ("built": stages/p_columns.py).
 """
 from __future__ import annotations
 
@@ -97,12 +105,14 @@ def corpus(out: Path, model: Path, n_docs: int, max_tokens: int = 256, seed: int
     return path
 
 
-def prepare_data(out: Path, text: Path, model: Path, context_len: int) -> dict:
+def prepare_data(out: Path, text: Path | list[str], model: Path, context_len: int, id_column: str | None = "id",
+                 eval_fraction: float = 0.1) -> dict:
     from s2t2_dist.data.config import DataConfig
     from s2t2_dist.data.pipeline import prepare
 
-    cfg = DataConfig(inputs=[str(text)], format="jsonl", text_column="text", id_column="id", domain="text",
-                     eval_fraction=0.1, seed=0, vocab_size=512, source_tokenizer=str(model),
+    inputs = [str(t) for t in text] if isinstance(text, list) else [str(text)]
+    cfg = DataConfig(inputs=inputs, format="jsonl", text_column="text", id_column=id_column, domain="text",
+                     eval_fraction=eval_fraction, seed=0, vocab_size=512, source_tokenizer=str(model),
                      context_len=context_len, shard_size=256, num_workers=0, output_dir=str(out))
     return prepare(cfg, progress=False)
 
@@ -133,12 +143,13 @@ class Bench:
         self.runs, self.cfgs = self.out / "runs", self.out / "configs"
         self.runner = Runner(ranks=1, log_dir=self.out / "logs", echo=False)
         self.results: dict = {}
+        self._unbuilt: dict[str, list[int]] = {}
         self.tag = f"_{args.tag}" if args.tag else ""
 
     def train_block(self, steps: int, regime: str = "") -> dict:
         a = self.args
         ctx = 128 if regime == "protein" else a.context_len  # the demo's blocks
-        return {"steps": steps, "batch_size": 8, "micro_batch_size": 8, "context_len": ctx,
+        return {"steps": steps, "batch_size": a.batch, "micro_batch_size": a.batch, "context_len": ctx,
                 "log_every": max(1, steps // 10), "ckpt_every": 0, "eval_every": 0, "eval_max_docs": 0, "seed": a.seed}
 
     def data(self, source: bool = False, regime: str = "") -> dict:
@@ -163,7 +174,7 @@ class Bench:
         r = self.runner.run("translate", ["--config", str(cfg)], run_dir, f"{regime}-{name}")
         self.random_bpb = r.result["eval"].get("random_guess_bpb")
         return {"p_file": r.result["p_file"], "bpb": r.result["eval"]["bpb"], "seconds": round(time.time() - t0, 1),
-                "sparsity": sparsity(r.result["p_file"]),
+                "sparsity": {**sparsity(r.result["p_file"], self.unbuilt(regime)), "step_s": step_time(run_dir)},
                 "final_loss": r.result.get("final_loss"), "lr": (r.result.get("gradient_on_C") or {}).get("lr", lr)}
 
     def evaluate(self, name: str, regime: str, init: dict, source: bool = False) -> float:
@@ -227,6 +238,23 @@ class Bench:
                              tokenizer_hash(str(self.model)), tgt.hash, kind="sparse", normalization="convex"))
         return str(path)
 
+    def unbuilt(self, regime: str) -> list[int]:
+        """Target columns of `regime` that no source piece builds (their surface decomposition is empty)."""
+        from transformers import AutoTokenizer
+
+        from s2t2_dist.data.bpe import load_tokenizer
+        from s2t2_dist.models.hf import source_token_ids
+        from s2t2_dist.stages.translate import surface_decomposition
+
+        from s2t2_dist.stages.p_columns import unbuilt_columns
+
+        if regime not in self._unbuilt:
+            src_tok = AutoTokenizer.from_pretrained(str(self.model))
+            dec = surface_decomposition(src_tok, source_token_ids(src_tok, self.vocab[regime]).tolist(),
+                                        load_tokenizer(self.data(regime=regime)["tokenizer"]))
+            self._unbuilt[regime] = unbuilt_columns(dec.pieces)
+        return self._unbuilt[regime]
+
     def shared_to_self(self, p_file: str, regime: str) -> tuple[int, int]:
         """(target tokens whose string is one source token, how many of them have that token as top source)."""
         from s2t2_dist.data.bpe import load_tokenizer
@@ -252,14 +280,22 @@ class Bench:
         a = self.args
         quiet_process_env()
         self.out.mkdir(parents=True, exist_ok=True)
-        self.model = stories260k(self.out / "source_lm")
-        text = corpus(self.out / "corpus", self.model, a.docs)
-        summary = prepare_data(self.out / "data", text, self.model, a.context_len)
-        self.vocab = {"v>d": "all", "v<d": str(char_vocab_file(self.out, self.model)), "protein": "all"}
-        say(f"source {self.model}; corpus {text} ({a.docs} stories); data {self.out / 'data'}")
+        if a.source == "smollm2":
+            from s2t2_dist.recipes.smollm2 import smollm2
+
+            self.model = smollm2()  # the project's cache: converted once per machine
+        else:
+            self.model = stories260k(self.out / "source_lm")
+        text = list(a.text) if a.text else corpus(self.out / "corpus", self.model, a.docs)
+        summary = prepare_data(self.out / "data", text, self.model, a.context_len,
+                               id_column=a.text_id if a.text else "id", eval_fraction=a.eval_fraction)
+        self.vocab = {"v>d": "all", "v<d": str(char_vocab_file(self.out, self.model)) if "v<d" in a.regimes else "",
+                      "protein": "all"}
+        say(f"source {self.model}; corpus {text}; data {self.out / 'data'}")
         res = self.results
-        res["setup"] = {"steps": a.steps, "ft_steps": a.ft_steps, "batch": [8, a.context_len], "ft_lr": a.ft_lr,
-                        "docs": a.docs, "split": summary.get("split")}
+        res["setup"] = {"source": a.source, "steps": a.steps, "ft_steps": a.ft_steps, "batch": [a.batch, a.context_len],
+                        "ft_lr": a.ft_lr, "docs": a.docs if not a.text else None, "text": [str(t) for t in text]
+                        if isinstance(text, list) else str(text), "split": summary.get("split")}
         only = set(a.only.split(",")) if a.only else None
         want = lambda n: only is None or n in only  # noqa: E731 - a one-line closure
         for regime in a.regimes.split(","):
@@ -278,8 +314,9 @@ class Bench:
             if regime == "protein":
                 from s2t2_dist.recipes.orchestrate import prepare_protein
 
-                prepare_protein(self.out / "protein_data", vocab_size=512, context_len=128, progress=False)
-            if want("orig_tok") and regime == "v>d":
+                prepare_protein(self.out / "protein_data", vocab_size=512, context_len=128, progress=False,
+                                source_tokenizer=str(self.model))
+            if want("orig_tok") and regime in ("v>d", "protein"):
                 put("orig_tok", p_only=self.evaluate("orig_tok", regime, {"kind": "orig_tok"}, source=True))
                 if a.ft_steps:
                     put("orig_tok", finetuned=self.finetune("orig_tok", regime, {"kind": "orig_tok"}, source=True))
@@ -291,7 +328,7 @@ class Bench:
                 pf = self.fvt_p_file(regime)
                 n, s = self.shared_to_self(pf, regime)
                 put("fvt", p_only=self.evaluate("fvt", regime, {"kind": "translated", "p_file": pf}),
-                    shared=n, self_=s, **sparsity(pf))
+                    shared=n, self_=s, **sparsity(pf, self.unbuilt(regime)))
                 if a.ft_steps:
                     put("fvt", finetuned=self.finetune("fvt", regime, {"kind": "translated", "p_file": pf}))
             for name, (kind, init, w, recipe, lr, *extra) in self.variants().items():
@@ -348,17 +385,36 @@ def _number(s: str):
             return s
 
 
-def sparsity(p_file: str) -> dict:
-    """Non-zeros per target column, density and mass-based sparsity (W = P / nu) of a P file."""
+def sparsity(p_file: str, unbuilt: list[int] | None = None) -> dict:
+    """Non-zeros per target column, density and mass-based sparsity (W = P / nu) of a P file; with `unbuilt`
+    (target columns no source piece builds) also the density over the other columns."""
     from s2t2_dist.pfile import load_p
+    from s2t2_dist.stages.p_columns import column_split
 
-    st = load_p(p_file).stats()
-    return {k: st[k] for k in ("density", "col_nnz_mean", "max_weight_mean", "col_entropy_mean")}
+    p = load_p(p_file)
+    st = p.stats()
+    out = {k: st[k] for k in ("density", "col_nnz_mean", "max_weight_mean", "col_entropy_mean")}
+    if unbuilt is not None:
+        nz = p.values != 0
+        cols = p.indices[1][nz].bincount(minlength=p.shape[1])
+        out.update(column_split(cols, p.shape[0], unbuilt))
+    return out
+
+
+def step_time(run_dir: Path) -> float | None:
+    """Median seconds per training step of a run (TensorBoard `node/step_time_s`, one value per log interval)."""
+    import statistics
+
+    from s2t2_dist.recipes.orchestrate import tb_scalars
+
+    tb = Path(run_dir) / "tb" / "node_000"
+    vals = [v for _, v in tb_scalars(tb, "node/step_time_s")] if tb.is_dir() else []
+    return round(statistics.median(vals), 3) if vals else None
 
 
 def table(res: dict) -> str:
     s = res["setup"]
-    lines = [f"stories260K, new 512-token byte-level BPE, {s['steps']} P steps / {s['ft_steps']} finetuning steps "
+    lines = [f"{s.get('source', 'stories260k')}, new 512-token byte-level BPE, {s['steps']} P steps / {s['ft_steps']} finetuning steps "
              f"(lr {s['ft_lr']:g}), batch {s['batch'][0]} x {s['batch'][1]}; held-out bits per byte (lower is "
              "better)", ""]
     for regime in ("v>d", "v<d", "protein"):
@@ -369,15 +425,17 @@ def table(res: dict) -> str:
         lines += [f"### {regime}" + (f" (FVT covers {100 * dec['coverage']:.1f}% of target bytes; "
                                       f"{dec['identical']} target tokens are one source token)" if dec else ""), "",
                   "| method | P lr | init weight | P only | + finetune | shared -> self | non-zeros | per column | "
-                  "max weight | col. entropy |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "non-zeros, built columns | per built column | max weight | col. entropy | s/step |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for name, row in r["rows"].items():
             label = LABELS.get(name.split("@")[0].split("~")[0], name) + (f" ({name.split('@', 1)[1]})" if "@" in name else "")
             f = lambda x, fmt=".3f": "" if x is None else format(x, fmt)  # noqa: E731 - a one-line closure
             sh = f"{row['self_']}/{row['shared']}" if "shared" in row else ""
             lines.append(f"| {label} | {f(row.get('lr'), 'g')} | {f(row.get('init_weight'), 'g')} | "
                          f"{f(row.get('p_only'))} | {f(row.get('finetuned'))} | {sh} | {f(row.get('density'), '.1%')} | "
-                         f"{f(row.get('col_nnz_mean'), '.1f')} | {f(row.get('max_weight_mean'))} | "
-                         f"{f(row.get('col_entropy_mean'), '.2f')} |")
+                         f"{f(row.get('col_nnz_mean'), '.1f')} | {f(row.get('density_built'), '.2%')} | "
+                         f"{f(row.get('col_nnz_mean_built'), '.2f')} | {f(row.get('max_weight_mean'))} | "
+                         f"{f(row.get('col_entropy_mean'), '.2f')} | {f(row.get('step_s'), '.2f')} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -389,7 +447,13 @@ def main(argv=None) -> int:
     ap.add_argument("--ft-steps", type=int, default=100, help="finetuning steps (0: P only)")
     ap.add_argument("--ft-lr", type=float, default=1e-3)
     ap.add_argument("--context-len", type=int, default=256)
-    ap.add_argument("--docs", type=int, default=640, help="stories sampled from stories260K")
+    ap.add_argument("--batch", type=int, default=8, help="train.batch_size of every run (one micro-batch)")
+    ap.add_argument("--source", default="stories260k", choices=["stories260k", "smollm2"], help="the source LM")
+    ap.add_argument("--text", nargs="+", default=None,
+                    help="English corpus: jsonl files with a `text` field (default: stories sampled from the source)")
+    ap.add_argument("--text-id", default="url", help="with --text: the record id field (the split hashes it)")
+    ap.add_argument("--eval-fraction", type=float, default=0.1, help="held-out share of the English documents")
+    ap.add_argument("--docs", type=int, default=640, help="stories sampled from the source (without --text)")
     ap.add_argument("--regimes", default="v>d,v<d,protein")
     ap.add_argument("--only", default="", help="comma-separated row names (default: all)")
     ap.add_argument("--sweep", action="append", default=[],

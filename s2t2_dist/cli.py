@@ -20,6 +20,8 @@ COMMANDS = {
     "submit": ("s2t2_dist.cluster.submit", "Submit a stage to SLURM with submitit (requeues on preemption)"),
     "demo": ("s2t2_dist.recipes.demo", "The whole pipeline on the bundled protein sample, in minutes on a CPU"),
     "reproduce": ("s2t2_dist.recipes.reproduce", "The paper's Table 1 and transfer experiment at a chosen scale"),
+    "source-lm": ("s2t2_dist.recipes.source_lm",
+                  "Build a pretrained source model (stories260k, smollm2) as a cached Hugging Face directory"),
 }
 
 

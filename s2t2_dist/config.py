@@ -299,16 +299,34 @@ def config_from_dict(cls: type[T], data: dict, *, validate: bool = True, prefix:
     return cfg
 
 
+def error_source(message: str, path: str | Path | None, overrides: list[str]) -> str:
+    """Where the value a ConfigError names came from: "command line KEY=VALUE" when an override set that key (or a
+    section above it), else the YAML file (with the override that also changed the named section, if any); "" for
+    defaults without a file. The key is the message's leading dotted path, or the quoted one of an unknown key."""
+    import re
+
+    m = re.match(r"(?:unknown config key '([^']+)')|([A-Za-z_][\w.\[\]]*):", message)
+    key = (m.group(1) or m.group(2)) if m else ""
+    given = [(k, item) for item, (k, _) in zip(overrides, parse_overrides(overrides))]
+    hit = [item for k, item in given if key and (key == k or key.startswith(k + ".") or key.startswith(k + "["))]
+    if hit:
+        return f"command line {hit[-1]}"
+    inside = [item for k, item in given if key and k.startswith(key + ".")]  # a section-level error
+    if inside:
+        return f"{path} with command line {' '.join(inside)}" if path is not None else f"command line {' '.join(inside)}"
+    return str(path) if path is not None else ""
+
+
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None, *,
                 validate: bool = True) -> T:
     data: dict = read_yaml(path) if path is not None else {}
     apply_overrides(data, overrides or [])
-    where = f"{path}: " if path is not None else ""
     try:
         _drop_slurm_section(cls, data)
         return config_from_dict(cls, data, validate=validate)
     except ConfigError as e:
-        raise ConfigError(f"{where}{e}") from None
+        where = error_source(str(e), path, list(overrides or []))
+        raise ConfigError(f"{where}: {e}" if where else str(e)) from None
 
 
 def to_dict(cfg: Any) -> dict:

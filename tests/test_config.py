@@ -64,3 +64,21 @@ def test_yaml_numbers_and_times():
 
     d = yaml_load("t: 8:00:00\na: 1e-3\nb: 2.0e-5\nc: 12\nd: -3\ne: 1_000\nf: .5\ng: 0x10\nh: 1:30")
     assert d == {"t": "8:00:00", "a": 1e-3, "b": 2e-5, "c": 12, "d": -3, "e": 1000, "f": 0.5, "g": 16, "h": "1:30"}
+
+
+def test_errors_name_where_the_value_came_from(tmp_path):
+    """A bad value set on the command line is named as such, not as the YAML file's; one from the file names it."""
+    f = tmp_path / "c.yaml"
+    f.write_text("train:\n  steps: -3\n  batch_size: 4\n")
+    with pytest.raises(ConfigError, match=r"^.*c\.yaml: train\.steps: must be >= 0") as e:
+        load_config(Run, f)
+    assert "command line" not in str(e.value)
+    f.write_text("train:\n  steps: 7\n")
+    with pytest.raises(ConfigError, match=r"^command line train\.steps=-1: train\.steps: must be >= 0") as e:
+        load_config(Run, f, ["train.steps=-1"])
+    assert "c.yaml" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"^command line train\.stepz=3: unknown config key 'train\.stepz'"):
+        load_config(Run, f, ["train.stepz=3"])
+    with pytest.raises(ConfigError, match=r"^command line optim\.lr=-1: optim\.lr: must be > 0"):
+        load_config(Run, None, ["optim.lr=-1"])
+    assert load_config(Run, f, ["train.steps=0"]).train.steps == 0  # 0: score the start without training

@@ -54,8 +54,8 @@ def test_tiny_table1_every_column(tiny):
     for name, run in r["runs"].items():
         if run["stage"] in ("translate", "finetune"):
             res = json.loads((out / "runs" / name / "result.json").read_text())
-            want = 1 if name.endswith("translate_fvt") else cfg["p_steps"] if run["stage"] == "translate" \
-                else cfg["ft_steps"]  # the FVT start is not trained (one step at a negligible lr)
+            want = 0 if name.endswith("translate_fvt") else cfg["p_steps"] if run["stage"] == "translate" \
+                else cfg["ft_steps"]  # the FVT start is not trained (train.steps=0 scores the start)
             assert res["step"] == want, name
     # each translator's P lr was chosen among the sweep by training loss, and its Table 1 runs used it
     sel = r["lr_selection"]

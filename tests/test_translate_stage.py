@@ -2,6 +2,7 @@
 
 import json
 import logging
+import re
 import sys
 
 import pytest
@@ -219,3 +220,45 @@ def test_translator_settings_out_of_range_are_refused(key):
 
     with pytest.raises(ConfigError, match=key.split(".")[1].split("=")[0]):
         load_config(TranslateConfig, REPO / "configs" / "translate_olmo1b.yaml", [key])
+
+
+def test_steps_zero_scores_the_start_and_separates_unbuilt_columns(inputs, tmp_path):
+    """`train.steps=0` (the real command, --no-progress): no training; the start (here the FVT plan itself,
+    init_weight 1) is exported as the P file and scored on the eval split. result.json's sparsity separates the
+    target columns that no source piece builds (the FVT start gives them a column over every source row)."""
+    from s2t2_dist.data.bpe import load_tokenizer
+    from s2t2_dist.models.hf import load_hf_tokenizer, source_token_ids
+    from s2t2_dist.stages.translate import surface_decomposition
+
+    data, model = inputs
+    run_dir = tmp_path / "start"
+    proc = run_cmd([sys.executable, "-m", "s2t2_dist.cli", "translate", "--config",
+                    str(REPO / "configs" / "translate_olmo1b.yaml"), "--no-progress",
+                    *_overrides(data, model, run_dir, "train.steps=0", "translator.init_weight=1",
+                                "data.num_workers=0")])
+    # no bar of the training loop (tqdm "train: 0it [...]"; transformers' own loading bars are not the stage's)
+    assert not re.search(r"\btrain: +(\d+%|\d+it)", proc.stderr), proc.stderr[-2000:]
+    res = json.loads((run_dir / "result.json").read_text())
+    assert res["finished"] and res["step"] == 0 and res["final_loss"] is None
+    assert res["eval"]["bpb"] > 0
+    p = load_p(res["p_file"])
+    v, u = p.shape
+    assert res["P"]["end"]["density"] == pytest.approx(res["P"]["start"]["density"])  # P is the start
+    assert res["P"]["end"]["density"] == pytest.approx(p.stats()["density"])
+    src_tok = load_hf_tokenizer(str(model))
+    dec = surface_decomposition(src_tok, source_token_ids(src_tok, "all").tolist(),
+                                load_tokenizer(f"{data}/tokenizer"))
+    unbuilt = [j for j, pieces in enumerate(dec.pieces) if not pieces]
+    assert unbuilt  # the target's <pad>/<unk>/specials without a source role
+    cols = (p.dense() != 0).sum(0)
+    for key in ("start", "end"):
+        st = res["P"][key]
+        assert st["unbuilt_columns"] == len(unbuilt)
+        assert st["col_nnz_mean_unbuilt"] == pytest.approx(float(cols[unbuilt].double().mean()))
+        built = [j for j in range(u) if j not in set(unbuilt)]
+        assert st["col_nnz_mean_built"] == pytest.approx(float(cols[built].double().mean()))
+        assert st["density_built"] == pytest.approx(float(cols[built].sum()) / (v * len(built)))
+    # the FVT start: unbuilt columns spread over every source row with mass (the start's marginal), the built ones
+    # hold a few pieces each
+    assert res["P"]["start"]["col_nnz_mean_unbuilt"] > 0.5 * v and res["P"]["start"]["col_nnz_mean_built"] < 4
+    assert res["P"]["start"]["density_built"] < res["P"]["start"]["density"]

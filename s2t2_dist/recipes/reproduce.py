@@ -81,7 +81,7 @@ def translate_job(cfg: ReproduceConfig, st: Setting, name: str, kind: str, alpha
     paper = ("translator.init=uniform",) if recipe == "paper" else ()
     ov = [f"run_dir={rd}", f"model.path={st.small_model}", *_data_overrides(d), f"data.tokenizer={d}/tokenizer",
           f"translator.kind={kind}", *([f"translator.alpha={alpha}"] if alpha is not None else []), f"optim.lr={lr}",
-          f"train.steps={steps or cfg.p_steps}", f"train.seed={seed}", *_train_overrides(cfg, st),
+          f"train.steps={cfg.p_steps if steps is None else steps}", f"train.seed={seed}", *_train_overrides(cfg, st),
           f"translator.recipe={recipe}", *paper, *extra]
     if st.local:
         # evaluated by the evaluate stage; the local byte LMs' vocabulary is bytes plus their specials, so `all`
@@ -90,9 +90,6 @@ def translate_job(cfg: ReproduceConfig, st: Setting, name: str, kind: str, alpha
     return Job(name, "translate", "configs/translate_olmo1b.yaml", ov, rd, f"{rd}/result.json",
                consumes=[d], produces=[f"{rd}/P.safetensors"], script="slurm/translate_1b.sh")
 
-
-#: the FVT row's "training": one step at this lr leaves its start unchanged (C moves by ~1e-12 of its 1/v scale)
-FVT_LR = 1e-12
 
 
 def sweep_plan(cfg: ReproduceConfig, st: Setting) -> list[Job]:
@@ -194,8 +191,8 @@ def build_plan(cfg: ReproduceConfig, st: Setting, p_lrs: dict[str, float] | None
             jobs.append(j)
             transfer_p[a] = j.produces[0]
         # the training-free FVT baseline (#16): the surface-string start (translator.init=fvt, init_weight 1) as the
-        # translate stage builds and exports it, untrained (one step at a negligible lr: the stage needs >= 1 step)
-        j = translate_job(cfg, st, f"{s}/translate_fvt", "sparse", 0.0, FVT_LR, seed, steps=1,
+        # translate stage builds and exports it, untrained (train.steps=0: the lr is never used)
+        j = translate_job(cfg, st, f"{s}/translate_fvt", "sparse", 0.0, cfg.p_lr, seed, steps=0,
                           extra=("translator.init=fvt", "translator.init_weight=1"))
         jobs.append(j)
         jobs.append(evaluate(f"{s}/eval_fvt", st.small_model, "translated", j.produces[0],
@@ -451,7 +448,9 @@ def _data_summary(summary: dict) -> dict:
 
 def _one_line(j: Job, r: dict) -> str:
     if j.stage == "translate":
-        return f"final loss {r.get('final_loss', float('nan')):.4f}, P -> {r.get('p_file')}"
+        if r.get("final_loss") is None:  # train.steps=0: the start itself
+            return f"not trained (train.steps=0), P -> {r.get('p_file')}"
+        return f"final loss {r['final_loss']:.4f}, P -> {r.get('p_file')}"
     m = r.get("metrics") if j.stage == "evaluate" else r.get("eval")
     if not m:
         return "done"

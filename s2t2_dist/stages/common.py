@@ -40,6 +40,7 @@ def parse_args(cls: type[T], argv: list[str], prog: str, extra=None) -> tuple[T,
     p = argparse.ArgumentParser(prog=prog, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", "-c", help="YAML run config (see configs/)")
     p.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. train.steps=100")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (logs and results are unchanged)")
     if extra is not None:
         extra(p)
     args, unknown = p.parse_known_args(argv)
@@ -59,6 +60,7 @@ class Runtime:
     dtype: torch.dtype
     run_dir: Path
     logger: MetricsLogger
+    progress: bool = True  # progress bars (rank 0); `--no-progress` turns them off
 
 
 def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
@@ -107,7 +109,7 @@ def config_part(cfg, *names) -> dict:
 
 def run_stage(cfg, work: Callable[[Any, Runtime], dict], *, preflight: Callable[[Any], None], precision: str,
               seed: int, result: Callable[[Runtime], Path], engine=None, record: bool = True,
-              report: Callable[[Runtime, dict], None] | None = None) -> dict:
+              report: Callable[[Runtime, dict], None] | None = None, progress: bool = True) -> dict:
     """The skeleton of every stage's run: `preflight(cfg)` (files only, nothing started), the engine kind's
     distributed start (`engine`: the config's engine section), `setup` (record: write config.yaml now; else the
     work calls `record_config` once its resume checks passed), `work(cfg, rt)` -> the result dict, written
@@ -125,6 +127,7 @@ def run_stage(cfg, work: Callable[[Any, Runtime], dict], *, preflight: Callable[
 
             engine_kind(engine.kind).init_distributed()
         rt = setup(cfg.run_dir, precision, cfg, seed, record=record)
+    rt.progress = progress
     out = work(cfg, rt)
     out.setdefault("startup", startup.summary())
     if rt.env.is_main:

@@ -160,9 +160,9 @@ def preflight(cfg: EvaluateConfig) -> None:
         check_shards(m, plan, "data.eval")
 
 
-def run(cfg: EvaluateConfig) -> dict:
+def run(cfg: EvaluateConfig, *, progress: bool = True) -> dict:
     return run_stage(cfg, _evaluate, preflight=preflight, precision=cfg.eval.precision, seed=cfg.seed,
-                     engine=cfg.engine, result=lambda rt: _output(cfg),
+                     engine=cfg.engine, progress=progress, result=lambda rt: _output(cfg),
                      report=lambda rt, r: _report(rt, r, _output(cfg)))
 
 
@@ -178,7 +178,7 @@ def _evaluate(cfg: EvaluateConfig, rt) -> dict:
     init_dir = cfg.init.dir or str(Path(cfg.run_dir) / "init")
     plan = prepare_initial_model(cfg.init, cfg.model.path, cfg.data.tokenizer, init_dir, is_main=rt.env.is_main,
                                  trust_remote_code=cfg.model.trust_remote_code)
-    raw = _tokenize_raw_files(cfg, plan, rt.env.is_main) if cfg.data.files else None
+    raw = _tokenize_raw_files(cfg, plan, rt.env.is_main, rt.progress) if cfg.data.files else None
     checks.raw_files_scored(raw, list(cfg.data.files))
     eval_dir = raw["eval_dir"] if raw else cfg.data.eval
     docs = EvalDocs(eval_dir, rank=rt.env.rank, world_size=rt.env.world_size)
@@ -215,7 +215,7 @@ def _report(rt, result: dict, out: Path) -> None:
              metrics["perplexity"], metrics["bpb"], metrics["random_guess_bpb"], int(metrics["docs"]))
 
 
-def _tokenize_raw_files(cfg: EvaluateConfig, plan: InitPlan, is_main: bool) -> dict:
+def _tokenize_raw_files(cfg: EvaluateConfig, plan: InitPlan, is_main: bool, progress: bool = True) -> dict:
     """data.files as cached eval shards in the model's tokenizer: rank 0 tokenizes, the others then find the cache
     (a barrier between). Rank 0's error (e.g. a bad record with on_bad_record=error) stays the user error it is;
     the other ranks raise one naming rank 0."""
@@ -231,11 +231,11 @@ def _tokenize_raw_files(cfg: EvaluateConfig, plan: InitPlan, is_main: bool) -> d
                               on_bad_record=d.on_bad_record, progress=progress)
 
     if not coll.distributed():
-        return go(True)
+        return go(progress)
     err, out = None, None
     if is_main:
         try:
-            out = go(True)
+            out = go(progress)
         except Exception as e:  # noqa: BLE001 - every rank learns of it below
             err = e
     failed = coll.any_rank(err is not None)  # also the barrier: the cache is complete when rank 0 gets here
@@ -255,4 +255,7 @@ def parse_config(argv: list[str]) -> EvaluateConfig:
 
 
 def main(argv: list[str]) -> int:
-    return run_main("s2t2 evaluate", lambda: run(parse_config(argv)))
+    def work() -> dict:
+        cfg, args = parse_args(EvaluateConfig, argv, "s2t2 evaluate")
+        return run(cfg, progress=not args.no_progress)
+    return run_main("s2t2 evaluate", work)

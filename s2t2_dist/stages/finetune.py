@@ -288,9 +288,9 @@ def preflight(cfg: FinetuneConfig) -> None:
             check_shards(eval_m, plan, "data.eval")
 
 
-def run(cfg: FinetuneConfig) -> dict:
+def run(cfg: FinetuneConfig, *, progress: bool = True) -> dict:
     return run_stage(cfg, _train, preflight=preflight, precision=cfg.train.precision, seed=cfg.train.seed,
-                     engine=cfg.engine, record=False, result=lambda rt: rt.run_dir / "result.json",
+                     engine=cfg.engine, record=False, progress=progress, result=lambda rt: rt.run_dir / "result.json",
                      report=lambda rt, s: log.info("finetune: %s", json.dumps({k: v for k, v in s.items()
                                                                                  if k != "losses"})))
 
@@ -317,7 +317,7 @@ def _train(cfg: FinetuneConfig, rt: Runtime) -> dict:
     from s2t2_dist.train.flops import flops_per_token
 
     result = train(cfg.train, task, engine, loader, ck, rt.logger, on_step=task.on_step,
-                   flops_per_token=flops_per_token(model, cfg.train.context_len))
+                   flops_per_token=flops_per_token(model, cfg.train.context_len), progress=rt.progress)
     summary: dict = {"step": result.step, "finished": result.finished, "preempted": result.preempted,
                      "bad_steps": result.bad_steps, "losses": result.losses,
                      "final_loss": result.final_loss,
@@ -355,4 +355,7 @@ def parse_config(argv: list[str]) -> FinetuneConfig:
 
 
 def main(argv: list[str]) -> int:
-    return run_main("s2t2 finetune", lambda: run(parse_config(argv)))
+    def work() -> dict:
+        cfg, args = parse_args(FinetuneConfig, argv, "s2t2 finetune")
+        return run(cfg, progress=not args.no_progress)
+    return run_main("s2t2 finetune", work)

@@ -25,10 +25,6 @@ from s2t2_dist.stages.common import parse_args
 log = logging.getLogger("s2t2.prepare")
 
 
-def _flags(p) -> None:
-    p.add_argument("--no-progress", action="store_true", help="no progress bars (the summary is still printed)")
-
-
 def run(cfg: DataConfig, *, progress: bool = True) -> dict:
     from s2t2_dist.data.pipeline import format_summary, prepare
     from s2t2_dist.stages import checks
@@ -44,7 +40,7 @@ def run(cfg: DataConfig, *, progress: bool = True) -> dict:
 
 def parse_config(argv: list[str]) -> DataConfig:
     """The config from the command line (`s2t2 submit` checks it with this before queueing)."""
-    return parse_args(DataConfig, argv, "s2t2 prepare", extra=_flags)[0]
+    return parse_args(DataConfig, argv, "s2t2 prepare")[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         from s2t2_dist import envvars
 
         envvars.setup_logging()  # inside run_main: a bad S2T2_LOG_LEVEL is one line
-        cfg, args = parse_args(DataConfig, argv, "s2t2 prepare", extra=_flags)
+        cfg, args = parse_args(DataConfig, argv, "s2t2 prepare")  # --no-progress: every stage takes it
         env = detect()
         if not env.is_main:
             log.info("rank %d: data preparation runs on rank 0 only; nothing to do here", env.rank)

@@ -329,6 +329,7 @@ def build(cfg: TranslateConfig, rt: Runtime):
     from s2t2_dist.models.hf import (UnsupportedModel, get_embedding_and_head, load_causal_lm, load_hf_tokenizer,
                                      source_token_ids)
     from s2t2_dist.models.translated import TranslatedLM
+    from s2t2_dist.stages.p_columns import translator_column_split, unbuilt_columns
     from s2t2_dist.translator import freeze_warning
 
     env = rt.env
@@ -404,6 +405,9 @@ def build(cfg: TranslateConfig, rt: Runtime):
     task.lm_param_fraction = local / total
     task.lr, task.start_warning = step.lr, warning
     task.p_start = p_sparsity(translator)  # collective when sharded: every rank
+    # the target columns no source piece builds (FVT gives them dense columns): P's density without them too
+    task.unbuilt = unbuilt_columns((dec or surface_decomposition(src_tok, src_ids.tolist(), tgt)).pieces)
+    task.p_start.update(translator_column_split(translator, task.unbuilt))
     task.schedule, task.engine = schedule, engine
     if env.is_main:
         log.info("translate: %s", step)
@@ -455,27 +459,34 @@ def source_surface_bytes(src_tok, src_ids: list[int]) -> list:
     return out
 
 
-def surface_prior(model_path: str, src_tok, src_ids: list[int], tgt, mu, nu, weight: float, *,
-                  trust_remote_code: bool = False, marginal: str = "uniform"):
-    """(P0, decomposition, mu): the FVT start P0 (v x u, float64) of `ot.prior` from both tokenizers' surface
-    strings, and the source marginal it is feasible for: the given ``mu`` ("uniform") or the FVT plan's row sums
-    ("start"), which the blend then uses. Special tokens are paired by role: the target's document-start
-    token (BOS, or EOS without one) with the source's BOS, the target's EOS with the source's EOS, where the
-    source list holds them."""
+def surface_decomposition(src_tok, src_ids: list[int], tgt):
+    """Every target token's surface string split greedily into source tokens (`ot.prior.decompose`), special
+    tokens paired by role: the target's document-start token (BOS, or EOS without one) with the source's BOS, the
+    target's EOS with the source's EOS, where the source list holds them. `src_tok`: a tokenizer or its path."""
     from s2t2_dist.models.hf import token_bytes
-    from s2t2_dist.ot.prior import blend_with_uniform, decompose, fvt_plan, row_marginal
+    from s2t2_dist.ot.prior import decompose
 
-    src = source_surface_bytes(model_path if src_tok is None else src_tok, src_ids)
+    src = source_surface_bytes(src_tok, src_ids)
     tgt_bytes = token_bytes(tgt.tokenizer)
     row = {int(i): r for r, i in enumerate(src_ids)}
     pairs = {}
-    s_bos = getattr(src_tok, "bos_token_id", None) if src_tok is not None else None
-    s_eos = getattr(src_tok, "eos_token_id", None) if src_tok is not None else None
+    s_bos = getattr(src_tok, "bos_token_id", None)
+    s_eos = getattr(src_tok, "eos_token_id", None)
     for t_id, s_id in ((tgt.eos_id, s_eos if s_eos is not None else s_bos), (tgt.start_id, s_bos),
                        (tgt.bos_id, s_bos)):
         if t_id is not None and s_id is not None and int(s_id) in row:
             pairs[int(t_id)] = row[int(s_id)]
-    dec = decompose([tgt_bytes.get(j) for j in range(tgt.vocab_size)], src, pairs)
+    return decompose([tgt_bytes.get(j) for j in range(tgt.vocab_size)], src, pairs)
+
+
+def surface_prior(model_path: str, src_tok, src_ids: list[int], tgt, mu, nu, weight: float, *,
+                  trust_remote_code: bool = False, marginal: str = "uniform"):
+    """(P0, decomposition, mu): the FVT start P0 (v x u, float64) of `ot.prior` from both tokenizers' surface
+    strings, and the source marginal it is feasible for: the given ``mu`` ("uniform") or the FVT plan's row sums
+    ("start"), which the blend then uses (the decomposition: `surface_decomposition`)."""
+    from s2t2_dist.ot.prior import blend_with_uniform, fvt_plan, row_marginal
+
+    dec = surface_decomposition(model_path if src_tok is None else src_tok, src_ids, tgt)
     F = fvt_plan(dec, mu.cpu(), nu.cpu())
     mu = row_marginal(F) if marginal == "start" else mu.cpu().double()
     return blend_with_uniform(F, mu, nu.cpu(), weight), dec, mu
@@ -551,15 +562,16 @@ def preflight(cfg: TranslateConfig) -> None:
                                                            where=f"translator.init_p {cfg.translator.init_p}: ")
 
 
-def run(cfg: TranslateConfig) -> dict:
+def run(cfg: TranslateConfig, *, progress: bool = True) -> dict:
     return run_stage(cfg, _train, preflight=preflight, precision=cfg.train.precision, seed=cfg.train.seed,
-                     record=False, result=lambda rt: rt.run_dir / "result.json",
+                     record=False, progress=progress, result=lambda rt: rt.run_dir / "result.json",
                      report=lambda rt, s: log.info("translate: %s", json.dumps(s)))
 
 
 def _train(cfg: TranslateConfig, rt: Runtime) -> dict:
     from s2t2_dist.data.bpe import load_tokenizer, tokenizer_hash
     from s2t2_dist.train.checkpoint import Checkpointer
+    from s2t2_dist.stages.p_columns import translator_column_split
     from s2t2_dist.train.loop import train
 
     # the checkpoint is checked against this config before the model is loaded (hashes as build computes them)
@@ -574,7 +586,7 @@ def _train(cfg: TranslateConfig, rt: Runtime) -> dict:
     ck.check_resumable()
     record_config(rt, cfg)
     task, engine, loader, hashes = build(cfg, rt)
-    result = train(cfg.train, task, engine, loader, ck, rt.logger)
+    result = train(cfg.train, task, engine, loader, ck, rt.logger, progress=rt.progress)
     batch = task.translator.stats_batch()  # the end's statistics in one collective
     grad, end = task.translator.add_grad(batch), p_sparsity(task.translator, batch)
     reduced = batch.reduce()
@@ -582,7 +594,8 @@ def _train(cfg: TranslateConfig, rt: Runtime) -> dict:
                "bad_steps": result.bad_steps, "final_loss": result.final_loss,
                "lm_param_fraction_per_rank": task.lm_param_fraction,
                "gradient_on_C": task.gradient_summary(result.step, grad(reduced))}
-    summary["P"] = {"start": task.p_start, "end": end(reduced)}
+    summary["P"] = {"start": task.p_start, "end": {**end(reduced),
+                                                   **translator_column_split(task.translator, task.unbuilt)}}
     summary["P"]["warning"] = sparsity_warning(summary["P"]["start"], summary["P"]["end"])
     if summary["P"]["warning"] and rt.env.is_main:
         log.warning("translate: %s", summary["P"]["warning"])
@@ -599,7 +612,10 @@ def _train(cfg: TranslateConfig, rt: Runtime) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    return run_main("s2t2 translate", lambda: run(parse_config(argv)))
+    def work() -> dict:
+        cfg, args = parse_args(TranslateConfig, argv, "s2t2 translate")
+        return run(cfg, progress=not args.no_progress)
+    return run_main("s2t2 translate", work)
 
 
 def parse_config(argv: list[str]) -> TranslateConfig:

@@ -68,7 +68,8 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    #: optimiser steps of the whole run (a resumed run continues up to it)
+    #: optimiser steps of the whole run (a resumed run continues up to it); 0: no training, the stage scores and
+    #: exports its start (translate: the initial P, e.g. the FVT start; finetune: the initialised model)
     steps: int = 2000
     #: global batch in sequences per optimiser step (paper: 16), split over ranks and accumulation steps
     batch_size: int = 16
@@ -102,7 +103,9 @@ class TrainConfig:
     profile: list[int] = field(default_factory=list)
 
     def validate(self) -> None:
-        for k in ("steps", "batch_size", "micro_batch_size", "context_len", "max_micro_tokens"):
+        if self.steps < 0:
+            raise ConfigError(f"steps: must be >= 0 (0: score the start without training), got {self.steps}")
+        for k in ("batch_size", "micro_batch_size", "context_len", "max_micro_tokens"):
             if getattr(self, k) != "auto" and getattr(self, k) <= 0:
                 raise ConfigError(f"{k}: must be > 0, got {getattr(self, k)}")
         if self.ckpt_every < 0 or self.log_every <= 0 or self.max_bad_steps < 0:

@@ -413,7 +413,7 @@ def new_cases(work, case, rows, model, data, other, base_fa, prep, targs, ok) ->
     for ov, what in (("optim.lr=nan", "optim.lr=nan"), ("optim.lr=inf", "optim.lr=inf (trained to a uniform P)"),
                      ("optim.lr=-1e-3", "a negative optim.lr"), ("train.keep_checkpoints=0",
                      "train.keep_checkpoints=0 (deleted every checkpoint)"),
-                     ("train.keep_checkpoints=-1", "train.keep_checkpoints=-1"), ("train.steps=0", "train.steps=0"),
+                     ("train.keep_checkpoints=-1", "train.keep_checkpoints=-1"), ("train.steps=-1", "train.steps=-1 (0 scores the start)"),
                      ("translator.alpha=-2", "translator.alpha=-2"), ("translator.n_iter=0", "translator.n_iter=0"),
                      ("translator.init_weight=2", "translator.init_weight=2"),
                      ("translator.dense_frac=1.5", "translator.dense_frac=1.5"),
