@@ -109,7 +109,7 @@ def test_log_level_in_lower_case_and_traceback_off_are_accepted(tmp_path):
     # line, no traceback (S2T2_TRACEBACK=0 is off; it used to turn tracebacks on)
     args = ("prepare", f"inputs=[{tmp_path / 'none.fasta'}]", f"output_dir={tmp_path / 'out'}")
     p = _s2t2(*args, env={"S2T2_LOG_LEVEL": "debug", "S2T2_TRACEBACK": "0"})
-    assert p.returncode == 2 and "ConfigError: inputs" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert p.returncode == 2 and "ConfigError: command line inputs=" in p.stderr and "Traceback" not in p.stderr, p.stderr
     p = _s2t2(*args, env={"S2T2_TRACEBACK": "yes"})
     assert "Traceback" in p.stderr
 
