@@ -58,7 +58,8 @@ VARS: dict[str, Var] = {v.name: v for v in (
     Var("S2T2_MASTER_PORT", "port", 0,
         "rendezvous port of a SLURM job, 1-65535 (default: 20000 + job id % 12000, below Linux's ephemeral ports)"),
     Var("S2T2_CACHE_DIR", "path", "",
-        "cache of evaluate's tokenized data.files (CACHE/tokenized; default ~/.cache/s2t2); a directory"),
+        "the project's cache (default ~/.cache/s2t2): evaluate's tokenized data.files (CACHE/tokenized), source "
+        "models (CACHE/source_lm, CACHE/downloads); a directory"),
     Var("S2T2_SYNC_DEBUG", "choice", "",
         "on CUDA, error or warn: torch.cuda.set_sync_debug_mode for the training steps that read nothing back "
         "(bench/gpu_smoke.py)", choices=("", "error", "warn")),

@@ -46,7 +46,9 @@ class SourceModelError(RuntimeError):
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("S2T2_CACHE_DIR") or Path.home() / ".cache" / "s2t2")
+    from s2t2_dist import envvars
+
+    return Path(envvars.get("S2T2_CACHE_DIR") or Path.home() / ".cache" / "s2t2")
 
 
 def _check_sha(path: Path, expected: str, what: str) -> str:
