@@ -207,3 +207,23 @@ def test_slurm_scripts_parse_and_carry_the_headers():
     res = subprocess.run(["bash", str(REPO / "slurm" / "translate_1b.sh")], env={**env, "S2T2_HOME": str(REPO)},
                          capture_output=True, text=True)
     assert res.returncode == 2 and "sbatch" in res.stderr
+
+
+def test_submit_flags_are_the_slurm_config_scalars_with_their_comments():
+    """`s2t2 submit`'s resource flags are generated from SlurmConfig: every scalar key has one, with its `#:`
+    comment as help, and a flag parses into the key (a new key needs no edit of the parser)."""
+    import argparse
+    from dataclasses import fields
+
+    from s2t2_dist.cluster.submit import SlurmConfig, _add_slurm_flags
+    from s2t2_dist.config_docs import field_docs
+
+    p = argparse.ArgumentParser()
+    names = _add_slurm_flags(p)
+    scalars = {f.name for f in fields(SlurmConfig) if f.type in (int, str, "int", "str")}
+    assert names == scalars and {"nodes", "gpus_per_node", "signal_delay_s"} <= names
+    docs = field_docs(SlurmConfig)
+    helps = {a.dest: a.help for a in p._actions if a.dest in names}
+    assert all(helps[n] and helps[n].replace("%%", "%") == docs[n] for n in names)
+    args = p.parse_args(["--gpus-per-node", "4", "--job-name", "x"])
+    assert (args.gpus_per_node, args.job_name, args.nodes) == (4, "x", None)

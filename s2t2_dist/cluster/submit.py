@@ -52,20 +52,27 @@ _STOP_SIGNALS = {int(signal.SIGTERM), int(signal.SIGUSR1), int(signal.SIGUSR2)}
 class SlurmConfig:
     """Resources and scheduling of one submission (the `slurm:` section)."""
 
+    #: nodes of the job (sbatch --nodes)
     nodes: int = 1
     #: GPUs per node; 0 for CPU jobs
     gpus_per_node: int = 0
     #: tasks (ranks) per node; 0: one per GPU (1 without GPUs)
     tasks_per_node: int = 0
+    #: CPU cores per task (data loading workers and the host side of each rank)
     cpus_per_task: int = 8
     #: wall-clock limit: minutes, or [D-]HH:MM[:SS]
     time: str = "60"
+    #: SLURM partition; empty: the site default
     partition: str = ""
+    #: account charged for the job; empty: the user's default
     account: str = ""
+    #: quality of service; empty: the site default
     qos: str = ""
     #: memory per node, e.g. 64G; empty: the site default; 0: all of it
     mem: str = ""
+    #: node features required (sbatch --constraint), e.g. h100
     constraint: str = ""
+    #: the job's name in the queue; empty: s2t2-STAGE
     job_name: str = ""
     #: submitit's folder (job scripts, pickles, logs); %j becomes the job id
     folder: str = "submitit/%j"
@@ -79,6 +86,7 @@ class SlurmConfig:
     additional: dict = field(default_factory=dict)
     #: shell lines run in the batch script before srun (module load ..., source venv/bin/activate)
     setup: list[str] = field(default_factory=list)
+    #: extra srun arguments, e.g. ["--cpu-bind=none"]
     srun_args: list[str] = field(default_factory=list)
     #: environment variables set in every task (e.g. S2T2_DEVICE: cpu)
     env: dict = field(default_factory=dict)
@@ -285,17 +293,7 @@ def main(argv: list[str] | None = None) -> int:
                                 epilog="Other arguments (--config FILE, dotted.key=value) go to the stage.")
     p.add_argument("stage", choices=sorted(STAGES))
     p.add_argument("--slurm-config", help="YAML with the SlurmConfig keys (or a `slurm:` section)")
-    names = {f.name for f in fields(SlurmConfig)}
-    for name, typ, help_ in [
-        ("nodes", int, "number of nodes"), ("gpus_per_node", int, "GPUs per node (0: CPU job)"),
-        ("tasks_per_node", int, "ranks per node (default: one per GPU)"), ("cpus_per_task", int, None),
-        ("time", str, "time limit: minutes or HH:MM:SS"), ("partition", str, None), ("account", str, None),
-        ("qos", str, None), ("mem", str, "memory per node, e.g. 64G"), ("constraint", str, None),
-        ("job_name", str, None), ("folder", str, "submitit folder (default submitit/%%j)"),
-        ("max_requeues", int, "time-outs requeued before giving up"), ("signal_delay_s", int, None),
-    ]:
-        assert name in names
-        p.add_argument("--" + name.replace("_", "-"), dest=name, type=typ, default=None, help=help_)
+    names = _add_slurm_flags(p)
     p.add_argument("--device", choices=["cpu", "auto"], default=None,
                    help="cpu: run the stage on CPU with gloo (sets S2T2_DEVICE=cpu in the job)")
     p.add_argument("--wait", action="store_true", help="wait for the job and print its results")
@@ -305,6 +303,23 @@ def main(argv: list[str] | None = None) -> int:
     from s2t2_dist.stages.common import run_main
 
     return run_main("s2t2 submit", lambda: _submit(args, stage_argv, flags))
+
+
+def _add_slurm_flags(p: argparse.ArgumentParser) -> set[str]:
+    """One flag per scalar SlurmConfig key (--gpus-per-node for gpus_per_node), its help the key's `#:` comment:
+    the dataclass is the flags' one home. Returns the keys given flags (dict keys are YAML-only)."""
+    from s2t2_dist.config_docs import field_docs
+
+    docs = field_docs(SlurmConfig)
+    names = set()
+    for f in fields(SlurmConfig):
+        typ = {int: int, str: str, "int": int, "str": str}.get(f.type)
+        if typ is None:  # additional, setup: structured values, given in --slurm-config
+            continue
+        help_ = docs.get(f.name, "").replace("%", "%%") or None
+        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=typ, default=None, help=help_)
+        names.add(f.name)
+    return names
 
 
 def check_stage_config(stage: str, argv: list[str], cfg: SlurmConfig | None = None) -> None:
