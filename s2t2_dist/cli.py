@@ -10,7 +10,10 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = {
+from s2t2_dist.registry import Registry
+
+#: command -> (module with main(argv), one-line description)
+COMMANDS = Registry("command", {
     "prepare": ("s2t2_dist.stages.prepare", "Split, train the BPE tokenizer, write webdataset shards"),
     "translate": ("s2t2_dist.stages.translate", "Stage 1: learn the token translation P through a frozen LM"),
     "finetune": ("s2t2_dist.stages.finetune", "Stage 2: finetune the whole model (DeepSpeed ZeRO / FSDP2)"),
@@ -22,7 +25,7 @@ COMMANDS = {
     "reproduce": ("s2t2_dist.recipes.reproduce", "The paper's Table 1 and transfer experiment at a chosen scale"),
     "source-lm": ("s2t2_dist.recipes.source_lm",
                   "Build a pretrained source model (stories260k, smollm2) as a cached Hugging Face directory"),
-}
+})
 
 
 def main(argv: list[str] | None = None) -> int:

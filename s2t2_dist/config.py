@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from s2t2_dist.errors import ConfigError
+
 T = TypeVar("T")
 
 
@@ -92,10 +94,6 @@ def _from_cli(raw: str, tp: Any) -> Any:
         return yaml_load(raw)
     except yaml.YAMLError:
         return str(raw)
-
-
-class ConfigError(ValueError):
-    """A config key or value is wrong; the message names the dotted key (and the file, when there is one)."""
 
 
 def _plain(value: Any) -> Any:

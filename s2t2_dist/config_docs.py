@@ -18,7 +18,6 @@ import argparse
 import ast
 import dataclasses
 import functools
-import importlib
 import inspect
 import json
 import sys
@@ -27,18 +26,19 @@ import types
 import typing
 from typing import Any
 
+from s2t2_dist.registry import Registry
+
 #: the config class of each stage command ("module:Class"), imported only when asked for
-STAGE_CONFIGS = {
+STAGE_CONFIGS = Registry("stage", {
     "prepare": "s2t2_dist.data.config:DataConfig",
     "translate": "s2t2_dist.stages.translate:TranslateConfig",
     "finetune": "s2t2_dist.stages.finetune:FinetuneConfig",
     "evaluate": "s2t2_dist.stages.evaluate:EvaluateConfig",
-}
+})
 
 
 def stage_config(stage: str) -> type:
-    module, name = STAGE_CONFIGS[stage].split(":")
-    return getattr(importlib.import_module(module), name)
+    return STAGE_CONFIGS.load(stage, "stage")
 
 
 @functools.lru_cache(maxsize=None)

@@ -19,16 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from s2t2_dist.config import ConfigError
+from s2t2_dist.errors import EnvError
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
-
-
-class EnvError(ConfigError):
-    """An ``S2T2_*`` environment variable has a value this package cannot use; the message names it."""
 
 
 @dataclass(frozen=True)

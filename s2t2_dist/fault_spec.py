@@ -3,6 +3,8 @@
 work without importing the fault machinery (which reads the environment through it)."""
 from __future__ import annotations
 
+from s2t2_dist.errors import FaultSpecError
+
 ENV = "S2T2_FAULT"
 
 # action -> (point, effect)
@@ -24,10 +26,6 @@ ACTIONS: dict[str, tuple[str, str]] = {
     "nan_grad_at_step": ("loop.loss", "nan_grad"),
     "inf_grad_at_step": ("loop.loss", "inf_grad"),
 }
-
-
-class FaultSpecError(ValueError):
-    pass
 
 
 def parse(spec: str) -> dict[str, list[tuple[str, int, int | None]]]:

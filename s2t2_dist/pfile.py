@@ -22,12 +22,9 @@ from safetensors.torch import save_file
 
 from s2t2_dist.ot.marginals import safe_inv
 from s2t2_dist.utils.io import atomic_path
+from s2t2_dist.errors import PFileError
 
 FORMAT = "s2t2-sparse-p/1"
-
-
-class PFileError(ValueError):
-    pass
 
 
 def sparsity_summary(row_nnz, col_nnz, col_max_weight: torch.Tensor | None = None,

@@ -7,7 +7,7 @@ from data_files import AA, ESM, EXTRA, MMSEQS, OLMO_TOKENIZER as OLMO, split_and
 
 from s2t2_dist.data.bpe import (
     build_bpe_tokenizer, compression_report, load_tokenizer, save_tokenizer_dir, tokenizer_hash, train_tokenizer)
-from s2t2_dist.data.errors import DataError
+from s2t2_dist.errors import DataError
 from s2t2_dist.data.split import iter_split_texts
 
 ALPHA = AA + EXTRA

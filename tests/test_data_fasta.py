@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 from data_files import AA, DISPROT, ESM, EXTRA, MMSEQS, needs_disprot
 
-from s2t2_dist.data.errors import DataFormatError
+from s2t2_dist.errors import DataFormatError
 from s2t2_dist.data.fasta import read_fasta
 from s2t2_dist.data.records import RecordFilter, RecordPolicy, read_raw
 

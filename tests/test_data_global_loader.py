@@ -12,7 +12,7 @@ import torch
 from data_files import MMSEQS, split_and_train
 from finetune_fixtures import sample_fasta
 
-from s2t2_dist.data.errors import DataError
+from s2t2_dist.errors import DataError
 from s2t2_dist.data.global_loader import GlobalTrainLoader
 from s2t2_dist.data.shards import write_shards
 

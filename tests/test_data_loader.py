@@ -11,7 +11,7 @@ import pytest
 import torch
 from data_files import MMSEQS, split_and_train
 
-from s2t2_dist.data.errors import DataError, ManifestError, ShardError
+from s2t2_dist.errors import DataError, ManifestError, ShardError
 from s2t2_dist.data.global_loader import GlobalTrainLoader
 from s2t2_dist.data.reader import EvalDocs
 from s2t2_dist.data.shards import npy_load, write_shards

@@ -6,7 +6,7 @@ import pytest
 from data_files import AA, ESM, EXTRA, MMSEQS
 
 from s2t2_dist.data import split as split_mod
-from s2t2_dist.data.errors import DataFormatError, ManifestError
+from s2t2_dist.errors import DataFormatError, ManifestError
 from s2t2_dist.data.records import RecordPolicy
 from s2t2_dist.data.split import iter_split_docs, load_split, split_dataset, split_hash_u64, split_of
 

@@ -196,7 +196,7 @@ def test_build_plain_engine_and_errors():
                                         TrainConfig(steps=10))
     assert model is m and isinstance(eng, TorchEngine) and eng.lr() == pytest.approx(1e-3 / 2)  # warm-up step 1 of 2
     assert [g["weight_decay"] for g in eng.optimizer.param_groups] == [0.01, 0.0]
-    with pytest.raises(ConfigError, match="not one of"):
+    with pytest.raises(ConfigError, match="not a registered engine kind"):
         engine_kind("zero")
     with pytest.raises(ConfigError, match="needs a DeepSpeed JSON config"):
         build_model_and_engine(EngineConfig(kind="deepspeed"), m, OptimConfig(), TrainConfig())
@@ -234,7 +234,7 @@ def test_a_new_optimizer_is_one_registered_function():
         assert cfg.fingerprint()["name"] == "sgd_test" and "name" not in OptimConfig().fingerprint()
     finally:
         del OPTIMIZERS["sgd_test"]
-    with pytest.raises(ConfigError, match="name: 'sgd_test' is not one of adamw"):
+    with pytest.raises(ConfigError, match="name: 'sgd_test' is not a registered optimiser; choose from adamw"):
         config_from_dict(OptimConfig, {"name": "sgd_test"})
 
 

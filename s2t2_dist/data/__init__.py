@@ -11,7 +11,7 @@ Steps (each a plain function; `pipeline.prepare(DataConfig)` runs them all):
 
 from .bpe import TokenizerInfo, compression_report, load_tokenizer, tokenizer_hash, train_tokenizer
 from .config import DataConfig
-from .errors import DataError, DataFormatError, ManifestError, ShardError
+from s2t2_dist.errors import DataError, DataFormatError, ManifestError, ShardError
 from .fasta import Record, read_fasta
 from .records import RecordFilter, RecordPolicy, read_raw
 from .shards import load_manifest, write_shards

@@ -21,7 +21,7 @@ from typing import Iterable, Iterator
 
 from s2t2_dist.utils.io import atomic_dir, atomic_write_json
 
-from .errors import DataError, ManifestError
+from s2t2_dist.errors import DataError, ManifestError
 
 BOS, EOS, PAD, UNK = "<s>", "</s>", "<pad>", "<unk>"
 SPECIAL_TOKENS = [BOS, EOS, PAD, UNK]

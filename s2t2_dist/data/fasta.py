@@ -23,7 +23,7 @@ import zlib
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from .errors import DataFormatError
+from s2t2_dist.errors import DataFormatError
 
 
 class Record:

@@ -25,7 +25,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from .errors import DataError, ManifestError, ShardError
+from s2t2_dist.errors import DataError, ManifestError, ShardError
 from .reader import ShardReader, ignore_sigint, shuffled, to_torch
 from .shards import load_manifest
 

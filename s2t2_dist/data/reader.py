@@ -13,7 +13,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from .errors import DataError, ManifestError, ShardError
+from s2t2_dist.errors import DataError, ManifestError, ShardError
 from .shards import load_manifest, npy_load, sample_key
 
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Literal
 
-from .errors import DataError, DataFormatError
+from s2t2_dist.errors import DataError, DataFormatError
+from s2t2_dist.registry import Registry
 from .fasta import _COMPRESSED_ERRORS, Record, compressed_error, open_binary, read_fasta
 
 FASTA_EXT = (".fasta", ".fa", ".faa", ".fas", ".fna", ".fsa", ".seq")
@@ -262,9 +263,7 @@ def read_raw(inputs: Iterable[str], *, format: str = "auto", id_column: str | No
     """Every record of every input, in order, bad ones flagged (``Record.bad``)."""
     opts = ReadOptions(id_column, text_column, hf_split, text_mode, allowed, uppercase)
     for path, fmt in resolve_inputs(inputs, format):
-        if fmt not in FORMATS:
-            raise DataError(f"format: unknown format {fmt!r} for {path}")
-        yield from FORMATS[fmt].read(path, opts)
+        yield from FORMATS.lookup(fmt, f"format (for {path})").read(path, opts)
 
 
 @dataclass(frozen=True)
@@ -290,7 +289,7 @@ class InputFormat:
 
 
 #: THE format registry (format name -> reader); the order is detect_format's
-FORMATS: dict[str, InputFormat] = {
+FORMATS: Registry = Registry("input format", {
     "fasta": InputFormat(lambda p, o: read_fasta(p, allowed=o.allowed, uppercase=o.uppercase), FASTA_EXT),
     "jsonl": InputFormat(lambda p, o: read_jsonl(p, id_column=o.id_column, text_column=o.text_column), JSONL_EXT),
     "parquet": InputFormat(lambda p, o: read_parquet(p, id_column=o.id_column, text_column=o.text_column),
@@ -300,7 +299,7 @@ FORMATS: dict[str, InputFormat] = {
     "hub": InputFormat(lambda p, o: read_hub(p, id_column=o.id_column, text_column=o.text_column, split=o.hf_split),
                        files=False),
     "text": InputFormat(lambda p, o: read_text(p, mode=o.text_mode), TEXT_EXT),
-}
+})
 #: the `format` key of prepare (data.format) and of evaluate's raw files: auto or a registered format
 InputFormatName = Literal[("auto", *FORMATS)]  # type: ignore[valid-type]
 FileFormatName = Literal[("auto", *(f for f, spec in FORMATS.items() if spec.files))]  # type: ignore[valid-type]

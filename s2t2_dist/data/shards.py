@@ -38,7 +38,7 @@ from s2t2_dist.utils.io import (
     write_json_lines)
 
 from .bpe import TokenizerInfo, load_tokenizer
-from .errors import ManifestError, ShardError
+from s2t2_dist.errors import ManifestError, ShardError
 from .split import iter_split_lines, load_split, split_manifest_hash
 
 MANIFEST_FORMAT = "s2t2-shards"

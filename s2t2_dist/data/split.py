@@ -28,7 +28,7 @@ from s2t2_dist.utils.io import (
     AtomicFile, append_json_line, atomic_write_json, json_sha256, load_json, read_json_lines, sha256_file,
     write_json_lines)
 
-from .errors import ManifestError
+from s2t2_dist.errors import ManifestError
 from .records import RecordFilter, RecordPolicy, read_raw, resolve_inputs
 
 SPLITS = ("train", "eval")

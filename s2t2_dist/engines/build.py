@@ -7,13 +7,12 @@
 
 `engine_kind(cfg.engine.kind)` is the EngineKind (engines/base.py) holding that engine's decisions (distributed
 start, autocast, model loading); `build_model_and_engine` gives (model, Engine) for the loop. A new engine: its
-module (the Engine and its EngineKind) and one line in KINDS (and the `kind` Literal) here. Launcher arguments
+module (the Engine and its EngineKind) and one line in KINDS here. Launcher arguments
 (`--ds_config`, `--local_rank`) are engines/launcher.py's.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -21,19 +20,20 @@ import torch
 
 from s2t2_dist.config import ConfigError
 from s2t2_dist.engines.base import Engine, EngineKind
+from s2t2_dist.registry import Registry
 
 #: engine.kind -> "module:EngineKind subclass", imported when asked for (DeepSpeed loads only when used)
-KINDS = {
+KINDS = Registry("engine kind", {
     "plain": "s2t2_dist.engines.torch_engine:Plain",
     "deepspeed": "s2t2_dist.engines.deepspeed_engine:DeepSpeed",
     "fsdp": "s2t2_dist.engines.fsdp_engine:FSDP2",
-}
+})
 
 
 @dataclass
 class EngineConfig:
     #: plain: TorchEngine (replicated params, DDP-style); deepspeed: ZeRO 1/2/3 from ds_config; fsdp: FSDP2
-    kind: Literal["plain", "deepspeed", "fsdp"] = "plain"
+    kind: Literal[tuple(KINDS)] = "plain"  # type: ignore[valid-type]  (KINDS above)
     #: DeepSpeed JSON config (kind=deepspeed only); batch size, clipping and precision in it are derived
     ds_config: str | None = None
     #: nested keys merged over the DeepSpeed JSON (e.g. {"zero_optimization": {"stage3_param_persistence_threshold": 0}})
@@ -83,10 +83,7 @@ class EngineConfig:
 
 
 def engine_kind(kind: str) -> EngineKind:
-    if kind not in KINDS:
-        raise ConfigError(f"engine.kind: {kind!r} is not one of {', '.join(KINDS)}")
-    module, name = KINDS[kind].split(":")
-    return getattr(importlib.import_module(module), name)()
+    return KINDS.load(kind, "engine.kind")()
 
 
 def build_model_and_engine(engine_cfg: EngineConfig, source, optim_cfg, train_cfg, *,

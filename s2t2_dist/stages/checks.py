@@ -127,7 +127,7 @@ def raw_files_scored(raw: dict | None, files: list[str], key: str = "data.files"
 
 def tokenizer(path: str, key: str = "data.tokenizer"):
     from s2t2_dist.data.bpe import load_tokenizer
-    from s2t2_dist.data.errors import DataError
+    from s2t2_dist.errors import DataError
 
     try:
         return load_tokenizer(path)
@@ -137,7 +137,7 @@ def tokenizer(path: str, key: str = "data.tokenizer"):
 
 def shards(path: str, key: str, kind: str):
     """The manifest of a shard directory (packed train blocks or eval documents), checked against its files."""
-    from s2t2_dist.data.errors import DataError
+    from s2t2_dist.errors import DataError
     from s2t2_dist.data.shards import load_manifest
 
     try:

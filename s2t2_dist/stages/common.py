@@ -155,14 +155,11 @@ def teardown() -> None:
         destroy_process_group()
 
 
-#: errors about the user's inputs or the run's state whose message says what is wrong (config keys and values,
-#: shards and manifests, P files, initialisation, checkpoints, too many bad steps): one line, not a traceback
-USER_ERRORS = ("ConfigError", "EnvError", "DataError", "PFileError", "InitError", "CheckpointError", "TooManyBadSteps",
-               "FaultSpecError", "WriteError")
-
-
 def is_user_error(e: BaseException) -> bool:
-    return bool({c.__name__ for c in type(e).__mro__} & set(USER_ERRORS))
+    """An error about the user's inputs or the run's state (s2t2_dist/errors.py): one line, not a traceback."""
+    from s2t2_dist.errors import UserError
+
+    return isinstance(e, UserError)
 
 
 def report_user_error(prog: str, e: BaseException) -> int:
@@ -177,9 +174,9 @@ def report_user_error(prog: str, e: BaseException) -> int:
 
 
 def run_main(prog: str, fn: Callable[[], Any]) -> int:
-    """Run an entry point (every stage, evaluate and submit included). A user error (USER_ERRORS, by class name, so
-    that the check imports nothing) is printed as one line (`report_user_error`) and gives exit code 2; anything
-    else (a bug) keeps its traceback. S2T2_TRACEBACK=1 shows the traceback of every error. The exit code is fn's
+    """Run an entry point (every stage, evaluate and submit included). A user error (a subclass of
+    errors.UserError) is printed as one line (`report_user_error`) and gives exit code 2; anything else (a bug)
+    keeps its traceback. S2T2_TRACEBACK=1 shows the traceback of every error. The exit code is fn's
     when it returns an int, else 0."""
     from s2t2_dist.utils import stop
     from s2t2_dist.utils.rundir import release_all

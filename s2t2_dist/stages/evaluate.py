@@ -219,7 +219,7 @@ def _tokenize_raw_files(cfg: EvaluateConfig, plan: InitPlan, is_main: bool, prog
     """data.files as cached eval shards in the model's tokenizer: rank 0 tokenizes, the others then find the cache
     (a barrier between). Rank 0's error (e.g. a bad record with on_bad_record=error) stays the user error it is;
     the other ranks raise one naming rank 0."""
-    from s2t2_dist.data.errors import DataError
+    from s2t2_dist.errors import DataError
     from s2t2_dist.data.raw_eval import tokenize_files
     from s2t2_dist.distributed import collectives as coll
 

@@ -38,6 +38,7 @@ from typing import Literal
 import torch
 
 from s2t2_dist.config import ConfigError
+from s2t2_dist.errors import InitError
 
 log = logging.getLogger("s2t2.init")
 
@@ -46,10 +47,6 @@ InitKind = Literal["translated", "orig_tok", "new_tok_truncate", "as_is"]
 NEW_VOCAB_KINDS = ("translated", "new_tok_truncate")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 INFO_FILE = "s2t2_init.json"
-
-
-class InitError(ValueError):
-    """The initialisation cannot be built as configured (incompatible P file, tokenizer, model)."""
 
 
 @dataclass
@@ -100,7 +97,7 @@ class InitPlan:
 def model_tokenizer_hash(model_path: str) -> str:
     """Hash of the tokenizer stored with a model (its tokenizer.json), as stage 1 records it for the source."""
     from s2t2_dist.data.bpe import tokenizer_hash
-    from s2t2_dist.data.errors import DataError
+    from s2t2_dist.errors import DataError
 
     try:
         return tokenizer_hash(model_path)
@@ -121,7 +118,7 @@ def transformers_tokenizer_hash(model_path: str, trust_remote_code: bool = False
 
 def _tokenizer_info(path: str):
     from s2t2_dist.data.bpe import load_tokenizer
-    from s2t2_dist.data.errors import DataError
+    from s2t2_dist.errors import DataError
 
     try:
         return load_tokenizer(path)

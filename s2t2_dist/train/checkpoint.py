@@ -30,6 +30,7 @@ import torch
 from s2t2_dist import faults
 from s2t2_dist.distributed import collectives as coll
 from s2t2_dist.utils.io import atomic_write_text, fsync_dir
+from s2t2_dist.errors import CheckpointError, CheckpointCorrupt
 
 _STEP_RE = re.compile(r"^step_(\d{8})$")
 log = logging.getLogger("s2t2.checkpoint")
@@ -38,14 +39,6 @@ log = logging.getLogger("s2t2.checkpoint")
 _barrier = coll.barrier
 _rank_world = coll.rank_world
 _all_ok = coll.all_ranks
-
-
-class CheckpointError(RuntimeError):
-    pass
-
-
-class CheckpointCorrupt(CheckpointError):
-    """A complete checkpoint whose files are missing, truncated or unreadable."""
 
 
 def _syncfs(path: Path) -> None:

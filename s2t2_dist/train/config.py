@@ -41,15 +41,14 @@ class OptimConfig:
             raise ConfigError("weight_decay must be >= 0 and eps > 0")
         from s2t2_dist.train.optim import OPTIMIZERS
 
-        if self.name not in OPTIMIZERS:
-            raise ConfigError(f"name: {self.name!r} is not one of {', '.join(sorted(OPTIMIZERS))}")
+        OPTIMIZERS.lookup(self.name, "name")
 
     def build(self, params, *, fused: bool = False):
         """The optimiser over `params` (parameters, grouped: no weight decay for vectors; or ready-made groups);
         `fused`: the engine's wish for a fused kernel (train/optim.py)."""
         from s2t2_dist.train.optim import OPTIMIZERS, param_groups
 
-        return OPTIMIZERS[self.name](param_groups(params, self.weight_decay), self, fused)
+        return OPTIMIZERS.lookup(self.name, "optim.name")(param_groups(params, self.weight_decay), self, fused)
 
     def schedule(self, optimizer, total_steps: int):
         """The lr schedule: linear warm-up over warmup_frac, cosine decay to final_lr_frac, over total_steps."""

@@ -25,6 +25,7 @@ from s2t2_dist.train.callbacks import SYNC_DEBUG_ENV, Callback, LoopState, OnSte
 from s2t2_dist.train.checkpoint import Checkpointer
 from s2t2_dist.train.config import TrainConfig
 from s2t2_dist.train.metrics import MetricsLogger
+from s2t2_dist.errors import TooManyBadSteps
 
 
 class Task:
@@ -66,10 +67,6 @@ class ResumableLoader(Protocol):
 
 
 __all__ = ["Task", "train", "LoopResult", "TooManyBadSteps", "SYNC_DEBUG_ENV"]
-
-
-class TooManyBadSteps(RuntimeError):
-    pass
 
 
 @dataclass

@@ -10,21 +10,17 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Iterable
+from typing import Iterable
 
 import torch
+
+from s2t2_dist.registry import Registry
 
 #: optim.name -> fn(parameter groups, OptimConfig, fused) -> torch.optim.Optimizer; `fused`: the engine asks for a
 #: fused kernel that skips a step flagged by `optimizer.found_inf` on the device (an optimiser without one ignores
 #: it: TorchEngine then reads the finite check on the host)
-OPTIMIZERS: dict[str, Callable] = {}
-
-
-def register(name: str):
-    def add(fn):
-        OPTIMIZERS[name] = fn
-        return fn
-    return add
+OPTIMIZERS: Registry = Registry("optimiser")
+register = OPTIMIZERS.register
 
 
 @register("adamw")

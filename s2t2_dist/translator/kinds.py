@@ -6,7 +6,6 @@ the translator's shape, marginals and process group.
 """
 from __future__ import annotations
 
-from typing import Dict, Type
 
 import torch
 from torch import Tensor
@@ -15,6 +14,7 @@ from s2t2_dist.distributed.sharded_sinkhorn import ShardedSparseSinkhorn, sharde
 from s2t2_dist.ot.sinkhorn import SparseSinkhorn, softmax_sinkhorn, unconstrained_plan
 from s2t2_dist.translator.floor import NOISE_W, floor_plan
 from s2t2_dist.ot.marginals import safe_inv
+from s2t2_dist.registry import Registry
 
 
 class Kind:
@@ -136,4 +136,4 @@ class UnconstrainedKind(Kind):
 
 
 #: name -> kind class; the names are translator.kind's values
-REGISTRY: Dict[str, Type[Kind]] = {k.name: k for k in (SparseKind, SoftmaxKind, UnconstrainedKind)}
+REGISTRY: Registry = Registry("translator kind", {k.name: k for k in (SparseKind, SoftmaxKind, UnconstrainedKind)})

@@ -17,10 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
-
-
-class WriteError(OSError):
-    """Writing an output failed for a reason outside the program (a full disk, a quota): one line naming the file."""
+from s2t2_dist.errors import WriteError
 
 
 def write_error(final: str | Path, err: BaseException) -> WriteError | None:

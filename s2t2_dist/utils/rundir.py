@@ -21,7 +21,7 @@ import socket
 import uuid
 from pathlib import Path
 
-from s2t2_dist.config import ConfigError
+from s2t2_dist.errors import RunDirError
 
 LOCK = ".s2t2.lock"
 MARKER = ".s2t2_run.json"
@@ -31,10 +31,6 @@ _SIGNS = {"prepare_summary.json": "prepare", "P.safetensors": "translate", "eval
 
 _held: dict[str, int] = {}  # resolved directory -> open fd of its lock (kept open: the lock lives with the process)
 _run_ids: dict[str, str] = {}  # resolved directory -> the run id of the marker this process claimed it under
-
-
-class RunDirError(ConfigError):
-    """The output directory is used by another run, owned by another run, or cannot be written."""
 
 
 def _holder(path: Path) -> str:
