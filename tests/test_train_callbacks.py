@@ -143,6 +143,12 @@ def test_activation_checkpointing_by_memory_and_block_buckets():
     cfg = OlmoConfig(**{k: v for k, v in olmo1b.items() if k in OlmoConfig().to_dict()})
     assert block_numel(cfg) == 4 * 2048**2 + 3 * 2048 * 8192  # 67.1 M: q, k, v, o and the gated MLP
     assert activation_memory(cfg, 16, 512) == 34 * 16 * 512 * 2048 * 16 + 10 * 16 * 512 * 50304
+    # the chunked loss (engine.loss_chunk_tokens): one float32 chunk of logits, its gradient in place, the kept
+    # gradients of the hidden states (bf16) and the head (float32) instead of every logit three times: 4.1 -> 1.3 GB
+    body = 34 * 16 * 512 * 2048 * 16
+    chunked = activation_memory(cfg, 16, 512, 2048) - body
+    assert chunked == 8 * 2048 * 50304 + 2 * 16 * 512 * 2048 + 4 * 50304 * 2048
+    assert chunked < (activation_memory(cfg, 16, 512) - body) / 3
     assert wants_activation_checkpointing(True, cfg, 1, 1, 1, 1) is True
     assert wants_activation_checkpointing(False, cfg, 10**12, 64, 4096, 1) is False
     if not torch.cuda.is_available():

@@ -41,6 +41,9 @@ class EngineConfig:
     #: recompute each transformer block's activations in backward (transformers gradient checkpointing); auto: only
     #: when the model's states and activations would not fit in 85% of the GPU's memory (never on CPU)
     activation_checkpointing: bool | Literal["auto"] = "auto"
+    #: finetuning's next-token loss over the vocabulary in chunks of this many positions (models/chunked_loss.py):
+    #: no [tokens, vocab] logits and no float32 copy of them; 0: transformers' loss over the full logits
+    loss_chunk_tokens: int = 2048
     #: torch.compile each transformer block's forward (plain, fsdp); the first step then includes the compile
     compile: bool = False
     #: optimizer states (and, ZeRO-3 / FSDP2, parameters) in CPU memory; deepspeed: fills offload_* when absent
@@ -78,6 +81,8 @@ class EngineConfig:
             )
         if self.ds_overrides:
             raise ConfigError(f"ds_overrides: only used with engine.kind=deepspeed (kind={self.kind})")
+        if self.loss_chunk_tokens < 0:
+            raise ConfigError(f"loss_chunk_tokens: must be >= 0 (0: off), got {self.loss_chunk_tokens}")
         if self.kind == "plain" and self.offload:
             raise ConfigError("offload: the plain engine cannot offload; use engine.kind=deepspeed or fsdp")
 

@@ -25,19 +25,22 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 AUTO_CHECKPOINT_FILL = 0.85
 
 
-def activation_memory(hf_config, micro_batch: int, context_len: int) -> float:
+def activation_memory(hf_config, micro_batch: int, context_len: int, loss_chunk: int = 0) -> float:
     """Bytes of a training step's saved activations without recomputation, bf16 (34 s b h per layer, Korthikanti
-    et al. 2022, with the attention scores left to SDPA), plus the logits over the vocabulary (bf16, their float32
-    copy for the loss and its gradient)."""
+    et al. 2022, with the attention scores left to SDPA), plus the logits over the vocabulary: all of them (bf16,
+    their float32 copy for the loss and its gradient) without a chunked loss, one float32 chunk and the kept
+    gradients (hidden states bf16, the head float32) with one (models/chunked_loss.py)."""
     h = getattr(hf_config, "hidden_size", 0) or 0
     layers = getattr(hf_config, "num_hidden_layers", 0) or 0
     vocab = getattr(hf_config, "vocab_size", 0) or 0
     tokens = micro_batch * context_len
-    return 34.0 * tokens * h * layers + 10.0 * tokens * vocab
+    head = (8.0 * min(loss_chunk, tokens) * vocab + 2.0 * tokens * h + 4.0 * vocab * h if loss_chunk
+            else 10.0 * tokens * vocab)
+    return 34.0 * tokens * h * layers + head
 
 
 def wants_activation_checkpointing(setting, hf_config, n_params: int, micro_batch: int, context_len: int,
-                                   shards: int) -> bool:
+                                   shards: int, loss_chunk: int = 0) -> bool:
     """engine.activation_checkpointing resolved: auto is on when the float32 weights, gradients and Adam moments
     (16 bytes a parameter, split over ``shards`` ranks) and the step's activations exceed AUTO_CHECKPOINT_FILL of
     the GPU's memory (OLMo-1B, micro-batch 16 x 512 on one 80 GB GPU: 19 + 13 GB, off; OLMo-7B on one: on)."""
@@ -46,7 +49,7 @@ def wants_activation_checkpointing(setting, hf_config, n_params: int, micro_batc
     if not torch.cuda.is_available():
         return False  # on a CPU the memory is the host's and recomputation only costs time
     total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    need = 16.0 * n_params / max(shards, 1) + activation_memory(hf_config, micro_batch, context_len)
+    need = 16.0 * n_params / max(shards, 1) + activation_memory(hf_config, micro_batch, context_len, loss_chunk)
     return need > AUTO_CHECKPOINT_FILL * total
 
 
@@ -57,7 +60,8 @@ def checkpointing_for(cfg, model: torch.nn.Module, train_cfg, *, sharded: bool) 
     n = sum(int(getattr(p, "ds_numel", 0) or p.numel()) for p in model.parameters())
     micro = train_cfg.micro_batch_size if isinstance(train_cfg.micro_batch_size, int) else 1
     on = wants_activation_checkpointing(cfg.activation_checkpointing, getattr(model, "config", None), n, micro,
-                                        train_cfg.context_len, coll.world_size() if sharded else 1)
+                                        train_cfg.context_len, coll.world_size() if sharded else 1,
+                                        getattr(cfg, "loss_chunk_tokens", 0))
     if cfg.activation_checkpointing == "auto" and coll.rank() == 0:
         import logging
 

@@ -30,6 +30,7 @@ from s2t2_dist.config import ConfigError
 from s2t2_dist.eval.scoring import ScoringConfig
 from s2t2_dist.data.config import DataPaths
 from s2t2_dist.engines.build import EngineConfig, build_model_and_engine, engine_kind
+from s2t2_dist.models import chunked_loss
 from s2t2_dist.models.hf import ModelPathConfig
 from s2t2_dist.stages import checks
 from s2t2_dist.stages.common import (Runtime, config_part, fingerprint, parse_args, record_config, run_main,
@@ -93,6 +94,8 @@ class FinetuneTask(Task):
         self.autocast = engine_kind(cfg.engine.kind).autocast(rt.dtype)
         self.step = 0
         self.last_eval: tuple[int, dict] | None = None
+        # the loss in chunks of the head (None: transformers' loss over the full logits)
+        self.head = chunked_loss.install(engine.model, cfg.engine.loss_chunk_tokens)
 
     def on_step(self, step: int, loss: float) -> None:
         self.step = step
@@ -100,6 +103,9 @@ class FinetuneTask(Task):
     def loss(self, batch):
         ids = batch["input_ids"].to(self.engine.device, non_blocking=True)
         cast = torch.autocast(ids.device.type, dtype=self.autocast) if self.autocast else contextlib.nullcontext()
+        if self.head is not None:  # the head returns the loss in place of the logits
+            with cast, windows_not_packed(), self.head.armed(ids):
+                return self.engine.module(input_ids=ids, use_cache=False).logits, {}
         with cast, windows_not_packed():
             out = self.engine.module(input_ids=ids, labels=ids, use_cache=False)
         return out.loss.float(), {}
