@@ -34,7 +34,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 FASTA = ROOT / "s2t2_dist/assets/protein/mmseqs2_QUERY_uniprotkb.fasta"
 ENGINES = {"fsdp": ["engine.kind=fsdp", "engine.ds_config="],
-           "zero3": ["--ds_config", "configs/ds_zero3.json"]}
+           "zero3": ["--ds_config", "configs/ds_zero3.json"],
+           # the reference for the chunked loss (engine.loss_chunk_tokens, on in the two above): transformers' loss
+           # over the full logits, same engine, same run
+           "fsdp_full_logits": ["engine.kind=fsdp", "engine.ds_config=", "engine.loss_chunk_tokens=0"]}
 SPLIT = ("data", "forward", "backward", "optimizer")
 
 
