@@ -102,6 +102,18 @@ def fingerprint(**parts) -> dict:
             for k, v in parts.items()}
 
 
+def quiet_library_bars() -> None:
+    """transformers' and huggingface_hub's own bars (Loading weights, Writing model shards) off too: `--no-progress`
+    and ranks other than 0 mean no bar at all, not only none of the stage's."""
+    import sys
+
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read when they are imported
+    if "transformers" in sys.modules:  # already imported: switched off where it keeps the setting
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
 def config_part(cfg, *names) -> dict:
     d = to_dict(cfg)
     return {n: d[n] for n in names}
@@ -128,6 +140,8 @@ def run_stage(cfg, work: Callable[[Any, Runtime], dict], *, preflight: Callable[
             engine_kind(engine.kind).init_distributed()
         rt = setup(cfg.run_dir, precision, cfg, seed, record=record)
     rt.progress = progress
+    if not (progress and rt.env.is_main):
+        quiet_library_bars()
     out = work(cfg, rt)
     out.setdefault("startup", startup.summary())
     if rt.env.is_main:
