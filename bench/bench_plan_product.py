@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rehearsal import shipped_translator, target_tokenizer  # noqa: E402
 
 import s2t2_dist.translator.module as module  # noqa: E402
-from s2t2_dist.models.hf import source_token_ids  # noqa: E402
+from s2t2_dist.data.tokenizers import source_token_ids  # noqa: E402
 from s2t2_dist.recipes.tiny import save_olmo_tokenizer  # noqa: E402
 from s2t2_dist.stages.translate import DEFAULT_FLOOR  # noqa: E402
 from s2t2_dist.translator import TokenTranslator  # noqa: E402

@@ -304,7 +304,7 @@ def shipped_translator(model_dir: str, src_tok, src_ids, tok_dir: Path, floor: f
     import torch
 
     from s2t2_dist.config import load_config
-    from s2t2_dist.data.bpe import load_tokenizer
+    from s2t2_dist.data.tokenizers import load_tokenizer
     from s2t2_dist.stages.translate import TranslateConfig, start_translator
 
     cfg = load_config(TranslateConfig, REPO / "configs" / "translate_olmo1b.yaml",
@@ -337,7 +337,8 @@ def inner_share(model_dir: str, out: Path, reps: int, full_steps: list[str], dev
     import torch
     import torch.nn.functional as F
 
-    from s2t2_dist.models.hf import get_embedding_and_head, load_causal_lm, source_token_ids
+    from s2t2_dist.models.hf import get_embedding_and_head, load_causal_lm
+    from s2t2_dist.data.tokenizers import source_token_ids
     from s2t2_dist.models.translated import TranslatedLM
     from s2t2_dist.stages.translate import DEFAULT_FLOOR
     from s2t2_dist.translator import TokenTranslator

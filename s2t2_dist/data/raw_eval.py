@@ -19,7 +19,7 @@ from pathlib import Path
 from s2t2_dist import envvars
 from s2t2_dist.utils.io import json_sha256, sha256_file
 
-from .bpe import load_tokenizer
+from .tokenizers import load_tokenizer
 from .records import RecordPolicy, resolve_inputs
 from .shards import write_shards
 from .split import split_dataset

@@ -37,8 +37,9 @@ from s2t2_dist.utils.io import (
     AtomicFile, append_json_line, atomic_write_json, json_sha256, load_json, read_json_lines, sha256_file,
     write_json_lines)
 
-from .bpe import TokenizerInfo, load_tokenizer
 from s2t2_dist.errors import ManifestError, ShardError
+
+from .tokenizers import TokenizerInfo, load_tokenizer
 from .split import iter_split_lines, load_split, split_manifest_hash
 
 MANIFEST_FORMAT = "s2t2-shards"

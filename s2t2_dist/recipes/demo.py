@@ -75,7 +75,7 @@ def p_summary(p_file: str | Path, target_tokenizer: str | Path, source_model: st
     """Sparsity of a P file and the top source tokens of a few single-residue target tokens."""
     from tokenizers import Tokenizer
 
-    from s2t2_dist.models.hf import token_bytes
+    from s2t2_dist.data.tokenizers import token_bytes
     from s2t2_dist.pfile import load_p
 
     p = load_p(p_file)
