@@ -81,3 +81,18 @@ def test_finetune_reads_each_input_once_and_resolves_its_start_once(world, tmp_p
     assert counted["tokenizer_file"] == Counter({_file(world.tokenizer): 1, _file(world.model_a): 1})
     assert counted["hf_tokenizer"] == Counter()  # the file's hash matches the P file's: no transformers tokenizer
     assert counted["p_file"] == Counter({str(p_file.resolve()): 1})
+
+
+def test_evaluate_reads_each_input_once_and_resolves_its_start_once(world, tmp_path, counted):
+    from s2t2_dist.stages.evaluate import EvaluateConfig, run
+
+    p_file = world.p_file("sparse")
+    cfg = load_config(EvaluateConfig, None, [
+        f"run_dir={tmp_path}", f"model.path={world.model_a}", "init.kind=translated", f"init.p_file={p_file}",
+        f"data.tokenizer={world.tokenizer}", f"data.eval={world.new_eval}", f"eval.context_len={CTX}",
+        "eval.max_docs=4"])
+    result = run(cfg, progress=False)
+    assert result["metrics"]["docs"] == 4
+    assert counted["resolve_plan"] == 1
+    assert counted["tokenizer_file"] == Counter({_file(world.tokenizer): 1, _file(world.model_a): 1})
+    assert counted["p_file"] == Counter({str(p_file.resolve()): 1})

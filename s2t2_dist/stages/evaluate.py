@@ -231,7 +231,7 @@ def _tokenize_raw_files(cfg: EvaluateConfig, plan: InitPlan, is_main: bool, prog
     d = cfg.data
 
     def go(progress: bool) -> dict:
-        return tokenize_files(list(d.files), plan.tokenizer, cache_dir=d.cache_dir or None, format=d.format,
+        return tokenize_files(list(d.files), plan.loaded["tokenizer"], cache_dir=d.cache_dir or None, format=d.format,
                               text_column=d.text_column, id_column=d.id_column, text_mode=d.text_mode,
                               on_bad_record=d.on_bad_record, progress=progress)
 
