@@ -154,12 +154,19 @@ def load_tokenizer(path: str | os.PathLike, *, bos_token: str | None = None, eos
     return _with_roles(tok, f, h, bos_token=bos_token, eos_token=eos_token, pad_token=pad_token, name=name)
 
 
-def _with_roles(tok, f: Path, h: str, *, bos_token: str | None = None, eos_token: str | None = None,
-                pad_token: str | None = None, name: str | None = None) -> TokenizerInfo:
-    """A parsed tokenizer file as load_tokenizer's TokenizerInfo: its special-token roles found, encoding set up."""
+def for_documents(tok):
+    """Set a tokenizers.Tokenizer up as documents are encoded here: truncation and padding off, special-token
+    strings inside a document encoded as text. Returns it."""
     tok.no_truncation()
     tok.no_padding()
     tok.encode_special_tokens = True
+    return tok
+
+
+def _with_roles(tok, f: Path, h: str, *, bos_token: str | None = None, eos_token: str | None = None,
+                pad_token: str | None = None, name: str | None = None) -> TokenizerInfo:
+    """A parsed tokenizer file as load_tokenizer's TokenizerInfo: its special-token roles found, encoding set up."""
+    for_documents(tok)
     conf = _special_from_config(f.parent)
     vocab = tok.get_vocab(with_added_tokens=True)
 
