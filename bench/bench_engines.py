@@ -147,7 +147,8 @@ def worker(args) -> None:
     else:
         from transformers import OlmoForCausalLM
 
-        from s2t2_dist.engines.fsdp_engine import FSDP2Engine, local_numel
+        from s2t2_dist.engines.fsdp_engine import FSDP2Engine
+        from s2t2_dist.models.hf import local_numel
 
         torch.manual_seed(0)
         model = OlmoForCausalLM(hf)

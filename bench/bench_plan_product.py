@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rehearsal import shipped_translator, target_tokenizer  # noqa: E402
 
 import s2t2_dist.translator.module as module  # noqa: E402
-from s2t2_dist.models.hf import source_token_ids  # noqa: E402
+from s2t2_dist.data.tokenizers import source_token_ids  # noqa: E402
 from s2t2_dist.recipes.tiny import save_olmo_tokenizer  # noqa: E402
 from s2t2_dist.stages.translate import DEFAULT_FLOOR  # noqa: E402
 from s2t2_dist.translator import TokenTranslator  # noqa: E402
@@ -66,13 +66,13 @@ def main() -> None:
         raise SystemExit("--device cuda: no CUDA device here")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    from transformers import AutoTokenizer
+    from s2t2_dist.data.tokenizers import load_hf_tokenizer
 
     t_setup = time.perf_counter()
 
     with tempfile.TemporaryDirectory() as tmp:
         save_olmo_tokenizer(tmp)  # OLMo's tokenizer, from the copy shipped in the package
-        src_tok = AutoTokenizer.from_pretrained(tmp)
+        src_tok = load_hf_tokenizer(tmp)
         src = source_token_ids(src_tok, "all", num_embeddings=50304)
         tok_dir = target_tokenizer(Path(tmp))  # (a protein BPE of 512 tokens, trained here)
         trs = {}

@@ -199,7 +199,7 @@ def main() -> None:
     code = (
         "import os,sys,time,resource;os.environ['TOKENIZERS_PARALLELISM']='false';"
         f"sys.path.insert(0,{str(Path(__file__).resolve().parents[1])!r});"
-        "from s2t2_dist.data.bpe import load_tokenizer;from s2t2_dist.data.split import iter_split_texts;"
+        "from s2t2_dist.data.tokenizers import load_tokenizer;from s2t2_dist.data.split import iter_split_texts;"
         f"t=list(iter_split_texts({str(work / 'splits')!r},'train'));i=load_tokenizer({str(work / 'tok')!r}).tokenizer;"
         "c0=time.process_time();[i.encode_batch_fast(t[k:k+2000],add_special_tokens=False) for k in range(0,len(t),2000)];"
         "print(time.process_time()-c0)")

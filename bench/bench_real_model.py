@@ -120,7 +120,7 @@ def prepare_data(out: Path, text: Path | list[str], model: Path, context_len: in
 def char_vocab_file(out: Path, model: Path, n: int = N_CHARS) -> Path:
     """The n single-character source tokens of lowest id (llama2.c's sentencepiece orders them by frequency),
     byte-fallback tokens left out: the v < d source vocabulary."""
-    from s2t2_dist.models.hf import source_token_ids, token_bytes
+    from s2t2_dist.data.tokenizers import source_token_ids, token_bytes
 
     tb = token_bytes(str(model))
     ids = [i for i in source_token_ids(str(model), "single_char").tolist()
@@ -213,8 +213,7 @@ class Bench:
         import torch
         from transformers import AutoTokenizer
 
-        from s2t2_dist.data.bpe import load_tokenizer, tokenizer_hash
-        from s2t2_dist.models.hf import source_token_ids
+        from s2t2_dist.data.tokenizers import load_tokenizer, source_token_ids, tokenizer_hash
         from s2t2_dist.pfile import SparseP, save_p
         from s2t2_dist.stages.translate import surface_prior
 
@@ -242,8 +241,7 @@ class Bench:
         """Target columns of `regime` that no source piece builds (their surface decomposition is empty)."""
         from transformers import AutoTokenizer
 
-        from s2t2_dist.data.bpe import load_tokenizer
-        from s2t2_dist.models.hf import source_token_ids
+        from s2t2_dist.data.tokenizers import load_tokenizer, source_token_ids
         from s2t2_dist.stages.translate import surface_decomposition
 
         from s2t2_dist.stages.p_columns import unbuilt_columns
@@ -257,10 +255,8 @@ class Bench:
 
     def shared_to_self(self, p_file: str, regime: str) -> tuple[int, int]:
         """(target tokens whose string is one source token, how many of them have that token as top source)."""
-        from s2t2_dist.data.bpe import load_tokenizer
-        from s2t2_dist.models.hf import token_bytes
+        from s2t2_dist.data.tokenizers import load_tokenizer, source_surface_bytes, token_bytes
         from s2t2_dist.pfile import load_p
-        from s2t2_dist.stages.translate import source_surface_bytes
 
         p = load_p(p_file)
         src = source_surface_bytes(str(self.model), p.source_ids.tolist())

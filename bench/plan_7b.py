@@ -70,7 +70,7 @@ def fsdp2_local(world: int, vocab: int | None = None) -> dict:
     from torch.distributed.fsdp import fully_shard
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from s2t2_dist.engines.fsdp_engine import transformer_blocks
+    from s2t2_dist.models.hf import transformer_blocks
 
     model, _ = meta_model(vocab)
     out = {}

@@ -304,7 +304,7 @@ def shipped_translator(model_dir: str, src_tok, src_ids, tok_dir: Path, floor: f
     import torch
 
     from s2t2_dist.config import load_config
-    from s2t2_dist.data.bpe import load_tokenizer
+    from s2t2_dist.data.tokenizers import load_tokenizer
     from s2t2_dist.stages.translate import TranslateConfig, start_translator
 
     cfg = load_config(TranslateConfig, REPO / "configs" / "translate_olmo1b.yaml",
@@ -337,17 +337,17 @@ def inner_share(model_dir: str, out: Path, reps: int, full_steps: list[str], dev
     import torch
     import torch.nn.functional as F
 
-    from s2t2_dist.models.hf import get_embedding_and_head, load_causal_lm, source_token_ids
+    from s2t2_dist.models.hf import get_embedding_and_head, load_causal_lm
+    from s2t2_dist.data.tokenizers import load_hf_tokenizer, source_token_ids
     from s2t2_dist.models.translated import TranslatedLM
     from s2t2_dist.stages.translate import DEFAULT_FLOOR
     from s2t2_dist.translator import TokenTranslator
-    from transformers import AutoTokenizer
 
     torch.manual_seed(0)
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     model = load_causal_lm(model_dir, dtype="float32", device=str(dev), frozen=True)
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok = load_hf_tokenizer(model_dir)
     E, L, _ = get_embedding_and_head(model)
     body = model.base_model
     res: dict = {"threads": torch.get_num_threads(), "device": torch.cuda.get_device_name(dev) if cuda else "cpu"}

@@ -123,7 +123,8 @@ def main(argv=None):
         model, engine = build_model_and_engine(ecfg, args.init_from or hf_cfg, ocfg, tcfg)
         local, total = partitioned_numel(engine.model)
     elif args.engine == "fsdp":
-        from s2t2_dist.engines.fsdp_engine import FSDP2Engine, local_numel
+        from s2t2_dist.engines.fsdp_engine import FSDP2Engine
+        from s2t2_dist.models.hf import local_numel
 
         model = _plain_model(args, hf_cfg)
         engine = FSDP2Engine.build(model, ocfg, tcfg, activation_checkpointing=args.act_ckpt)

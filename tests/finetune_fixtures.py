@@ -104,7 +104,7 @@ def random_p(v: int, u: int, source_ids: torch.Tensor, src_hash: str, tgt_hash: 
 
 def write_p(path: Path, model_dir: Path, tokenizer_dir: Path, *, v: int = 96, kind: str = "sparse", seed: int = 0,
             src_hash: str | None = None) -> Path:
-    from s2t2_dist.data.bpe import load_tokenizer, tokenizer_hash
+    from s2t2_dist.data.tokenizers import load_tokenizer, tokenizer_hash
     from s2t2_dist.pfile import save_p
 
     u = load_tokenizer(tokenizer_dir).vocab_size

@@ -5,8 +5,8 @@ import json
 import pytest
 from data_files import AA, ESM, EXTRA, MMSEQS, OLMO_TOKENIZER as OLMO, split_and_train
 
-from s2t2_dist.data.bpe import (
-    build_bpe_tokenizer, compression_report, load_tokenizer, save_tokenizer_dir, tokenizer_hash, train_tokenizer)
+from s2t2_dist.data.bpe import build_bpe_tokenizer, compression_report, save_tokenizer_dir, train_tokenizer
+from s2t2_dist.data.tokenizers import load_tokenizer, tokenizer_hash
 from s2t2_dist.errors import DataError
 from s2t2_dist.data.split import iter_split_texts
 

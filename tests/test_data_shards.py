@@ -9,7 +9,7 @@ import pytest
 from data_files import ESM, MMSEQS, OLMO_TOKENIZER as OLMO, split_and_train
 
 from s2t2_dist.data import shards as shards_mod
-from s2t2_dist.data.bpe import load_tokenizer
+from s2t2_dist.data.tokenizers import load_tokenizer
 from s2t2_dist.errors import ManifestError, ShardError
 from s2t2_dist.data.shards import load_manifest, npy_load, write_shards
 from s2t2_dist.data.split import iter_split_docs

@@ -32,7 +32,8 @@ def _uniform_model(world, out):
     """The new-tokenizer model with a zero LM head: every prediction is uniform over the u tokens."""
     from transformers import AutoModelForCausalLM
 
-    from s2t2_dist.stages.init_model import InitConfig, copy_tokenizer_files, prepare_initial_model
+    from s2t2_dist.stages.init_model import InitConfig, prepare_initial_model
+    from s2t2_dist.data.tokenizers import copy_tokenizer_files, load_tokenizer
 
     prepare_initial_model(InitConfig(kind="new_tok_truncate"), str(world.model_a), str(world.tokenizer),
                           out.parent / "trunc", is_main=True)
@@ -40,7 +41,7 @@ def _uniform_model(world, out):
     with torch.no_grad():
         m.get_output_embeddings().weight.zero_()
     m.save_pretrained(str(out))
-    copy_tokenizer_files(str(world.tokenizer), out)
+    copy_tokenizer_files(load_tokenizer(str(world.tokenizer)), out)
     return out
 
 

@@ -11,7 +11,7 @@ import torch
 
 from finetune_fixtures import CTX, NEW_VOCAB, world  # noqa: F401 - the session fixture
 from s2t2_dist.config import ConfigError, load_config
-from s2t2_dist.data.bpe import tokenizer_hash
+from s2t2_dist.data.tokenizers import tokenizer_hash
 from s2t2_dist.pfile import PFileError, load_p, save_p
 from s2t2_dist.engines.launcher import engine_overrides
 from s2t2_dist.stages.finetune import FinetuneConfig, parse_config, run
@@ -194,7 +194,7 @@ def test_p_file_with_the_transformers_rebuilt_source_hash_is_accepted(world, tmp
     import shutil
 
     from finetune_fixtures import SHARED
-    from s2t2_dist.stages.init_model import transformers_tokenizer_hash
+    from s2t2_dist.data.tokenizers import transformers_tokenizer_hash
 
     d = tmp_path / "hubtok_model"
     d.mkdir()

@@ -170,6 +170,23 @@ def test_ot_imports_nothing_else_of_the_package():
         assert others == set(), path
 
 
+def test_stages_take_model_and_tokenizer_helpers_from_their_homes():
+    """Model helpers are models/hf.py's and tokenizer helpers data/tokenizers.py's: a stage takes from engines/ only
+    the engine it drives (stage 1: TorchEngine for P's optimiser; finetune and evaluate: engines.build; the
+    launchers' arguments). No product module parses a tokenizer itself."""
+    engine_names = {"TorchEngine", "EngineConfig", "build_model_and_engine", "engine_kind", "engine_overrides"}
+    bad = [f"{path.name}: {m}.{n}" for path in (PKG / "stages").glob("*.py") for m, n in _imports_of(path)
+           if m.startswith("s2t2_dist.engines") and n not in engine_names]
+    assert bad == []
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG)
+        if rel.as_posix() == "data/tokenizers.py" or rel.parts[0] in ("recipes", "cluster", "testing"):
+            continue
+        calls = {(n.func.value.id, n.func.attr) for n in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)}
+        assert not calls & {("Tokenizer", "from_file"), ("AutoTokenizer", "from_pretrained")}, path
+
+
 @pytest.mark.parametrize("normalization,config", [("convex", "olmo-1b"), ("convex", "olmo-7b"),
                                                   ("paper", "olmo-1b"), ("paper", "olmo-7b")])
 def test_export_builds_the_rows_training_used(normalization, config):

@@ -168,7 +168,7 @@ def test_every_fixture_architecture_passes_both_checks(tmp_path, tied):
 
 
 def test_a_tokenizer_json_of_another_format_version_is_one_line(tmp_path, stories):
-    from s2t2_dist.data.bpe import load_tokenizer
+    from s2t2_dist.data.tokenizers import load_tokenizer
     from s2t2_dist.errors import DataError
 
     tj = json.loads((stories / "tokenizer.json").read_text())

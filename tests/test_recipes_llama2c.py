@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from s2t2_dist.recipes import llama2c
-from s2t2_dist.models.hf import asset_path, get_embedding_and_head, source_token_ids
+from s2t2_dist.models.hf import asset_path, get_embedding_and_head
+from s2t2_dist.data.tokenizers import source_token_ids
 
 EXPECTED = "Once upon a time, there was a little girl named Lily"
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from s2t2_dist.models.hf import asset_path, source_token_ids
+from s2t2_dist.models.hf import asset_path
+from s2t2_dist.data.tokenizers import source_token_ids
 from s2t2_dist.recipes.pretrain_english import (
     EnglishLMConfig,
     N_REAL_TOKENS,

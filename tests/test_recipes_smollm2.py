@@ -34,7 +34,8 @@ def test_generates_paris_greedy(model_dir):
 
 
 def test_the_project_reads_it_as_a_source_model(model_dir):
-    from s2t2_dist.models.hf import get_embedding_and_head, source_token_ids, token_bytes
+    from s2t2_dist.models.hf import get_embedding_and_head
+    from s2t2_dist.data.tokenizers import source_token_ids, token_bytes
     from transformers import AutoModelForCausalLM
 
     lm = AutoModelForCausalLM.from_pretrained(str(model_dir))

@@ -5,14 +5,8 @@ import json
 import pytest
 import torch
 
-from s2t2_dist.models.hf import (
-    asset_path,
-    get_embedding_and_head,
-    load_causal_lm,
-    load_hf_tokenizer,
-    source_token_ids,
-    token_bytes,
-)
+from s2t2_dist.models.hf import asset_path, get_embedding_and_head, load_causal_lm
+from s2t2_dist.data.tokenizers import load_hf_tokenizer, source_token_ids, token_bytes
 from s2t2_dist.recipes.tiny import real_config_dict, save_tiny, tiny_config, tiny_from_config
 
 OLMO_REAL_TOKENS = 50280

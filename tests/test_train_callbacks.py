@@ -175,7 +175,7 @@ def test_compiled_blocks_train_like_eager():
     engine gives the eager loss and gradients."""
     from engines_tiny import tiny_olmo_config
     from s2t2_dist.engines.build import EngineConfig, build_model_and_engine
-    from s2t2_dist.engines.model_setup import transformer_blocks
+    from s2t2_dist.models.hf import transformer_blocks
     from s2t2_dist.train.config import OptimConfig, TrainConfig
 
     ids = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(0))

@@ -187,9 +187,7 @@ def test_translate_warns_and_flags_a_frozen_C(inputs, tmp_path, caplog):
 
 def test_translate_fvt_start_maps_shared_tokens_to_themselves(inputs, tmp_path, caplog):
     """translator.init=fvt: the surface-string start puts each target token that IS a source token on itself."""
-    from s2t2_dist.data.bpe import load_tokenizer
-    from s2t2_dist.models.hf import token_bytes
-    from s2t2_dist.stages.translate import source_surface_bytes
+    from s2t2_dist.data.tokenizers import load_tokenizer, source_surface_bytes, token_bytes
 
     data, model = inputs
     cfg = load_config(TranslateConfig, REPO / "configs" / "translate_olmo1b.yaml",
@@ -226,8 +224,7 @@ def test_steps_zero_scores_the_start_and_separates_unbuilt_columns(inputs, tmp_p
     """`train.steps=0` (the real command, --no-progress): no training; the start (here the FVT plan itself,
     init_weight 1) is exported as the P file and scored on the eval split. result.json's sparsity separates the
     target columns that no source piece builds (the FVT start gives them a column over every source row)."""
-    from s2t2_dist.data.bpe import load_tokenizer
-    from s2t2_dist.models.hf import load_hf_tokenizer, source_token_ids
+    from s2t2_dist.data.tokenizers import load_hf_tokenizer, load_tokenizer, source_token_ids
     from s2t2_dist.stages.translate import surface_decomposition
 
     data, model = inputs

@@ -1,4 +1,4 @@
-"""Step 2: train the target-domain BPE tokenizer; load any tokenizer; hash and compare tokenizers.
+"""Step 2: train the target-domain BPE tokenizer (loading, hashing and reading tokenizers: data/tokenizers.py).
 
 Proteins get a character-level BPE over residues (initial alphabet = the allowed letters, no pre-tokenizer, so
 merges run over whole sequences, as the paper's 512-token UniRef50 tokenizer); other text gets a byte-level BPE
@@ -11,11 +11,9 @@ merges run over whole sequences, as the paper's 512-token UniRef50 tokenizer); o
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -23,160 +21,10 @@ from s2t2_dist.utils.io import atomic_dir, atomic_write_json
 
 from s2t2_dist.errors import DataError, ManifestError
 
+from .tokenizers import TokenizerInfo, load_tokenizer, tokenizer_file
+
 BOS, EOS, PAD, UNK = "<s>", "</s>", "<pad>", "<unk>"
 SPECIAL_TOKENS = [BOS, EOS, PAD, UNK]
-
-_BOS_NAMES = ("<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>", "[CLS]")
-_EOS_NAMES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "[SEP]")
-_PAD_NAMES = ("<pad>", "<|padding|>", "[PAD]", "<|pad|>")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# loading any tokenizer
-
-
-@dataclass
-class TokenizerInfo:
-    """A fast tokenizer plus what data preparation needs to know about it."""
-
-    tokenizer: object  # tokenizers.Tokenizer
-    path: str
-    hash: str
-    vocab_size: int
-    bos_id: int | None
-    eos_id: int
-    pad_id: int | None
-    unk_id: int | None = None
-    name: str = ""
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def start_id(self) -> int:
-        """First token of an eval document: BOS, or EOS for tokenizers without one (GPT-NeoX/OLMo convention)."""
-        return self.bos_id if self.bos_id is not None else self.eos_id
-
-    @property
-    def dtype(self) -> str:
-        return "uint16" if self.vocab_size <= 65536 else "int32"
-
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of each text, no special tokens added, special-token strings in the text treated as text."""
-        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
-
-    def describe(self) -> dict:
-        return {"name": self.name, "path": self.path, "hash": self.hash, "vocab_size": self.vocab_size,
-                "bos_id": self.bos_id, "eos_id": self.eos_id, "pad_id": self.pad_id, "unk_id": self.unk_id,
-                "dtype": self.dtype}
-
-
-def canonical_tokenizer_json(obj_or_text) -> bytes:
-    obj = json.loads(obj_or_text) if isinstance(obj_or_text, (str, bytes)) else obj_or_text
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-
-
-def tokenizer_hash(path_or_tokenizer) -> str:
-    """sha256 of the canonical form (sorted keys, no whitespace) of a tokenizer.json, a tokenizer directory, or a
-    ``tokenizers.Tokenizer``. Identical for the same tokenizer saved by different library versions' key orders."""
-    if isinstance(path_or_tokenizer, (str, os.PathLike)):
-        p = _tokenizer_file(path_or_tokenizer)
-        text = p.read_text(encoding="utf-8")
-    else:
-        text = path_or_tokenizer.to_str()
-    return hashlib.sha256(canonical_tokenizer_json(text)).hexdigest()
-
-
-def _tokenizer_file(path) -> Path:
-    p = Path(path)
-    if p.is_dir():
-        p = p / "tokenizer.json"
-    if not p.is_file():
-        hub = _from_hub(str(path))
-        if hub is not None:
-            return hub
-        raise DataError(f"tokenizer not found: {p} (give a tokenizer.json or a directory holding one)")
-    return p
-
-
-def _from_hub(name: str) -> Path | None:
-    """``owner/name`` of a hub model: download its tokenizer files (needs network; not exercised by the tests)."""
-    if os.path.isabs(name) or name.count("/") != 1 or os.path.exists(name.split("/")[0]):
-        return None
-    try:
-        from huggingface_hub import hf_hub_download
-
-        f = Path(hf_hub_download(name, "tokenizer.json"))
-        for extra in ("tokenizer_config.json", "special_tokens_map.json"):
-            try:
-                hf_hub_download(name, extra)
-            except Exception:  # noqa: BLE001 - optional files; the hub raises many types for a missing one
-                pass
-        return f
-    except Exception:  # noqa: BLE001 - offline or not on the hub: the caller reports the name
-        return None
-
-
-def _special_from_config(d: Path) -> dict:
-    out = {}
-    for fname in ("tokenizer_config.json", "special_tokens_map.json"):
-        f = d / fname
-        if f.is_file():
-            cfg = json.loads(f.read_text(encoding="utf-8"))
-            for k in ("bos_token", "eos_token", "pad_token", "unk_token"):
-                v = cfg.get(k)
-                if isinstance(v, dict):
-                    v = v.get("content")
-                if isinstance(v, str) and k not in out:
-                    out[k] = v
-    return out
-
-
-def load_tokenizer(path: str | os.PathLike, *, bos_token: str | None = None, eos_token: str | None = None,
-                   pad_token: str | None = None, name: str | None = None) -> TokenizerInfo:
-    """Load a fast tokenizer from ``tokenizer.json`` or a Hugging Face tokenizer directory.
-
-    Special tokens: explicit arguments, else tokenizer_config.json / special_tokens_map.json next to the file, else
-    well-known names (``<s>``/``</s>``, ``<|endoftext|>``...). A tokenizer needs an EOS (document separator); BOS is
-    optional (OLMo has none: documents are separated by ``<|endoftext|>``).
-    Truncation and padding are switched off, and special-token strings inside documents are encoded as text.
-    """
-    from tokenizers import Tokenizer
-
-    f = _tokenizer_file(path)
-    try:
-        tok = Tokenizer.from_file(str(f))
-    except Exception as e:  # noqa: BLE001 - the tokenizers library raises a bare Exception (another format version)
-        import tokenizers
-
-        raise DataError(f"{f}: not a tokenizer file that tokenizers {tokenizers.__version__} can read ({e}); was it "
-                        "written by another tool or version?") from None
-    tok.no_truncation()
-    tok.no_padding()
-    tok.encode_special_tokens = True
-    conf = _special_from_config(f.parent)
-    vocab = tok.get_vocab(with_added_tokens=True)
-
-    def pick(explicit, key, names):
-        cand = explicit or conf.get(key)
-        if cand is not None:
-            if cand not in vocab:
-                raise DataError(f"{f}: special token {cand!r} ({key}) is not in the vocabulary")
-            return vocab[cand]
-        specials = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
-        for n in names:
-            if n in vocab and (n in specials or not specials):
-                return vocab[n]
-        return None
-
-    bos = pick(bos_token, "bos_token", _BOS_NAMES)
-    eos = pick(eos_token, "eos_token", _EOS_NAMES)
-    pad = pick(pad_token, "pad_token", _PAD_NAMES)
-    unk = pick(None, "unk_token", ("<unk>", "[UNK]", "<|unk|>"))
-    if eos is None:
-        raise DataError(f"{f}: no end-of-document token found; pass eos_token= (e.g. '</s>' or '<|endoftext|>')")
-    return TokenizerInfo(
-        tokenizer=tok, path=str(f), hash=tokenizer_hash(f), vocab_size=tok.get_vocab_size(with_added_tokens=True),
-        bos_id=bos, eos_id=eos, pad_id=pad, unk_id=unk, name=name or f.parent.name or f.stem,
-    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -338,7 +186,7 @@ def adopt_tokenizer(path: str | os.PathLike, *, split_dir: str | os.PathLike, ou
     from .split import load_split, split_manifest_hash
 
     load_split(split_dir)
-    src = _tokenizer_file(path)
+    src = tokenizer_file(path)
     info = load_tokenizer(src)  # checks it is usable (an end-of-document token) before anything is written
     params = {"adopted_from": str(path), "tokenizer_hash": info.hash, "split_hash": split_manifest_hash(split_dir)}
     out = Path(output_dir)

@@ -19,7 +19,7 @@ from pathlib import Path
 from s2t2_dist import envvars
 from s2t2_dist.utils.io import json_sha256, sha256_file
 
-from .bpe import load_tokenizer
+from .tokenizers import TokenizerInfo, load_tokenizer
 from .records import RecordPolicy, resolve_inputs
 from .shards import write_shards
 from .split import split_dataset
@@ -39,11 +39,12 @@ def cache_key(files: list[tuple[str, str]], tokenizer_hash: str, reader: dict) -
                         "tokenizer": tokenizer_hash, "reader": reader})[:24]
 
 
-def tokenize_files(files: list[str], tokenizer: str, *, cache_dir: str | os.PathLike | None = None,
+def tokenize_files(files: list[str], tokenizer: str | TokenizerInfo, *, cache_dir: str | os.PathLike | None = None,
                    format: str = "auto", text_column: str = "text", id_column: str | None = None,
                    text_mode: str = "line", on_bad_record: str = "skip", num_workers: int = 0,
                    progress: bool = True) -> dict:
-    """Tokenize ``files`` with ``tokenizer`` (a tokenizer.json or a directory holding one) into cached eval shards.
+    """Tokenize ``files`` with ``tokenizer`` (a tokenizer.json or a directory holding one, or a loaded one) into
+    cached eval shards.
 
     Returns ``{"eval_dir", "cache_key", "files": [[path, format]], "records": {read, scored, left_out: {reason: n},
     examples: [...], unk_tokens (if the tokenizer has an unknown token)}}``. Every record read is either scored or
@@ -51,7 +52,7 @@ def tokenize_files(files: list[str], tokenizer: str, *, cache_dir: str | os.Path
     at the first, naming FILE:LINE.
     """
     resolved = resolve_inputs(files, format)
-    info = load_tokenizer(tokenizer)
+    info = tokenizer if isinstance(tokenizer, TokenizerInfo) else load_tokenizer(tokenizer)
     policy = RecordPolicy(alphabet=None, min_length=1, on_bad_record=on_bad_record)
     reader = {"format": format, "text_column": text_column, "id_column": id_column, "text_mode": text_mode,
               "policy": policy.to_dict(), "start_id": info.start_id, "eos_id": info.eos_id}

@@ -37,8 +37,9 @@ from s2t2_dist.utils.io import (
     AtomicFile, append_json_line, atomic_write_json, json_sha256, load_json, read_json_lines, sha256_file,
     write_json_lines)
 
-from .bpe import TokenizerInfo, load_tokenizer
 from s2t2_dist.errors import ManifestError, ShardError
+
+from .tokenizers import TokenizerInfo, for_documents, load_tokenizer
 from .split import iter_split_lines, load_split, split_manifest_hash
 
 MANIFEST_FORMAT = "s2t2-shards"
@@ -132,10 +133,7 @@ _W: dict = {}
 def _init_worker(tok_json: str, bos: int | None, eos: int, start: int, kind: str) -> None:
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_str(tok_json)
-    tok.no_truncation()
-    tok.no_padding()
-    tok.encode_special_tokens = True
+    tok = for_documents(Tokenizer.from_str(tok_json))  # the parent's tokenizer, sent as its JSON
     _W.update(tok=tok, bos=bos, eos=eos, start=start, kind=kind)
 
 

@@ -22,8 +22,7 @@ import torch
 
 from s2t2_dist.distributed import collectives as coll
 from s2t2_dist.engines.base import Engine, EngineKind
-from s2t2_dist.engines.model_setup import transformer_blocks  # noqa: F401 - also this module's name for it
-from s2t2_dist.models.hf import build_causal_lm, enable_activation_checkpointing
+from s2t2_dist.models.hf import build_causal_lm, enable_activation_checkpointing, transformer_blocks
 import s2t2_dist.train.phases as phases
 
 try:  # torch >= 2.6
@@ -32,18 +31,6 @@ except ImportError:  # pragma: no cover - torch 2.4/2.5
     from torch.distributed._composable.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 FSDP_DIR = "fsdp"
-
-
-def local_numel(model: torch.nn.Module) -> tuple[int, int]:
-    """(elements this rank holds, elements of the whole model)."""
-    local = total = 0
-    for p in model.parameters():
-        if hasattr(p, "to_local"):
-            local += p.to_local().numel()
-        else:
-            local += p.numel()
-        total += p.numel()
-    return local, total
 
 
 def check_dcp_metadata(path: Path) -> None:

@@ -1,24 +1,12 @@
-"""How a model is set up inside an engine, decided from the model and the run: its repeated blocks (the units
-FSDP2 shards and compile compiles), activation checkpointing by memory (engine.activation_checkpointing=auto), and
-the opt-in per-block torch.compile (engine.compile). Used by every engine kind (engines/*_engine.py)."""
+"""How a model is set up inside an engine, decided from the model and the run: activation checkpointing by memory
+(engine.activation_checkpointing=auto), and the opt-in per-block torch.compile (engine.compile). Used by every
+engine kind (engines/*_engine.py); the blocks themselves are models.hf.transformer_blocks."""
 
 from __future__ import annotations
 
 import torch
 
-
-def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated blocks to shard one by one: the classes a transformers model lists in `_no_split_modules`
-    (e.g. OlmoDecoderLayer), else the children of a ModuleList called layers / h / blocks."""
-    names = set(getattr(model, "_no_split_modules", None) or [])
-    blocks = [m for m in model.modules() if type(m).__name__ in names]
-    if blocks:
-        return blocks
-    for name, m in model.named_modules():
-        if isinstance(m, torch.nn.ModuleList) and name.split(".")[-1] in ("layers", "h", "blocks"):
-            return list(m)
-    raise ValueError(f"cannot find the transformer blocks of {type(model).__name__}")
-
+from s2t2_dist.models.hf import transformer_blocks
 
 #: the share of a GPU's memory that the model's states and activations may fill before activation checkpointing
 #: turns on (the rest: the allocator's fragmentation, the communication buffers, the CUDA context)

@@ -9,9 +9,6 @@ from .hf import (
     freeze,
     get_embedding_and_head,
     load_causal_lm,
-    load_hf_tokenizer,
-    source_token_ids,
-    token_bytes,
 )
 from .translated import TranslatedLM, TranslatedOutput, backbone_of, materialize, shifted_nll
 
@@ -23,9 +20,6 @@ __all__ = [
     "freeze",
     "get_embedding_and_head",
     "load_causal_lm",
-    "load_hf_tokenizer",
     "materialize",
     "shifted_nll",
-    "source_token_ids",
-    "token_bytes",
 ]

@@ -1,17 +1,13 @@
-"""Loading Hugging Face causal LMs, their embedding / head matrices, and the source-token ids S2T2 translates from.
-
-`source_token_ids` returns the ids of REAL tokens only: models pad their embedding tables (OLMo: 50,304 rows for a
-50,280-token vocabulary) and the padding rows correspond to no token, so they must never be source tokens.
+"""Loading Hugging Face causal LMs, their embedding / head matrices and transformer blocks. (Their tokenizers, the
+bytes of each token and the source-token ids S2T2 translates from: data/tokenizers.py.)
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -180,14 +176,6 @@ def build_causal_lm(source, *, dtype: torch.dtype | None = None, device: str | t
     return load_causal_lm(source, dtype=dtype or torch.float32, device=device, trust_remote_code=trust_remote_code)
 
 
-def load_hf_tokenizer(path_or_id: str | os.PathLike, trust_remote_code: bool = False, **kwargs: Any):
-    """transformers' AutoTokenizer of a model directory or hub id (a model's own tokenizer; the project's target
-    tokenizers, with their special-token roles, are data.bpe.load_tokenizer's TokenizerInfo)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path_or_id), trust_remote_code=trust_remote_code, **kwargs)
-
-
 def get_embedding_and_head(model) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """(E, L, tied): the input embedding matrix [V, d], the output head matrix [V, d] and whether they share storage.
 
@@ -212,175 +200,46 @@ def get_embedding_and_head(model) -> tuple[torch.Tensor, torch.Tensor, bool]:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# source tokens
+# blocks and parameters
 
 
-@lru_cache(maxsize=1)
-def byte_level_decoder() -> dict[str, int]:
-    """The byte-level BPE alphabet (GPT-2 / GPT-NeoX): printable character -> byte value."""
-    printable = (
-        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    chars = {b: chr(b) for b in printable}
-    n = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + n)
-            n += 1
-    return {c: b for b, c in chars.items()}
+def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks to shard one by one: the classes a transformers model lists in `_no_split_modules`
+    (e.g. OlmoDecoderLayer), else the children of a ModuleList called layers / h / blocks."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if blocks:
+        return blocks
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.ModuleList) and name.split(".")[-1] in ("layers", "h", "blocks"):
+            return list(m)
+    raise ValueError(f"cannot find the transformer blocks of {type(model).__name__}")
 
 
-def tokenizers_backend(tokenizer_or_path):
-    """-> (tokenizers.Tokenizer, description for error messages)."""
-    from tokenizers import Tokenizer
+def fully_shard_blocks(model: torch.nn.Module, **kwargs: Any) -> int:
+    """FSDP2's `fully_shard` on each transformer block alone (the rest of the model stays whole on every rank);
+    returns the number of blocks. Collective: every rank of the default process group."""
+    try:  # torch >= 2.6
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # pragma: no cover - torch 2.4/2.5
+        from torch.distributed._composable.fsdp import fully_shard
 
-    if isinstance(tokenizer_or_path, Tokenizer):
-        return tokenizer_or_path, "tokenizer"
-    if isinstance(tokenizer_or_path, (str, os.PathLike)):
-        p = Path(tokenizer_or_path)
-        if p.is_dir():
-            if (p / "tokenizer.json").exists():
-                return Tokenizer.from_file(str(p / "tokenizer.json")), str(p)
-            return tokenizers_backend(load_hf_tokenizer(p))
-        if p.is_file():
-            return Tokenizer.from_file(str(p)), str(p)
-        raise FileNotFoundError(f"no tokenizer at {p}")
-    backend = getattr(tokenizer_or_path, "backend_tokenizer", None) or getattr(tokenizer_or_path, "_tokenizer", None)
-    if backend is None:
-        raise TypeError(
-            f"source_token_ids needs a fast (tokenizers-backed) tokenizer, a tokenizer.json or a directory; "
-            f"got {type(tokenizer_or_path).__name__}"
-        )
-    return backend, type(tokenizer_or_path).__name__
+    blocks = transformer_blocks(model)
+    for block in blocks:
+        fully_shard(block, **kwargs)
+    return len(blocks)
 
 
-def _has_type(node, name: str) -> bool:
-    """Whether a tokenizer.json component (possibly a Sequence of components) contains one of type `name`."""
-    if isinstance(node, dict):
-        return node.get("type") == name or any(_has_type(v, name) for v in node.values())
-    if isinstance(node, list):
-        return any(_has_type(v, name) for v in node)
-    return False
-
-
-def token_bytes(tokenizer_or_path) -> dict[int, bytes | None]:
-    """id -> the bytes of text the token stands for (None for special tokens), for every real id.
-
-    Byte-level BPE tokens are mapped through the byte alphabet; sentencepiece-style tokens map `▁` to a space
-    and `<0xNN>` byte-fallback tokens to that byte; added (non-special) tokens are their UTF-8 content.
-    """
-    tok, _ = tokenizers_backend(tokenizer_or_path)
-    spec = json.loads(tok.to_str())
-    byte_level = _has_type(spec.get("pre_tokenizer"), "ByteLevel") or _has_type(spec.get("decoder"), "ByteLevel")
-    byte_fallback = bool((spec.get("model") or {}).get("byte_fallback"))
-    added = {a["id"]: a for a in spec.get("added_tokens", [])}
-    bdec = byte_level_decoder()
-    out: dict[int, bytes | None] = {}
-    for token, i in tok.get_vocab(with_added_tokens=True).items():
-        a = added.get(i)
-        if a is not None and a.get("special"):
-            out[i] = None
-        elif a is not None and not byte_level:
-            out[i] = a["content"].replace("▁", " ").encode("utf-8")
-        elif a is not None:
-            out[i] = a["content"].encode("utf-8")
-        elif byte_level:
-            try:
-                out[i] = bytes(bdec[c] for c in token)
-            except KeyError:  # a token outside the byte alphabet: take it literally
-                out[i] = token.encode("utf-8")
-        elif byte_fallback and len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
-            out[i] = bytes([int(token[3:5], 16)])
+def local_numel(model: torch.nn.Module) -> tuple[int, int]:
+    """(elements this rank holds, elements of the whole model)."""
+    local = total = 0
+    for p in model.parameters():
+        if hasattr(p, "to_local"):
+            local += p.to_local().numel()
         else:
-            out[i] = token.replace("▁", " ").encode("utf-8")
-    return out
-
-
-def _one_char(b: bytes | None) -> bool:
-    if not b:
-        return False
-    try:
-        return len(b.decode("utf-8")) == 1
-    except UnicodeDecodeError:
-        return False
-
-
-def read_id_file(path: str | os.PathLike, valid: Iterable[int] | None = None) -> list[int]:
-    """Ids listed one per line (blank lines and `#` comments ignored). Errors name the file and line."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"source-token id file not found: {p}")
-    valid_set = set(valid) if valid is not None else None
-    ids: list[int] = []
-    seen: dict[int, int] = {}
-    with open(p, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            text = line.split("#", 1)[0].strip()
-            if not text:
-                continue
-            try:
-                i = int(text)
-            except ValueError:
-                raise ValueError(f"{p}:{lineno}: expected one integer token id, got {text!r}") from None
-            if valid_set is not None and i not in valid_set:
-                raise ValueError(f"{p}:{lineno}: id {i} is not a real token of the tokenizer (padding row or out of range)")
-            if i in seen:
-                raise ValueError(f"{p}:{lineno}: id {i} repeated (first on line {seen[i]})")
-            seen[i] = lineno
-            ids.append(i)
-    if not ids:
-        raise ValueError(f"{p}: no token ids listed")
-    return ids
-
-
-def source_token_ids(
-    tokenizer_or_path,
-    rule: str | os.PathLike = "all",
-    *,
-    num_embeddings: int | None = None,
-    exclude_special: bool = False,
-) -> torch.LongTensor:
-    """Sorted ids of the source tokens S2T2 translates from (rows of E and L).
-
-    rule:
-      "all"          every real token id (OLMo: 50,280 ids; never the embedding's padding rows);
-      "single_char"  tokens standing for exactly one character (the paper's "bytes" source tokens on text);
-      "single_byte"  tokens standing for exactly one byte (byte-level BPE: the 256 byte tokens);
-      a path, or "file:<path>": ids listed one per line (kept in the file's order, not sorted).
-    `num_embeddings` (rows of E) is checked against the ids. Special tokens are excluded by the "single_*" rules
-    always and by "all" when `exclude_special`.
-    """
-    tok, where = tokenizers_backend(tokenizer_or_path)
-    real = sorted(tok.get_vocab(with_added_tokens=True).values())
-    if len(set(real)) != len(real):
-        raise ValueError(f"{where}: several tokens share an id")
-    if num_embeddings is not None and real and real[-1] >= num_embeddings:
-        raise ValueError(f"{where}: token id {real[-1]} >= the model's {num_embeddings} embedding rows")
-    rule_s = os.fspath(rule)
-    if rule_s in ("all", "single_char", "single_byte"):
-        if rule_s == "all":
-            if exclude_special:
-                tb = token_bytes(tok)
-                ids = [i for i in real if tb[i] is not None]
-            else:
-                ids = real
-        else:
-            tb = token_bytes(tok)
-            keep = _one_char if rule_s == "single_char" else (lambda b: b is not None and len(b) == 1)
-            ids = [i for i in real if keep(tb[i])]
-            if not ids:
-                raise ValueError(f"{where}: rule {rule_s!r} selects no tokens")
-    else:
-        path = rule_s[len("file:"):] if rule_s.startswith("file:") else rule_s
-        if not rule_s.startswith("file:") and not Path(path).exists():
-            raise ValueError(
-                f"unknown source-token rule {rule_s!r}: use 'all', 'single_char', 'single_byte' or an id file path"
-            )
-        ids = read_id_file(path, valid=real)
-        if exclude_special:
-            tb = token_bytes(tok)
-            ids = [i for i in ids if tb[i] is not None]
-    return torch.tensor(ids, dtype=torch.long)
+            local += p.numel()
+        total += p.numel()
+    return local, total
 
 
 @dataclass

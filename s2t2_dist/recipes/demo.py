@@ -73,16 +73,14 @@ def write_config(path: Path, cfg: dict, cls) -> Path:
 def p_summary(p_file: str | Path, target_tokenizer: str | Path, source_model: str | Path, show: str = "ACDEGKLS"
               ) -> dict:
     """Sparsity of a P file and the top source tokens of a few single-residue target tokens."""
-    from tokenizers import Tokenizer
-
-    from s2t2_dist.models.hf import token_bytes
+    from s2t2_dist.data.tokenizers import load_model_tokenizer, load_tokenizer, token_bytes
     from s2t2_dist.pfile import load_p
 
     p = load_p(p_file)
     v = p.shape[0]
-    tgt = Tokenizer.from_file(str(Path(target_tokenizer) / "tokenizer.json"))
-    src = token_bytes(source_model)
-    src_tok = Tokenizer.from_file(str(Path(source_model) / "tokenizer.json"))
+    tgt = load_tokenizer(target_tokenizer).tokenizer
+    src_tok = load_model_tokenizer(source_model).tokenizer
+    src = token_bytes(src_tok)
 
     def name(i: int) -> str:
         b = src.get(i)

@@ -65,18 +65,28 @@ def max_positions(directory: Path) -> int | None:
     return None
 
 
-def model_tokenizer_fits(directory: Path | None, key: str = "model.path") -> None:
-    """The tokenizer stored with a model must not have ids beyond the model's embedding rows (it would read rows
-    that belong to no token, or fail inside the model); fewer tokens than rows is normal (padded embeddings)."""
+def model_tokenizer(directory: Path | None, key: str = "model.path", trust_remote_code: bool = False):
+    """The tokenizer stored with a local model directory (data.tokenizers.ModelTokenizer, its tokenizer.json read
+    once: the run uses it from here on), or None without one (a hub id, no tokenizer.json)."""
     if directory is None or not (directory / "tokenizer.json").is_file():
-        return
-    from tokenizers import Tokenizer
+        return None
+    from s2t2_dist.errors import DataError
+    from s2t2_dist.data.tokenizers import load_model_tokenizer
 
-    rows = embedding_rows(directory)
-    try:  # only the ids matter here (special-token conventions are the stages' business)
-        ids = Tokenizer.from_file(str(directory / "tokenizer.json")).get_vocab(with_added_tokens=True).values()
-    except Exception as e:  # noqa: BLE001 - the tokenizers library raises its own exception type
+    try:
+        return load_model_tokenizer(directory, trust_remote_code=trust_remote_code)
+    except DataError as e:
         raise ConfigError(f"{key}: the tokenizer stored with {directory} cannot be loaded: {e}") from None
+
+
+def model_tokenizer_fits(directory: Path | None, tok, key: str = "model.path") -> None:
+    """The tokenizer stored with a model (``tok``: `model_tokenizer`'s) must not have ids beyond the model's
+    embedding rows (it would read rows that belong to no token, or fail inside the model); fewer tokens than rows
+    is normal (padded embeddings)."""
+    if directory is None or tok is None:
+        return
+    rows = embedding_rows(directory)
+    ids = tok.ids()  # only the ids matter here (special-token conventions are the stages' business)
     n = max(ids) + 1 if ids else 0
     if rows is not None and n > rows:
         raise ConfigError(f"{key}: the tokenizer stored with {directory} has {n} tokens but the model "
@@ -93,22 +103,18 @@ def context_fits(directory: Path | None, context_len: int, key: str, model_key: 
                           f"for ({model_key}, config.json max_position_embeddings); use at most {n}")
 
 
-def source_vocab(rule: str, directory: Path | None, key: str = "model.source_vocab") -> None:
-    """A source-token id file: there, one integer id a line, each a real token of the model's tokenizer (read
-    from tokenizer.json, no weights), before the model is loaded."""
+def source_vocab(rule: str, tok, key: str = "model.source_vocab") -> None:
+    """A source-token id file: there, one integer id a line, each a real token of the model's tokenizer (``tok``:
+    `model_tokenizer`'s, None: not checked), before the model is loaded."""
     if rule in ("all", "single_char", "single_byte"):
         return
-    from s2t2_dist.models.hf import read_id_file
+    from s2t2_dist.data.tokenizers import read_id_file
 
     path = rule[len("file:"):] if rule.startswith("file:") else rule
     if not Path(path).is_file():
         raise ConfigError(f"{key}: {rule!r} is neither 'all', 'single_char', 'single_byte' nor an id file that "
                           "exists")
-    valid = None
-    if directory is not None and (directory / "tokenizer.json").is_file():
-        from tokenizers import Tokenizer
-
-        valid = Tokenizer.from_file(str(directory / "tokenizer.json")).get_vocab(with_added_tokens=True).values()
+    valid = tok.ids() if tok is not None else None
     try:
         read_id_file(path, valid=valid)
     except (ValueError, UnicodeDecodeError) as e:
@@ -126,7 +132,7 @@ def raw_files_scored(raw: dict | None, files: list[str], key: str = "data.files"
 
 
 def tokenizer(path: str, key: str = "data.tokenizer"):
-    from s2t2_dist.data.bpe import load_tokenizer
+    from s2t2_dist.data.tokenizers import load_tokenizer
     from s2t2_dist.errors import DataError
 
     try:

@@ -119,12 +119,13 @@ def config_part(cfg, *names) -> dict:
     return {n: d[n] for n in names}
 
 
-def run_stage(cfg, work: Callable[[Any, Runtime], dict], *, preflight: Callable[[Any], None], precision: str,
+def run_stage(cfg, work: Callable[[Any, Runtime, Any], dict], *, preflight: Callable[[Any], Any], precision: str,
               seed: int, result: Callable[[Runtime], Path], engine=None, record: bool = True,
               report: Callable[[Runtime, dict], None] | None = None, progress: bool = True) -> dict:
-    """The skeleton of every stage's run: `preflight(cfg)` (files only, nothing started), the engine kind's
-    distributed start (`engine`: the config's engine section), `setup` (record: write config.yaml now; else the
-    work calls `record_config` once its resume checks passed), `work(cfg, rt)` -> the result dict, written
+    """The skeleton of every stage's run: `preflight(cfg)` (files only, nothing started; it returns what it
+    read), the engine kind's distributed start (`engine`: the config's engine section), `setup` (record: write
+    config.yaml now; else the work calls `record_config` once its resume checks passed), `work(cfg, rt, found)`
+    (``found``: what pre-flight read, so that the run reads each input once) -> the result dict, written
     atomically by rank 0 to `result(rt)` and then shown by `report(rt, result)`, the logger closed, teardown."""
     import s2t2_dist.train.phases as phases
     from s2t2_dist.utils.io import atomic_write_text
@@ -132,7 +133,7 @@ def run_stage(cfg, work: Callable[[Any, Runtime], dict], *, preflight: Callable[
     envvars.setup_logging()
     startup = phases.reset()  # each start-up phase logged as it ends, kept in the result (train/phases.py)
     with startup.phase("preflight"):
-        preflight(cfg)
+        found = preflight(cfg)
     with startup.phase("process group"):
         if engine is not None:
             from s2t2_dist.engines.build import engine_kind
@@ -142,7 +143,7 @@ def run_stage(cfg, work: Callable[[Any, Runtime], dict], *, preflight: Callable[
     rt.progress = progress
     if not (progress and rt.env.is_main):
         quiet_library_bars()
-    out = work(cfg, rt)
+    out = work(cfg, rt, found)
     out.setdefault("startup", startup.summary())
     if rt.env.is_main:
         from s2t2_dist.utils.rundir import verify

@@ -134,9 +134,10 @@ def build_eval_model(cfg: EvaluateConfig, plan: InitPlan, rt):
     return model, engine
 
 
-def preflight(cfg: EvaluateConfig) -> None:
+def preflight(cfg: EvaluateConfig) -> tuple[InitPlan, dict] | None:
     """Before any weight is read: the model directory, its tokenizer against its embedding rows, its positions
-    against eval.context_len, the eval shards (not empty; against data.tokenizer when it is given)."""
+    against eval.context_len, the eval shards (not empty; against data.tokenizer when it is given). Returns the
+    run's `resolve_plan` when it could be made here (None: the work resolves it)."""
     checks.run_dir(cfg.run_dir, stage="evaluate")
     if cfg.data.files:  # the cache of tokenized files, default included ($S2T2_CACHE_DIR or ~/.cache/s2t2)
         from s2t2_dist.data.raw_eval import default_cache_dir
@@ -145,19 +146,23 @@ def preflight(cfg: EvaluateConfig) -> None:
     checks.writable_dirs({"init.dir": cfg.init.dir,
                           "output": str(Path(cfg.output).parent) if cfg.output else ""})
     mdir = checks.model_dir(cfg.model.path)
-    checks.model_tokenizer_fits(mdir)
+    src = checks.model_tokenizer(mdir, trust_remote_code=cfg.model.trust_remote_code)
+    checks.model_tokenizer_fits(mdir, src)
     checks.context_fits(mdir, cfg.eval.context_len, "eval.context_len")
     m = checks.shards(cfg.data.eval, "data.eval", "docs") if cfg.data.eval else None  # else raw data.files
-    if cfg.data.tokenizer and m is not None:
-        checks.shards_match_tokenizer(m, "data.eval", checks.tokenizer(cfg.data.tokenizer))
+    tok = checks.tokenizer(cfg.data.tokenizer) if cfg.data.tokenizer and m is not None else None
+    if tok is not None:
+        checks.shards_match_tokenizer(m, "data.eval", tok)
     if cfg.init.kind == "translated" and not Path(cfg.init.p_file).is_file():
         raise ConfigError(f"init.p_file: P file {cfg.init.p_file} does not exist")
     if mdir is not None and m is not None:  # the tokenizer the model will speak against the shards: no weights read
         from s2t2_dist.stages.init_model import check_shards, resolve_plan
 
-        plan, _ = resolve_plan(cfg.init, cfg.model.path, cfg.data.tokenizer,
-                               cfg.init.dir or str(Path(cfg.run_dir) / "init"))
-        check_shards(m, plan, "data.eval")
+        resolved = resolve_plan(cfg.init, cfg.model.path, cfg.data.tokenizer,
+                                cfg.init.dir or str(Path(cfg.run_dir) / "init"), target=tok, source=src)
+        check_shards(m, resolved[0], "data.eval")
+        return resolved
+    return None
 
 
 def run(cfg: EvaluateConfig, *, progress: bool = True) -> dict:
@@ -170,14 +175,14 @@ def _output(cfg: EvaluateConfig) -> Path:
     return Path(cfg.output or Path(cfg.run_dir) / "eval.json")
 
 
-def _evaluate(cfg: EvaluateConfig, rt) -> dict:
+def _evaluate(cfg: EvaluateConfig, rt, resolved: tuple[InitPlan, dict] | None) -> dict:
     from s2t2_dist.data.reader import EvalDocs
     from s2t2_dist.eval.scoring import evaluate_documents, hf_logits_fn
     from s2t2_dist.stages.init_model import check_shards, prepare_initial_model
 
     init_dir = cfg.init.dir or str(Path(cfg.run_dir) / "init")
     plan = prepare_initial_model(cfg.init, cfg.model.path, cfg.data.tokenizer, init_dir, is_main=rt.env.is_main,
-                                 trust_remote_code=cfg.model.trust_remote_code)
+                                 trust_remote_code=cfg.model.trust_remote_code, resolved=resolved)
     raw = _tokenize_raw_files(cfg, plan, rt.env.is_main, rt.progress) if cfg.data.files else None
     checks.raw_files_scored(raw, list(cfg.data.files))
     eval_dir = raw["eval_dir"] if raw else cfg.data.eval
@@ -226,7 +231,7 @@ def _tokenize_raw_files(cfg: EvaluateConfig, plan: InitPlan, is_main: bool, prog
     d = cfg.data
 
     def go(progress: bool) -> dict:
-        return tokenize_files(list(d.files), plan.tokenizer, cache_dir=d.cache_dir or None, format=d.format,
+        return tokenize_files(list(d.files), plan.loaded["tokenizer"], cache_dir=d.cache_dir or None, format=d.format,
                               text_column=d.text_column, id_column=d.id_column, text_mode=d.text_mode,
                               on_bad_record=d.on_bad_record, progress=progress)
 

@@ -184,7 +184,8 @@ def _set_special_ids(model, plan: InitPlan) -> None:
             setattr(obj, k, v)
 
 
-def build(cfg: FinetuneConfig, rt: Runtime):
+def build(cfg: FinetuneConfig, rt: Runtime, resolved: tuple[InitPlan, dict] | None = None):
+    """(task, model, engine, loader, plan); ``resolved``: the run's one `resolve_plan` (None: resolved here)."""
     from s2t2_dist.data.global_loader import GlobalTrainLoader
     from s2t2_dist.data.reader import EvalDocs
     from s2t2_dist.stages.init_model import check_shards, prepare_initial_model
@@ -193,7 +194,7 @@ def build(cfg: FinetuneConfig, rt: Runtime):
     init_dir = cfg.init.dir or str(rt.run_dir / "init")
     with phases.phase("initial model"):
         plan = prepare_initial_model(cfg.init, cfg.model.path, cfg.data.tokenizer, init_dir, is_main=env.is_main,
-                                     trust_remote_code=cfg.model.trust_remote_code)
+                                     trust_remote_code=cfg.model.trust_remote_code, resolved=resolved)
     # the data position is global (a sample count): a checkpoint resumes on another number of ranks
     cfg.train.resolve_layout(env.world_size)  # auto -> a number; ConfigError naming the keys if impossible
     with phases.phase("data"):
@@ -221,7 +222,8 @@ def export_model(engine, plan: InitPlan, out_dir: str | Path, *, dtype: torch.dt
     """Write the current weights as a standard Hugging Face directory (config, safetensors, the tokenizer files of
     the tokenizer the model speaks), atomically (built in OUT.partial, then renamed). Collective."""
     from s2t2_dist.distributed import collectives as coll
-    from s2t2_dist.stages.init_model import InitError, copy_tokenizer_files, replace_dir
+    from s2t2_dist.stages.init_model import InitError, replace_dir
+    from s2t2_dist.data.tokenizers import copy_tokenizer_files
     from s2t2_dist.utils.io import atomic_write_text, fsync_dir
 
     out = Path(out_dir)
@@ -236,7 +238,7 @@ def export_model(engine, plan: InitPlan, out_dir: str | Path, *, dtype: torch.dt
     err = None
     if rank == 0:
         try:
-            copy_tokenizer_files(plan.tokenizer, partial)
+            copy_tokenizer_files(plan.loaded["tokenizer"], partial)
             atomic_write_text(partial / EXPORT_INFO, json.dumps({"init": plan.to_dict(), **(extra or {})}, indent=1))
             fsync_dir(partial)
             replace_dir(partial, out, EXPORT_INFO)
@@ -263,35 +265,40 @@ def probe_logits(task: FinetuneTask, n_tokens: int = 32, seed: int = 1234) -> di
 # entry points
 
 
-def preflight(cfg: FinetuneConfig) -> None:
-    """What can be checked from files before any weight is read (see translate.preflight); the shards against the
-    tokenizer the model will speak are checked by `build` (check_shards), before the model is loaded."""
+def preflight(cfg: FinetuneConfig) -> tuple[InitPlan, dict] | None:
+    """What can be checked from files before any weight is read (see translate.preflight). Returns the run's
+    `resolve_plan` (None for a hub model: resolved by the work; the shards against the tokenizer the model will
+    speak are then checked by `build`, before the model is loaded)."""
     checks.run_dir(cfg.run_dir, stage="finetune")
     checks.export_dir(cfg.export.dir, cfg.run_dir)
     checks.writable_dirs({"init.dir": cfg.init.dir})
     checks.training_layout(cfg.train, cfg.data.eval)
     mdir = checks.model_dir(cfg.model.path)
-    checks.model_tokenizer_fits(mdir)
+    src = checks.model_tokenizer(mdir, trust_remote_code=cfg.model.trust_remote_code)
+    checks.model_tokenizer_fits(mdir, src)
     checks.context_fits(mdir, cfg.train.context_len, "train.context_len")
     train_m = checks.shards(cfg.data.train, "data.train", "packed")
     checks.context_matches_shards(train_m, cfg.train.context_len, "data.train")
-    if cfg.data.tokenizer:
-        checks.shards_match_tokenizer(train_m, "data.train", checks.tokenizer(cfg.data.tokenizer))
+    tok = checks.tokenizer(cfg.data.tokenizer) if cfg.data.tokenizer else None
+    if tok is not None:
+        checks.shards_match_tokenizer(train_m, "data.train", tok)
     if cfg.data.eval:
         eval_m = checks.shards(cfg.data.eval, "data.eval", "docs")
-        if cfg.data.tokenizer:
-            checks.shards_match_tokenizer(eval_m, "data.eval", checks.tokenizer(cfg.data.tokenizer))
+        if tok is not None:
+            checks.shards_match_tokenizer(eval_m, "data.eval", tok)
         checks.same_shards(train_m, eval_m)
     if cfg.init.kind == "translated" and not Path(cfg.init.p_file).is_file():
         raise ConfigError(f"init.p_file: P file {cfg.init.p_file} does not exist")
     if mdir is not None:  # the tokenizer the model will speak (P file, init kind) against the shards: no weights read
         from s2t2_dist.stages.init_model import check_shards, resolve_plan
 
-        plan, _ = resolve_plan(cfg.init, cfg.model.path, cfg.data.tokenizer,
-                               cfg.init.dir or str(Path(cfg.run_dir) / "init"))
-        check_shards(train_m, plan, "data.train")
+        resolved = resolve_plan(cfg.init, cfg.model.path, cfg.data.tokenizer,
+                                cfg.init.dir or str(Path(cfg.run_dir) / "init"), target=tok, source=src)
+        check_shards(train_m, resolved[0], "data.train")
         if cfg.data.eval:
-            check_shards(eval_m, plan, "data.eval")
+            check_shards(eval_m, resolved[0], "data.eval")
+        return resolved
+    return None
 
 
 def run(cfg: FinetuneConfig, *, progress: bool = True) -> dict:
@@ -301,14 +308,16 @@ def run(cfg: FinetuneConfig, *, progress: bool = True) -> dict:
                                                                                  if k != "losses"})))
 
 
-def _train(cfg: FinetuneConfig, rt: Runtime) -> dict:
+def _train(cfg: FinetuneConfig, rt: Runtime, resolved: tuple[InitPlan, dict] | None) -> dict:
     from s2t2_dist.stages.init_model import resolve_plan
     from s2t2_dist.train.checkpoint import Checkpointer
     from s2t2_dist.train.loop import train
     from s2t2_dist.utils.rundir import run_id
 
     # the checkpoint is checked against this config before the initial model is written or loaded
-    plan, _ = resolve_plan(cfg.init, cfg.model.path, cfg.data.tokenizer, cfg.init.dir or str(rt.run_dir / "init"))
+    resolved = resolved or resolve_plan(cfg.init, cfg.model.path, cfg.data.tokenizer,
+                                        cfg.init.dir or str(rt.run_dir / "init"))
+    plan = resolved[0]
     fp = fingerprint(**config_part(cfg, "model", "init"), data=cfg.data.train, tokenizer=plan.tokenizer_hash,
                      engine=cfg.engine.kind, train=[cfg.train.batch_size, cfg.train.context_len, cfg.train.seed])
     fp["optim"] = cfg.optim.fingerprint()  # by value: a refusal names the changed setting
@@ -319,7 +328,7 @@ def _train(cfg: FinetuneConfig, rt: Runtime) -> dict:
     ck = Checkpointer(rt.run_dir, keep=cfg.train.keep_checkpoints, fingerprint=fp, elastic=True)
     ck.check_resumable()
     record_config(rt, cfg)
-    task, model, engine, loader, plan = build(cfg, rt)
+    task, model, engine, loader, plan = build(cfg, rt, resolved)
     from s2t2_dist.train.flops import flops_per_token
 
     result = train(cfg.train, task, engine, loader, ck, rt.logger, on_step=task.on_step,

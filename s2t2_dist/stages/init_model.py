@@ -17,21 +17,22 @@ tokenizer's files copied verbatim so its hash is kept). Every rank then loads th
 holds all of it on its accelerator. Rank 0's host memory holds the whole float32 model while writing (OLMo-7B:
 ~28 GB). The directory is written atomically and reused when it already holds the same initialisation (resume).
 
-Tokenizer hashes are `data.tokenizer_hash` of the tokenizer.json files (the model directory's for the source, the
-run's data.tokenizer for the target), the quantity the data pipeline records in shard manifests and stage 1 should
-record in the P file. For the source, the hash of the tokenizer as transformers rebuilds it
+Tokenizer hashes are `data.tokenizers.tokenizer_hash` of the tokenizer.json files (the model directory's for the
+source, the run's data.tokenizer for the target), the quantity the data pipeline records in shard manifests and
+stage 1 records in the P file. For the source, the hash of the tokenizer as transformers rebuilds it
 (`AutoTokenizer(model).backend_tokenizer`) is accepted too: for some classes (GPTNeoXTokenizer, the OLMo hub
 tokenizer's) transformers 5 rebuilds it and its serialisation differs from the file. A mismatch is an error naming
-both hashes.
+both hashes. `resolve_plan` reads the tokenizers and the P file once per run and the plan carries them on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -45,7 +46,6 @@ log = logging.getLogger("s2t2.init")
 InitKind = Literal["translated", "orig_tok", "new_tok_truncate", "as_is"]
 #: kinds that build a new embedding / head (and write an initial model directory)
 NEW_VOCAB_KINDS = ("translated", "new_tok_truncate")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 INFO_FILE = "s2t2_init.json"
 
 
@@ -85,78 +85,26 @@ class InitPlan:
     start_id: int
     source_tokenizer_hash: str | None = None
     p_kind: str | None = None
+    #: what resolving read, handed on so that the run reads each input once (not part of the record): the
+    #: tokenizer the model speaks (data.tokenizers.TokenizerInfo) and the P file (pfile.SparseP, translated only)
+    loaded: dict = field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if k != "loaded"}
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# tokenizers
+# tokenizers (data/tokenizers.py), their errors said as InitError
 
 
-def model_tokenizer_hash(model_path: str) -> str:
-    """Hash of the tokenizer stored with a model (its tokenizer.json), as stage 1 records it for the source."""
-    from s2t2_dist.data.bpe import tokenizer_hash
+@contextlib.contextmanager
+def _as_init_error(prefix: str = ""):
     from s2t2_dist.errors import DataError
 
     try:
-        return tokenizer_hash(model_path)
+        yield
     except DataError as e:
-        raise InitError(f"model {model_path}: no tokenizer.json to identify its tokenizer ({e})") from None
-
-
-def transformers_tokenizer_hash(model_path: str, trust_remote_code: bool = False) -> str:
-    """Hash of the tokenizer as transformers rebuilds it (`AutoTokenizer(...).backend_tokenizer`). For some
-    tokenizer classes this differs from the file's hash (transformers 5 rebuilds GPTNeoXTokenizer, the OLMo hub
-    tokenizer's class, from its vocabulary); accepted for the source tokenizer of a P file as an alternative."""
-    from s2t2_dist.data.bpe import tokenizer_hash
-    from s2t2_dist.models.hf import load_hf_tokenizer
-
-    tok = load_hf_tokenizer(model_path, trust_remote_code=trust_remote_code)
-    return tokenizer_hash(tok.backend_tokenizer)
-
-
-def _tokenizer_info(path: str):
-    from s2t2_dist.data.bpe import load_tokenizer
-    from s2t2_dist.errors import DataError
-
-    try:
-        return load_tokenizer(path)
-    except DataError as e:
-        raise InitError(f"tokenizer {path}: {e}") from None
-
-
-def same_vocabulary(a: str, b: str) -> bool:
-    """Whether two tokenizers map the same strings to the same ids (the same tokenizer re-serialised by another
-    library version has another file hash but the same vocabulary)."""
-    from tokenizers import Tokenizer
-
-    ta, tb = (Tokenizer.from_file(_tokenizer_info(p).path) for p in (a, b))
-    return ta.get_vocab(with_added_tokens=True) == tb.get_vocab(with_added_tokens=True)
-
-
-def copy_tokenizer_files(tokenizer: str, out_dir: Path, info=None) -> None:
-    """Copy the tokenizer's files verbatim into out_dir (so its hash is kept); a bare tokenizer.json gets a minimal
-    tokenizer_config.json that AutoTokenizer loads."""
-    info = info or _tokenizer_info(tokenizer)
-    src = Path(info.path)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, out_dir / "tokenizer.json")
-    copied = False
-    for name in TOKENIZER_FILES[1:]:
-        f = src.parent / name
-        if f.is_file():
-            shutil.copyfile(f, out_dir / name)
-            copied = copied or name == "tokenizer_config.json"
-    if not copied:
-        vocab = info.tokenizer.get_vocab(with_added_tokens=True)
-        names = {i: t for t, i in vocab.items()}
-        cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
-        for key, i in (("bos_token", info.bos_id), ("eos_token", info.eos_id), ("pad_token", info.pad_id),
-                       ("unk_token", info.unk_id)):
-            if i is not None:
-                cfg[key] = names[i]
-        (out_dir / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        raise InitError(f"{prefix}{e}") from None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -202,30 +150,49 @@ def _file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def resolve_plan(init: InitConfig, model_path: str, tokenizer: str, out_dir: str | Path) -> tuple[InitPlan, dict]:
+def resolve_plan(init: InitConfig, model_path: str, tokenizer: str, out_dir: str | Path, *, target=None,
+                 source=None) -> tuple[InitPlan, dict]:
     """Check the configuration (hashes, sizes) and say what the run starts from. Cheap (no model weights are read);
-    every rank calls it. Returns (plan, identity of the initial directory for reuse checks)."""
+    every rank calls it, once per run (the plan carries what it read: `InitPlan.loaded`). ``target`` (the
+    TokenizerInfo of ``tokenizer``) and ``source`` (the model's ModelTokenizer) are used instead of reading them
+    again when the caller has them. Returns (plan, identity of the initial directory for reuse checks)."""
+    from s2t2_dist.data.tokenizers import load_model_tokenizer, load_tokenizer, same_vocabulary
+
     tok = tokenizer or (model_path if init.kind in ("orig_tok", "as_is") else "")
     if not tok:
         raise InitError(f"init.kind={init.kind} needs the new tokenizer (data.tokenizer)")
-    info = _tokenizer_info(tok)
+
+    def model_tok():
+        nonlocal source
+        if source is None:
+            with _as_init_error():
+                source = load_model_tokenizer(model_path)
+        return source
+
+    if target is None:
+        with _as_init_error(f"tokenizer {tok}: "):
+            target = model_tok().info() if not tokenizer else load_tokenizer(tok)
+    info = target
     identity: dict = {"kind": init.kind, "model": str(model_path), "tokenizer_hash": info.hash}
     plan = InitPlan(kind=init.kind, model_dir=str(model_path), tokenizer=tok, tokenizer_hash=info.hash,
                     vocab_size=info.vocab_size, bos_id=info.bos_id, eos_id=info.eos_id, pad_id=info.pad_id,
-                    start_id=info.start_id)
+                    start_id=info.start_id, loaded={"tokenizer": info})
     if init.kind in ("orig_tok", "as_is"):
-        src_hash = model_tokenizer_hash(model_path) if tokenizer else info.hash
+        src_hash = model_tok().hash if tokenizer else info.hash
         plan.source_tokenizer_hash = src_hash
-        if src_hash != info.hash and not same_vocabulary(model_path, tok):
-            raise InitError(
-                f"init.kind={init.kind} keeps the model's own tokenizer, but data.tokenizer {tok} (hash {info.hash}) "
-                f"is a different tokenizer from the one stored with {model_path} (hash {src_hash}); use the "
-                "source-tokenizer shards and tokenizer, or init.kind=translated / new_tok_truncate")
+        if src_hash != info.hash:
+            with _as_init_error(f"tokenizer {model_path}: "):
+                same = same_vocabulary(model_tok().info(), info)
+            if not same:
+                raise InitError(
+                    f"init.kind={init.kind} keeps the model's own tokenizer, but data.tokenizer {tok} (hash "
+                    f"{info.hash}) is a different tokenizer from the one stored with {model_path} (hash {src_hash}); "
+                    "use the source-tokenizer shards and tokenizer, or init.kind=translated / new_tok_truncate")
         rows = _embedding_rows(model_path)
         if rows is not None and info.vocab_size > rows:
             raise InitError(f"tokenizer {tok} has {info.vocab_size} tokens but {model_path} only {rows} embedding rows")
         return plan, identity
-    src_hash = model_tokenizer_hash(model_path)
+    src_hash = model_tok().hash
     plan.source_tokenizer_hash = src_hash
     plan.model_dir = str(out_dir)
     if init.kind == "translated":
@@ -234,7 +201,7 @@ def resolve_plan(init: InitConfig, model_path: str, tokenizer: str, out_dir: str
         p = load_p(init.p_file)
         if p.source_tokenizer_hash != src_hash:
             try:
-                alt = transformers_tokenizer_hash(model_path)
+                alt = model_tok().transformers_hash()
             except Exception:  # noqa: BLE001 - no transformers tokenizer: only the file hash counts
                 alt = None
             if alt == p.source_tokenizer_hash:
@@ -247,6 +214,7 @@ def resolve_plan(init: InitConfig, model_path: str, tokenizer: str, out_dir: str
             raise InitError(f"{init.p_file}: P has {p.shape[1]} target columns but the tokenizer {tok} has "
                             f"{info.vocab_size} tokens")
         plan.p_kind = p.kind
+        plan.loaded["p"] = p
         identity.update(p_file=str(init.p_file), p_sha256=_file_sha256(init.p_file), p_kind=p.kind,
                         source_tokenizer_hash=src_hash)
     else:
@@ -290,6 +258,7 @@ def write_initial_model(init: InitConfig, plan: InitPlan, identity: dict, model_
                         trust_remote_code: bool = False) -> Path:
     """Build and save the initial model directory (call on ONE rank). Reuses a directory holding the same
     initialisation. Returns its path."""
+    from s2t2_dist.data.tokenizers import copy_tokenizer_files
     from s2t2_dist.models.hf import from_pretrained_checked
     from s2t2_dist.models.translated import materialize
     from s2t2_dist.utils.io import atomic_write_text, fsync_dir
@@ -302,9 +271,7 @@ def write_initial_model(init: InitConfig, plan: InitPlan, identity: dict, model_
         raise InitError(f"init.dir {out} exists and was not written by s2t2 (no {INFO_FILE}); choose another")
     model = from_pretrained_checked(model_path, dtype=torch.float32, trust_remote_code=trust_remote_code)
     if init.kind == "translated":
-        from s2t2_dist.pfile import load_p
-
-        E_new, L_new = translated_embeddings(model, load_p(init.p_file))
+        E_new, L_new = translated_embeddings(model, plan.loaded["p"])
     elif init.kind == "new_tok_truncate":
         E_new, L_new = truncated_embeddings(model, plan.vocab_size)
     else:
@@ -316,7 +283,7 @@ def write_initial_model(init: InitConfig, plan: InitPlan, identity: dict, model_
         shutil.rmtree(partial)
     model.save_pretrained(str(partial), safe_serialization=True)
     del model
-    copy_tokenizer_files(plan.tokenizer, partial)
+    copy_tokenizer_files(plan.loaded["tokenizer"], partial)
     atomic_write_text(partial / INFO_FILE, json.dumps({"identity": identity, "plan": plan.to_dict()}, indent=1))
     fsync_dir(partial)
     replace_dir(partial, out, INFO_FILE)
@@ -325,12 +292,13 @@ def write_initial_model(init: InitConfig, plan: InitPlan, identity: dict, model_
 
 
 def prepare_initial_model(init: InitConfig, model_path: str, tokenizer: str, out_dir: str | Path, *,
-                          is_main: bool, trust_remote_code: bool = False) -> InitPlan:
-    """resolve_plan on every rank, write_initial_model on rank 0, then a barrier. Collective when distributed;
-    an error on rank 0 is raised on every rank."""
+                          is_main: bool, trust_remote_code: bool = False,
+                          resolved: tuple[InitPlan, dict] | None = None) -> InitPlan:
+    """resolve_plan on every rank (unless ``resolved``: its result, from the run's pre-flight), write_initial_model
+    on rank 0, then a barrier. Collective when distributed; an error on rank 0 is raised on every rank."""
     from s2t2_dist.distributed.collectives import raise_if_any_failed
 
-    plan, identity = resolve_plan(init, model_path, tokenizer, out_dir)
+    plan, identity = resolved or resolve_plan(init, model_path, tokenizer, out_dir)
     err = None
     if plan.kind in NEW_VOCAB_KINDS and is_main:
         try:

@@ -307,7 +307,7 @@ def checkpoint_frozen_blocks(model) -> int:
     only while that block's own `training` flag is set, so the flag is set on the blocks alone; their children
     (attention, MLP, dropout modules) stay in eval mode, so dropout stays off whatever the config says. Returns the
     number of blocks; 0 blocks that checkpoint is an error, not a silent no-op."""
-    from s2t2_dist.engines.fsdp_engine import transformer_blocks
+    from s2t2_dist.models.hf import transformer_blocks
 
     blocks = [b for b in transformer_blocks(model) if getattr(b, "gradient_checkpointing", False)]
     if not blocks:
@@ -322,12 +322,13 @@ def _vocab_strings(tok, ids) -> list[str]:
     return [tok.convert_ids_to_tokens(int(i)) or str(int(i)) for i in ids]
 
 
-def build(cfg: TranslateConfig, rt: Runtime):
-    from s2t2_dist.data.bpe import load_tokenizer, tokenizer_hash
+def build(cfg: TranslateConfig, rt: Runtime, inputs: TranslateInputs | None = None):
+    """(task, engine, loader, tokenizer hashes); ``inputs``: what pre-flight read (None: read here)."""
+    from s2t2_dist.data.tokenizers import source_token_ids
     from s2t2_dist.data.global_loader import GlobalTrainLoader
     from s2t2_dist.data.reader import EvalDocs
-    from s2t2_dist.models.hf import (UnsupportedModel, get_embedding_and_head, load_causal_lm, load_hf_tokenizer,
-                                     source_token_ids)
+    from s2t2_dist.models.hf import (UnsupportedModel, fully_shard_blocks, get_embedding_and_head, load_causal_lm,
+                                     local_numel)
     from s2t2_dist.models.translated import TranslatedLM
     from s2t2_dist.stages.p_columns import translator_column_split, unbuilt_columns
     from s2t2_dist.translator import freeze_warning
@@ -336,7 +337,8 @@ def build(cfg: TranslateConfig, rt: Runtime):
     with phases.phase("model load"):
         model = load_causal_lm(cfg.model.path, dtype=rt.dtype, device=rt.device, frozen=True,
                                trust_remote_code=cfg.model.trust_remote_code)
-    src_tok = load_hf_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+    inputs = (inputs or TranslateInputs()).complete(cfg)
+    src_tok = inputs.source.hf  # transformers' tokenizer of the model: names and BOS / EOS ids
     try:
         E, L, tied = get_embedding_and_head(model)
         TranslatedLM(model, freeze_model=False)  # checks the body and the logits (no state: dropped)
@@ -345,15 +347,10 @@ def build(cfg: TranslateConfig, rt: Runtime):
     if cfg.model.partition == "fsdp" and env.distributed:
         # Only the blocks are sharded: the translator reads E and L whole (they are the small part of the model),
         # and the LM's own embedding/head modules are never called (TranslatedLM feeds E' and applies L').
-        from s2t2_dist.engines.fsdp_engine import fully_shard, transformer_blocks
-
-        for block in transformer_blocks(model):
-            fully_shard(block, reshard_after_forward=True)
-    from s2t2_dist.engines.fsdp_engine import local_numel
-
+        fully_shard_blocks(model, reshard_after_forward=True)
     local, total = local_numel(model)
     src_ids = source_token_ids(src_tok, cfg.model.source_vocab, num_embeddings=E.shape[0]).to(rt.device)
-    tgt = load_tokenizer(cfg.data.tokenizer)
+    tgt = inputs.target
     u, v = tgt.vocab_size, src_ids.numel()
     from s2t2_dist.distributed.collectives import group_for
 
@@ -362,13 +359,9 @@ def build(cfg: TranslateConfig, rt: Runtime):
     tc = cfg.translator
     with phases.phase("translator"):
         translator, dec, step = start_translator(cfg, src_tok, src_ids.tolist(), tgt, group=group, device=rt.device)
-    # The source tokenizer is hashed from its tokenizer.json file, as the data pipeline hashes it for manifests
-    # (transformers may rebuild a hub tokenizer in memory, which would hash differently).
-    hashes = {"source": tokenizer_hash(cfg.model.path), "target": tgt.hash}
+    hashes = inputs.hashes()
     if cfg.translator.init_p:
-        from s2t2_dist.pfile import load_p
-
-        p = load_p(cfg.translator.init_p)
+        p = inputs.init_p
         p.check_compatible(hashes["source"], hashes["target"], where=f"{cfg.translator.init_p}: ")
         translator.init_from_dense(p.dense())
     elif dec is not None:
@@ -440,30 +433,11 @@ def start_translator(cfg: TranslateConfig, src_tok, src_ids: list[int], tgt, *, 
     return translator, dec, step
 
 
-def source_surface_bytes(src_tok, src_ids: list[int]) -> list:
-    """The bytes of each source token (None: special), a byte-fallback token (`<0x41>`) set to None where a
-    regular token stands for the same bytes: the tokenizer writes "A" as the regular token, whose embedding is the
-    trained one."""
-    import re
-
-    from s2t2_dist.models.hf import token_bytes, tokenizers_backend
-
-    tok, _ = tokenizers_backend(src_tok)
-    tb = token_bytes(tok)
-    fallback = re.compile(r"<0x[0-9A-Fa-f]{2}>")
-    regular = {tb[i] for i in tb if tb[i] and not fallback.fullmatch(tok.id_to_token(i) or "")}
-    out = []
-    for i in src_ids:
-        b = tb.get(int(i))
-        out.append(None if b in regular and fallback.fullmatch(tok.id_to_token(int(i)) or "") else b)
-    return out
-
-
 def surface_decomposition(src_tok, src_ids: list[int], tgt):
     """Every target token's surface string split greedily into source tokens (`ot.prior.decompose`), special
     tokens paired by role: the target's document-start token (BOS, or EOS without one) with the source's BOS, the
     target's EOS with the source's EOS, where the source list holds them. `src_tok`: a tokenizer or its path."""
-    from s2t2_dist.models.hf import token_bytes
+    from s2t2_dist.data.tokenizers import source_surface_bytes, token_bytes
     from s2t2_dist.ot.prior import decompose
 
     src = source_surface_bytes(src_tok, src_ids)
@@ -532,15 +506,48 @@ def export_p(path: Path, task: TranslateTask, hashes: dict) -> Path | None:
     return save_p(path, p)
 
 
-def preflight(cfg: TranslateConfig) -> None:
+@dataclass
+class TranslateInputs:
+    """What stage 1 reads before any weight, once per run: pre-flight reads it, the work uses it."""
+
+    #: the source model's tokenizer (data.tokenizers.ModelTokenizer)
+    source: object = None
+    #: data.tokenizer (data.tokenizers.TokenizerInfo)
+    target: object = None
+    #: translator.init_p (pfile.SparseP), when given
+    init_p: object = None
+
+    def complete(self, cfg: TranslateConfig) -> TranslateInputs:
+        """Read what pre-flight could not (a hub model's tokenizer); returns self."""
+        from s2t2_dist.data.tokenizers import load_model_tokenizer, load_tokenizer
+
+        if self.source is None:
+            self.source = load_model_tokenizer(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+        if self.target is None:
+            self.target = load_tokenizer(cfg.data.tokenizer)
+        if cfg.translator.init_p and self.init_p is None:
+            from s2t2_dist.pfile import load_p
+
+            self.init_p = load_p(cfg.translator.init_p)
+        return self
+
+    def hashes(self) -> dict:
+        """The tokenizers' hashes, as the P file records them: the source's of its tokenizer.json file, as the data
+        pipeline hashes it for manifests (transformers may rebuild a hub tokenizer in memory, which would hash
+        differently)."""
+        return {"source": self.source.hash, "target": self.target.hash}
+
+
+def preflight(cfg: TranslateConfig) -> TranslateInputs:
     """Everything checkable from files before any weight is read: the model directory, its tokenizer against its
     embedding rows and its positions against train.context_len, the shards against data.tokenizer and the
-    context length, the eval split (not empty)."""
+    context length, the eval split (not empty). Returns what it read (the tokenizers, the init_p file)."""
     checks.run_dir(cfg.run_dir, stage="translate")
     checks.training_layout(cfg.train, cfg.data.eval)
     mdir = checks.model_dir(cfg.model.path)
-    checks.model_tokenizer_fits(mdir)
-    checks.source_vocab(cfg.model.source_vocab, mdir)
+    src = checks.model_tokenizer(mdir, trust_remote_code=cfg.model.trust_remote_code)
+    checks.model_tokenizer_fits(mdir, src)
+    checks.source_vocab(cfg.model.source_vocab, src)
     checks.context_fits(mdir, cfg.train.context_len, "train.context_len")
     tok = checks.tokenizer(cfg.data.tokenizer)
     train_m = checks.shards(cfg.data.train, "data.train", "packed")
@@ -550,16 +557,16 @@ def preflight(cfg: TranslateConfig) -> None:
         eval_m = checks.shards(cfg.data.eval, "data.eval", "docs")
         checks.shards_match_tokenizer(eval_m, "data.eval", tok)
         checks.same_shards(train_m, eval_m)
+    p = None
     if cfg.translator.init_p:
         if not Path(cfg.translator.init_p).is_file():
             raise ConfigError(f"translator.init_p: P file {cfg.translator.init_p} does not exist")
         from s2t2_dist.pfile import load_p
 
-        if mdir is not None and (mdir / "tokenizer.json").is_file():
-            from s2t2_dist.data.bpe import tokenizer_hash
-
-            load_p(cfg.translator.init_p).check_compatible(tokenizer_hash(str(mdir)), tok.hash,
-                                                           where=f"translator.init_p {cfg.translator.init_p}: ")
+        p = load_p(cfg.translator.init_p)
+        if src is not None:
+            p.check_compatible(src.hash, tok.hash, where=f"translator.init_p {cfg.translator.init_p}: ")
+    return TranslateInputs(source=src, target=tok, init_p=p)
 
 
 def run(cfg: TranslateConfig, *, progress: bool = True) -> dict:
@@ -568,14 +575,14 @@ def run(cfg: TranslateConfig, *, progress: bool = True) -> dict:
                      report=lambda rt, s: log.info("translate: %s", json.dumps(s)))
 
 
-def _train(cfg: TranslateConfig, rt: Runtime) -> dict:
-    from s2t2_dist.data.bpe import load_tokenizer, tokenizer_hash
+def _train(cfg: TranslateConfig, rt: Runtime, inputs: TranslateInputs | None) -> dict:
     from s2t2_dist.train.checkpoint import Checkpointer
     from s2t2_dist.stages.p_columns import translator_column_split
     from s2t2_dist.train.loop import train
 
     # the checkpoint is checked against this config before the model is loaded (hashes as build computes them)
-    hashes = {"source": tokenizer_hash(cfg.model.path), "target": load_tokenizer(cfg.data.tokenizer).hash}
+    inputs = (inputs or TranslateInputs()).complete(cfg)
+    hashes = inputs.hashes()
     # elastic: C's columns and their Adam moments are re-split, and the data position is global, so a checkpoint
     # resumes on any number of ranks (the global batch and the seed must stay)
     fp = fingerprint(**config_part(cfg, "model", "translator"), data=cfg.data.train,
@@ -585,7 +592,7 @@ def _train(cfg: TranslateConfig, rt: Runtime) -> dict:
     ck = Checkpointer(rt.run_dir, keep=cfg.train.keep_checkpoints, fingerprint=fp, elastic=True)
     ck.check_resumable()
     record_config(rt, cfg)
-    task, engine, loader, hashes = build(cfg, rt)
+    task, engine, loader, hashes = build(cfg, rt, inputs)
     result = train(cfg.train, task, engine, loader, ck, rt.logger, progress=rt.progress)
     batch = task.translator.stats_batch()  # the end's statistics in one collective
     grad, end = task.translator.add_grad(batch), p_sparsity(task.translator, batch)
