@@ -214,7 +214,7 @@ class Bench:
         from transformers import AutoTokenizer
 
         from s2t2_dist.data.tokenizers import load_tokenizer, source_token_ids, tokenizer_hash
-        from s2t2_dist.pfile import SparseP, save_p
+        from s2t2_dist.translator.pfile import SparseP, save_p
         from s2t2_dist.stages.translate import surface_prior
 
         path = self.runs / regime / "fvt" / "P.safetensors"
@@ -256,7 +256,7 @@ class Bench:
     def shared_to_self(self, p_file: str, regime: str) -> tuple[int, int]:
         """(target tokens whose string is one source token, how many of them have that token as top source)."""
         from s2t2_dist.data.tokenizers import load_tokenizer, source_surface_bytes, token_bytes
-        from s2t2_dist.pfile import load_p
+        from s2t2_dist.translator.pfile import load_p
 
         p = load_p(p_file)
         src = source_surface_bytes(str(self.model), p.source_ids.tolist())
@@ -384,7 +384,7 @@ def _number(s: str):
 def sparsity(p_file: str, unbuilt: list[int] | None = None) -> dict:
     """Non-zeros per target column, density and mass-based sparsity (W = P / nu) of a P file; with `unbuilt`
     (target columns no source piece builds) also the density over the other columns."""
-    from s2t2_dist.pfile import load_p
+    from s2t2_dist.translator.pfile import load_p
     from s2t2_dist.stages.p_columns import column_split
 
     p = load_p(p_file)

@@ -196,6 +196,9 @@ def _build(cls: type[T], data: dict, prefix: str = "") -> T:
     kwargs = {}
     for k, v in data.items():
         key = f"{prefix}.{k}" if prefix else str(k)
+        removed = getattr(cls, "REMOVED_KEYS", {})  # a section's former keys -> what to write instead
+        if k not in fields and k in removed:
+            raise ConfigError(f"{key}: this key was removed; {removed[k]}")
         if k not in fields:
             close = difflib.get_close_matches(str(k), fields, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""

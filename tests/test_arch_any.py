@@ -37,7 +37,7 @@ def test_translate_finetune_export_reload(data, tmp_path, arch, tied):
 
     from s2t2_dist.models.hf import get_embedding_and_head
     from s2t2_dist.models.translated import TranslatedLM
-    from s2t2_dist.pfile import load_p
+    from s2t2_dist.translator.pfile import load_p
     from s2t2_dist.stages import finetune, translate
 
     model_dir = tmp_path / "model"

@@ -192,7 +192,7 @@ def test_stages_take_model_and_tokenizer_helpers_from_their_homes():
 def test_export_builds_the_rows_training_used(normalization, config):
     """stage 2's initial E'/L' (init_model, from the P file) equal stage 1's (TokenTranslator), tied and untied."""
     from s2t2_dist.models.hf import get_embedding_and_head
-    from s2t2_dist.pfile import SparseP
+    from s2t2_dist.translator.pfile import SparseP
     from s2t2_dist.recipes.tiny import tiny_from_config
     from s2t2_dist.stages.init_model import translated_embeddings
     from s2t2_dist.translator import TokenTranslator

@@ -52,7 +52,7 @@ def _trace(run_dir):
 
 def test_translate_resumes_on_3_then_1_ranks_like_the_uninterrupted_run(inputs, tmp_path):
     from s2t2_dist.distributed.sharded_sinkhorn import shard_bounds
-    from s2t2_dist.pfile import load_p
+    from s2t2_dist.translator.pfile import load_p
 
     data, model = inputs
     # The uninterrupted 2-rank run checkpoints at steps 2, 4, 6; its first leg (steps 1-2, 2 ranks) is the elastic

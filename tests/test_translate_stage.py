@@ -10,7 +10,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from s2t2_dist.config import load_config
-from s2t2_dist.pfile import PFileError, load_p
+from s2t2_dist.translator.pfile import PFileError, load_p
 from s2t2_dist.stages.translate import TranslateConfig, run
 from stage_fixtures import NCCL_LIKE, REPO, prepare_small, run_cmd, tiny_olmo, torchrun
 

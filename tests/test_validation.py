@@ -378,7 +378,7 @@ def _p_file(path, values=None, meta=None, kind="sparse"):
     import torch
     from safetensors.torch import save_file
 
-    from s2t2_dist.pfile import FORMAT
+    from s2t2_dist.translator.pfile import FORMAT
 
     v, u = 3, 4
     mu, nu = torch.full((v,), 1 / v), torch.full((u,), 1 / u)
@@ -404,7 +404,7 @@ def _p_file(path, values=None, meta=None, kind="sparse"):
     (None, {"kind": "magic"}, "damaged metadata: kind 'magic'"),
 ])
 def test_p_file_values_and_metadata_are_checked_at_load(tmp_path, values, meta, match):
-    from s2t2_dist.pfile import PFileError, load_p
+    from s2t2_dist.translator.pfile import PFileError, load_p
 
     f = _p_file(tmp_path / "P.safetensors", values, meta)
     with pytest.raises(PFileError, match=match):
@@ -412,7 +412,7 @@ def test_p_file_values_and_metadata_are_checked_at_load(tmp_path, values, meta, 
 
 
 def test_a_good_p_file_loads_and_a_signed_unconstrained_one_too(tmp_path):
-    from s2t2_dist.pfile import load_p
+    from s2t2_dist.translator.pfile import load_p
 
     assert load_p(_p_file(tmp_path / "a.safetensors")).shape == (3, 4)
     assert load_p(_p_file(tmp_path / "b.safetensors", lambda x: -x, kind="unconstrained")).kind == "unconstrained"

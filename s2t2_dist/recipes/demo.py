@@ -74,7 +74,7 @@ def p_summary(p_file: str | Path, target_tokenizer: str | Path, source_model: st
               ) -> dict:
     """Sparsity of a P file and the top source tokens of a few single-residue target tokens."""
     from s2t2_dist.data.tokenizers import load_model_tokenizer, load_tokenizer, token_bytes
-    from s2t2_dist.pfile import load_p
+    from s2t2_dist.translator.pfile import load_p
 
     p = load_p(p_file)
     v = p.shape[0]

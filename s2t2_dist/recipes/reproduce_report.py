@@ -58,7 +58,7 @@ def _read(path: str) -> dict | None:
 
 def p_stats(p_file: str) -> dict | None:
     """Sparsity of a learned P: density (non-zeros / (v u)), non-zeros per target column, entropy H(P)."""
-    from s2t2_dist.pfile import load_p
+    from s2t2_dist.translator.pfile import load_p
 
     if not Path(p_file).is_file():
         return None
