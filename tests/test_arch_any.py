@@ -52,7 +52,7 @@ def test_translate_finetune_export_reload(data, tmp_path, arch, tied):
         torch.testing.assert_close(through, src(ids).logits, atol=1e-5, rtol=1e-5)
 
     cfg = load_config(translate.TranslateConfig, None,
-                      _common(tmp_path / "tr", data, model_dir) + ["train.steps=3", "optim.lr=0.05"])
+                      _common(tmp_path / "tr", data, model_dir) + ["train.steps=3"])
     summary = translate.run(cfg)
     assert summary["finished"]
     p = load_p(summary["p_file"])

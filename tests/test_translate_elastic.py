@@ -28,7 +28,7 @@ def _args(data, model, run_dir, *extra):
     return [f"run_dir={run_dir}", f"model.path={model}", f"data.train={data}/shards/new/train", "data.eval=",
             f"data.tokenizer={data}/tokenizer", f"train.context_len={CTX}", f"train.batch_size={G}",
             "train.micro_batch_size=1", "train.log_every=1", "train.ckpt_every=2", "train.keep_checkpoints=5",
-            f"train.steps={STEPS}", "data.shuffle_window=8", "optim.lr=0.05", "translator.heatmap=[8,8]", *extra]
+            f"train.steps={STEPS}", "data.shuffle_window=8", "translator.heatmap=[8,8]", *extra]
 
 
 def _translate(args):
