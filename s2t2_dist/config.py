@@ -127,6 +127,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, arg, key)
             except ConfigError as e:
                 errors.append(str(e))
+        if len(errors) == 1:  # `float | None` and the like: the one type's own message
+            raise ConfigError(errors[0])
         raise ConfigError(f"{key}: {value!r} matches none of {[_type_name(a) for a in args]}")
     if origin is typing.Literal:
         if value not in args:

@@ -363,7 +363,7 @@ def test_config_not_utf8_is_one_line_and_a_bom_is_accepted(tmp_path):
 
 @pytest.mark.parametrize("override,match", [("optim.lr=nan", "optim.lr: expected a finite number"),
                                             ("optim.lr=inf", "optim.lr: expected a finite number"),
-                                            ("optim.lr=-1", "lr: must be >= 0"),
+                                            ("optim.lr=-1", "lr: must be > 0"),
                                             ("train.keep_checkpoints=0", "keep_checkpoints: must be >= 1"),
                                             ("train.keep_checkpoints=-2", "keep_checkpoints: must be >= 1")])
 def test_learning_rates_finite_and_keep_checkpoints_at_least_one(override, match):

@@ -168,8 +168,8 @@ class TranslatorConfig:
         del out["v"], out["lr_x_v"]
         if r.lr is None:
             kind = _kind(self.kind)
-            out["lr"] = (f"waits for the model's vocabulary v: {kind.default_step:g} x {kind.scale_name} (the "
-                         f"{self.kind} kind's default step x its natural scale)")
+            out["lr"] = (f"{kind.default_step:g} x {kind.scale_name} (the default step of the {self.kind} kind x "
+                         "its natural scale), once v is read from the model")
         return out
 
 
