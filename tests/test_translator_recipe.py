@@ -171,3 +171,16 @@ def test_a_registered_kind_trains_one_stage1_step_and_round_trips_its_p_file(dum
     text = (run_dir / "config.yaml").read_text()
     assert "  lr: null" in text and "# resolved" in text and "#   lr: 0.1" in text
     assert load_config(TranslateConfig, run_dir / "config.yaml").optim.lr is None  # still the same config
+
+
+def test_the_translator_does_not_import_the_file_format():
+    """translator/pfile.py reads the kinds' registry; nothing else of translator/ imports it (the module computes
+    C -> P -> E', L'; stats.py summarises P; the stage writes the file)."""
+    import ast
+
+    pkg = REPO / "s2t2_dist" / "translator"
+    for path in pkg.glob("*.py"):
+        if path.name == "pfile.py":
+            continue
+        names = {n.module for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom)}
+        assert not any(m and m.endswith("pfile") for m in names), path
