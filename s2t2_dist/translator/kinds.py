@@ -53,7 +53,7 @@ class Kind:
 
     @staticmethod
     def natural_scale(v: int) -> float:
-        """The scale of C's entries (step sizes are given in this unit; see translator/schedule.py)."""
+        """The scale of C's entries (the automatic lr is default_step in this unit: translator/recipe.py)."""
         raise NotImplementedError
 
     def plan(self, C: Tensor) -> Tensor:
