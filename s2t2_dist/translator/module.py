@@ -371,7 +371,7 @@ class TokenTranslator(nn.Module):
     def forward(self, E: Tensor, L: Optional[Tensor] = None, src_ids: Optional[Tensor] = None):
         return self.embed_and_head(E, L, src_ids)
 
-    # ------------------------------------------------------------------ regularisers and statistics
+    # ------------------------------------------------------------------ regulariser (statistics: stats.py)
     def entropy_local(self) -> Tensor:
         """This rank's share ``-sum_{local block} P log P`` (differentiable; the shares sum to H over ranks)."""
         if self._step is not None and torch.is_grad_enabled():

@@ -5,7 +5,8 @@ layouts (metadata `layout`), whichever file is smaller (`save_p`): "csc", `col_p
 int32: the source row of each non-zero, column by column) and `values` (nnz float32): 8 bytes per non-zero; or
 "dense", `dense` (v x u float32): 4 bytes per entry, smaller above 50% non-zeros. Files of the first format ("coo":
 `indices` 2 x nnz int64 and `values`, 20 bytes per non-zero) still load. Metadata (strings): shape, both
-tokenizers' hashes, the translator kind (a name of translator/kinds.py's registry) and normalisation. Loading runs no code (safetensors).
+tokenizers' hashes, the translator kind (a name of translator/kinds.py's registry) and normalisation. Loading runs
+no code (safetensors).
 """
 
 from __future__ import annotations
@@ -179,8 +180,8 @@ COL_TV_MAX, ROW_TV_MAX, MASS_TOL = 0.05, 1.0, 0.05
 
 def check_values(path, kind: str, idx: torch.Tensor, values: torch.Tensor, mu: torch.Tensor,
                  nu: torch.Tensor) -> None:
-    """P's numbers at load: finite, not all zero; for a plan (a kind whose P is a probability: translator/kinds.py)
-    non-negative, with mu and nu distributions and P's marginals close to them. A P of NaN, inf or zeros is refused here, before it is scored
+    """P's numbers at load: finite, not all zero; for a plan (a kind whose P is a probability, translator/kinds.py:
+    sparse, softmax) non-negative, with mu and nu distributions and P's marginals close to them. A P of NaN, inf or zeros is refused here, before it is scored
     or finetuned."""
     for name, x in (("values", values), ("mu", mu), ("nu", nu)):
         bad = int((~torch.isfinite(x)).sum())
