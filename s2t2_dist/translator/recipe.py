@@ -19,9 +19,7 @@ from s2t2_dist.translator.kinds import REGISTRY
 
 
 def _kind(name: str):
-    if name not in REGISTRY:
-        raise ConfigError(f"kind: {name!r} is not one of {sorted(REGISTRY)} (the registry of translator/kinds.py)")
-    return REGISTRY[name]
+    return REGISTRY.lookup(name, "kind")  # a ConfigError naming the registered kinds (translator/kinds.py)
 
 
 #: what to write instead of a sentinel that meant "the recipe's"
