@@ -51,7 +51,7 @@ class FakeLM(torch.nn.Module):
 
 def bench_init(out: Path) -> list[dict]:
     from finetune_fixtures import random_p
-    from s2t2_dist.pfile import load_p, save_p
+    from s2t2_dist.translator.pfile import load_p, save_p
     from s2t2_dist.stages.init_model import translated_embeddings
 
     v, u = 50280, 512
@@ -61,7 +61,7 @@ def bench_init(out: Path) -> list[dict]:
         t0 = time.perf_counter()
         p = random_p(v, u, src, "s" * 64, "t" * 64, kind=kind, seed=0) if kind == "sparse" else None
         if p is None:  # a dense positive plan with the right marginals, built cheaply (no Sinkhorn loop)
-            from s2t2_dist.pfile import SparseP
+            from s2t2_dist.translator.pfile import SparseP
 
             g = torch.Generator().manual_seed(0)
             r = torch.rand(v, generator=g) + 0.5

@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     from s2t2_dist.models.translated import TranslatedLM, materialize
     from s2t2_dist.stages.finetune import FinetuneTask
     from s2t2_dist.stages.translate import TranslateTask
-    from s2t2_dist.translator import TokenTranslator
+    from s2t2_dist.translator import TokenTranslator, TranslatorConfig
     from s2t2_dist.train.config import OptimConfig
 
     torch.manual_seed(0)
@@ -147,12 +147,12 @@ def main(argv=None) -> int:
             lm = TranslatedLM(model, freeze_model=True)
             flat = OptimConfig(lr=2e-5, eps=1e-8, warmup_frac=0.0, final_lr_frac=1.0)  # a constant lr
             eng = TorchEngine.build(tr, flat, steps + 1, params="sharded")
-            tcfg = SimpleNamespace(translator=SimpleNamespace(alpha=0.0, heatmap=[0, 0]))
+            tcfg = SimpleNamespace(translator=TranslatorConfig(alpha=0.0, heatmap=[0, 0]), optim=flat)
             task = TranslateTask(lm, tr, E, L, src_ids, tcfg, rt, [str(i) for i in range(a.u)],
                                  [str(i) for i in range(a.v)])
             task.report = lambda step, logger, _t=task: {  # the stage's P statistics (heatmap/top lists aside)
-                **{f"P/{k}": v for k, v in _t.translator.density_stats().items()},
-                **{f"P/{k}": v for k, v in _t.translator.marginal_errors().items()}}
+                **{f"P/{k}": v for k, v in _t.stats.density_stats().items()},
+                **{f"P/{k}": v for k, v in _t.stats.marginal_errors().items()}}
             res["s1_loop"].append(med(loop_step_times(task, eng, batches, steps, work / "s1"), a.warmup))
             # the translator alone: P and E', L' forward + backward to C
             tt = []

@@ -35,10 +35,12 @@ from rehearsal import shipped_translator, target_tokenizer  # noqa: E402
 import s2t2_dist.translator.module as module  # noqa: E402
 from s2t2_dist.data.tokenizers import source_token_ids  # noqa: E402
 from s2t2_dist.recipes.tiny import save_olmo_tokenizer  # noqa: E402
-from s2t2_dist.stages.translate import DEFAULT_FLOOR  # noqa: E402
-from s2t2_dist.translator import TokenTranslator  # noqa: E402
+from s2t2_dist.translator import TokenTranslator, TranslatorConfig  # noqa: E402
 import s2t2_dist.translator.product as product  # noqa: E402
 from s2t2_dist.translator.product import plan_product  # noqa: E402
+
+#: the shipped recipe's weight floor (sparse kind, FVT start; translator.floor: null)
+DEFAULT_FLOOR = TranslatorConfig().resolve(None).floor
 
 
 def dense(P, M, sparse=False):

@@ -10,8 +10,11 @@ held-out text is the oracle. Two regimes:
 * ``split``: v < u, the paper's regime: each source token is written as one of u/v target tokens (sigma onto).
 
 Every translator (``TokenTranslator``: sparse = S2T2, softmax, unconstrained) is trained by the translate stage's
-own engine (AdamW, cosine schedule, clipping) from the stage's initialisation, with the step size resolved as the
-stage resolves it (``s2t2_dist.translator.resolve_step``). Reported: recovery (fraction of targets whose largest
+own engine (AdamW, cosine schedule, clipping) from the uniform start, with the step size the stage resolves
+(``TranslatorConfig.resolve``: the kind's default step x its natural scale) and, for the sparse kind, the dense
+warm-up that the stage had before its FVT start replaced it (:class:`WarmUp`, kept here so the numbers of
+BENCHMARKS.md #16a reproduce). ``--lr`` is in units of C's natural scale (1/v for sparse and unconstrained, 1 for
+softmax) with ``--recipe default`` and absolute with ``--recipe paper`` (C = 1/v, no warm-up, 1e-3 by default). Reported: recovery (fraction of targets whose largest
 weight is on sigma(j)), loss gap to the oracle (nats/token, held out), mass-based sparsity (mean largest weight per
 column of W, mean column entropy), the fraction of C with a live gradient at the end, and the loss of the uniform
 P (the start) for scale.
@@ -36,7 +39,87 @@ import torch.nn.functional as F
 
 from s2t2_dist.engines.torch_engine import TorchEngine
 from s2t2_dist.train.config import OptimConfig
-from s2t2_dist.translator import TokenTranslator, resolve_step
+from s2t2_dist.translator import PStats, TokenTranslator, TranslatorConfig
+from s2t2_dist.translator.kinds import REGISTRY
+
+#: the paper's lr for P (section "Training details"): absolute, whatever v
+PAPER_LR = 1e-3
+#: the dense warm-up of the sparse translator from the uniform start (fraction of the run)
+DEFAULT_DENSE_FRAC = 0.75
+
+
+class WarmUp:
+    """The step size of C and, for the sparse kind, the dense warm-up from the uniform start (:func:`resolve`).
+
+    The first ``dense_frac`` of the run trains the softmax (dense Sinkhorn) plan of C at ``dense_lr``; then C is set
+    so that the sparse plan starts at that P (:meth:`TokenTranslator.init_from_dense`) and the sparse plan trains the
+    rest of the run at ``lr`` with a fresh AdamW state (``TorchEngine.set_phase``: each phase its own warm-up and
+    cosine). The exported P is sparse. (The stage dropped it: its FVT start is informed; BENCHMARKS.md #16a, #24.)"""
+
+    def __init__(self, kind: str, v: int, recipe: str, lr: float, init: str = "uniform", steps: int = 0,
+                 dense_frac: float = 0.0, dense_lr: float = 0.0):
+        self.kind, self.v, self.recipe, self.lr = kind, v, recipe, lr
+        self.init, self.steps = init, steps
+        # the warm-up is the sparse plan's (its uniform start's poor optimum); the dense kinds need none
+        self.dense_frac = dense_frac if REGISTRY[kind].sparse_product else 0.0
+        self.dense_lr = dense_lr
+        if not 0.0 <= self.dense_frac < 1.0:
+            raise ValueError(f"dense_frac must be in [0, 1), got {dense_frac}")
+
+    @property
+    def dense_steps(self) -> int:
+        # at least the last step is sparse, so the exported plan is
+        return min(int(round(self.dense_frac * self.steps)), max(self.steps - 1, 0))
+
+    def apply_init(self, tr: TokenTranslator):
+        """Returns ``schedule(step, engine)``, to call before every forward with the number of optimiser steps done
+        (idempotent; after a resume it puts the translator in the phase of that step)."""
+        final_kind = tr.kind
+        first = [True]
+        engine_phase = {}  # the phase last set on each engine (by id): set_phase once per phase
+
+        def schedule(step: int, engine=None) -> None:
+            if not self.dense_steps:
+                return
+            if first:  # C after `step` steps is the warm-up's (logits) up to and including step == dense_steps
+                tr.kind = "softmax" if step <= self.dense_steps else final_kind
+                tr.invalidate()
+                first.clear()
+            want = "softmax" if step < self.dense_steps else final_kind
+            switched = tr.kind != want
+            if switched:
+                if want == "softmax":  # a fresh start (C constant: the uniform plan either way) or a resume in it
+                    tr.kind = "softmax"
+                else:  # the switch, in a run that crosses it: the sparse plan starts at the warm-up's P
+                    with torch.no_grad():
+                        P = tr.P().clone()
+                    tr.kind = final_kind
+                    tr.invalidate()
+                    tr.init_from_dense(P)
+                tr.invalidate()
+            if engine is not None and engine_phase.get(id(engine)) != want:
+                # a fresh AdamW state at a switch (a resumed engine keeps its loaded state)
+                a, b = (0, self.dense_steps) if want == "softmax" else (self.dense_steps, self.steps)
+                engine.set_phase(self.dense_lr if want == "softmax" else self.lr, a, b,
+                                 reset_state=switched and (step == 0 or want == final_kind))
+                engine_phase[id(engine)] = want
+
+        return schedule
+
+
+def resolve(kind: str, v: int, *, recipe: str = "default", lr: float = 0.0, init: str = "",
+            dense_frac: float = -1.0, dense_lr: float = 0.0, steps: int = 0) -> WarmUp:
+    """The bench's step: ``recipe="paper"``: C = 1/v, ``lr`` absolute (0: the paper's 1e-3), no warm-up;
+    ``"default"``: ``lr`` and ``dense_lr`` in units of C's natural scale (0: the stage's automatic lr, resolved by
+    ``TranslatorConfig.resolve``), a dense warm-up of ``DEFAULT_DENSE_FRAC`` for the sparse kind."""
+    if recipe == "paper":
+        return WarmUp(kind, v, recipe, lr or PAPER_LR, init or "uniform", steps, max(dense_frac, 0.0),
+                      dense_lr or PAPER_LR)
+    k, soft = REGISTRY[kind], REGISTRY["softmax"]
+    eff = lr * k.natural_scale(v) if lr else TranslatorConfig(kind=kind).resolve(v).lr
+    dense = (dense_lr or soft.default_step) * soft.natural_scale(v)
+    return WarmUp(kind, v, recipe, eff, init or "uniform", steps,
+                  dense_frac if dense_frac >= 0 else DEFAULT_DENSE_FRAC, dense)
 
 
 class ContextMLPLM(nn.Module):
@@ -123,10 +206,11 @@ def run_one(pb: Problem, kind: str, *, recipe: str = "default", lr: float = 0.0,
     if mu == "freq":
         m = torch.bincount(pb.sigma, minlength=pb.v).double() / pb.u * 0.99 + 0.01 / pb.v
     tr = TokenTranslator(pb.v, pb.u, kind=kind, mu=m)
-    step = resolve_step(kind, pb.v, recipe=recipe, lr=lr, init=init, dense_frac=dense_frac, dense_lr=dense_lr,
-                        steps=steps)
+    step = resolve(kind, pb.v, recipe=recipe, lr=lr, init=init, dense_frac=dense_frac, dense_lr=dense_lr,
+                   steps=steps)
     schedule = step.apply_init(tr)
-    tr.watch_grad()
+    stats = PStats(tr)
+    stats.watch_grad()
     engine = TorchEngine.build(tr, OptimConfig(lr=step.lr, eps=eps), steps, params="sharded")
     schedule(0, engine)
     g = torch.Generator().manual_seed(seed)
@@ -137,18 +221,18 @@ def run_one(pb: Problem, kind: str, *, recipe: str = "default", lr: float = 0.0,
         E_new, L_new = tr.embed_and_head(pb.E, pb.L)
         loss = pb.loss(E_new, L_new, pb.train[idx])
         engine.backward(loss)
-        tr.end_step()  # samples the gradient of C: before the step zeroes it
+        stats.end_step()  # samples the gradient of C: before the step zeroes it
         engine.step()
         if log_every and (s + 1) % log_every == 0:
-            print(f"  step {s + 1} loss {float(loss):.4f} {tr.grad_stats()} {tr.mass_stats()}", file=sys.stderr)
+            print(f"  step {s + 1} loss {float(loss):.4f} {stats.grad_stats()} {stats.mass_stats()}", file=sys.stderr)
     dt = time.perf_counter() - t0
     with torch.no_grad():
         E_new, L_new = tr.embed_and_head(pb.E, pb.L)
         held = float(pb.loss(E_new, L_new, pb.held))
         W = tr.weights(tr.P(), "head")
         rec = float((W.argmax(0) == pb.sigma).double().mean())
-        ms = tr.mass_stats()
-    gs = tr.grad_stats()
+        ms = stats.mass_stats()
+    gs = stats.grad_stats()
     return {"kind": kind, "recipe": recipe, "lr": step.lr, "lr_x_v": step.lr * pb.v, "init": step.init,
             "dense_frac": step.dense_frac, "dense_lr": step.dense_lr, "eps": eps, "mu": mu, "steps": steps, "held_loss": held, "recovery": rec,
             "max_weight_mean": ms["max_weight_mean"], "col_entropy_mean": ms["col_entropy_mean"],

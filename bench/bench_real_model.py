@@ -43,13 +43,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-#: translator rows: name -> (kind, init, init_weight, recipe, lr). `recipe` is translator.recipe: "default" (the
-#: shipped defaults: lr in units of C's natural scale, 0 = the measured default, BENCHMARKS.md #16a) or "paper" (C's
-#: lr absolute; the paper's literal uniform start uses its transfer-run lr 2e-5, which learns at v = 512).
+#: translator rows: name -> (kind, init, init_weight, recipe, lr). `recipe`: "default" (the stage's null keys: the
+#: kind's defaults; BENCHMARKS.md #16a, #24) or "paper" (configs/translate_paper.yaml's keys: alpha 0, floor 0; the
+#: paper's literal uniform start uses its transfer-run lr 2e-5, which learns at v = 512). lr: absolute, 0: null
+#: (the kind's default step x C's natural scale). (The row "s2t2_warmup", a uniform start with the dense warm-up,
+#: went with the warm-up: bench/bench_planted.py keeps it.)
 TRANSLATORS = {
     "s2t2_uniform": ("sparse", "uniform", 0.0, "paper", 2e-5),
     "s2t2_fvt": ("sparse", "fvt", 0.5, "default", 0.0),
-    "s2t2_warmup": ("sparse", "uniform", 0.0, "default", 0.0),
     "softmax": ("softmax", "uniform", 0.0, "default", 0.0),
     "softmax_fvt": ("softmax", "fvt", 0.5, "default", 0.0),
     "unconstrained": ("unconstrained", "uniform", 0.0, "default", 0.0),
@@ -58,11 +59,13 @@ TRANSLATORS = {
 LABELS = {
     "orig_tok": "original tokenizer (ceiling)", "s2t2_uniform": "S2T2, uniform start (paper)",
     "s2t2_fvt": "S2T2, FVT start (shipped defaults)",
-    "s2t2_warmup": "S2T2, uniform start + dense warm-up (default recipe)", "softmax": "softmax Sinkhorn, uniform start",
+    "softmax": "softmax Sinkhorn, uniform start",
     "softmax_fvt": "softmax Sinkhorn, FVT start", "unconstrained": "unconstrained, uniform start",
     "unconstrained_fvt": "unconstrained, FVT start", "fvt": "FVT (no training)", "truncate": "truncation",
     "random": "random guess", "unigram": "unigram (train-split token frequencies)",
 }
+#: the translator keys of the "paper" rows (configs/translate_paper.yaml's)
+PAPER_KEYS = {"paper": {"alpha": 0.0, "floor": 0.0, "source_marginal": "uniform"}}
 N_CHARS = 48
 
 
@@ -167,8 +170,8 @@ class Bench:
         cfg = write_config(self.cfgs / regime / f"{name}.yaml", {
             "run_dir": str(run_dir), "model": {"path": str(self.model), "source_vocab": self.vocab[regime]},
             "data": self.data(regime=regime), "translator": {"kind": kind, "n_iter": 3, "init": init, "init_weight": weight,
-                                                         "recipe": recipe, **(extra or {})},
-            "optim": {"lr": lr, "weight_decay": 0.0}, "train": self.train_block(self.args.steps, regime)},
+                                                         **PAPER_KEYS.get(recipe, {}), **(extra or {})},
+            "optim": {"lr": lr or None, "weight_decay": 0.0}, "train": self.train_block(self.args.steps, regime)},
             TranslateConfig)
         t0 = time.time()
         r = self.runner.run("translate", ["--config", str(cfg)], run_dir, f"{regime}-{name}")
@@ -214,7 +217,7 @@ class Bench:
         from transformers import AutoTokenizer
 
         from s2t2_dist.data.tokenizers import load_tokenizer, source_token_ids, tokenizer_hash
-        from s2t2_dist.pfile import SparseP, save_p
+        from s2t2_dist.translator.pfile import SparseP, save_p
         from s2t2_dist.stages.translate import surface_prior
 
         path = self.runs / regime / "fvt" / "P.safetensors"
@@ -256,7 +259,7 @@ class Bench:
     def shared_to_self(self, p_file: str, regime: str) -> tuple[int, int]:
         """(target tokens whose string is one source token, how many of them have that token as top source)."""
         from s2t2_dist.data.tokenizers import load_tokenizer, source_surface_bytes, token_bytes
-        from s2t2_dist.pfile import load_p
+        from s2t2_dist.translator.pfile import load_p
 
         p = load_p(p_file)
         src = source_surface_bytes(str(self.model), p.source_ids.tolist())
@@ -384,7 +387,7 @@ def _number(s: str):
 def sparsity(p_file: str, unbuilt: list[int] | None = None) -> dict:
     """Non-zeros per target column, density and mass-based sparsity (W = P / nu) of a P file; with `unbuilt`
     (target columns no source piece builds) also the density over the other columns."""
-    from s2t2_dist.pfile import load_p
+    from s2t2_dist.translator.pfile import load_p
     from s2t2_dist.stages.p_columns import column_split
 
     p = load_p(p_file)
@@ -453,8 +456,8 @@ def main(argv=None) -> int:
     ap.add_argument("--regimes", default="v>d,v<d,protein")
     ap.add_argument("--only", default="", help="comma-separated row names (default: all)")
     ap.add_argument("--sweep", action="append", default=[],
-                    help="extra rows NAME:LR1,LR2:W1,W2 (LRs in the row recipe's units: default = 1/v for sparse; "
-                         "e.g. s2t2_fvt:0.01,0.05:0.1,0.5), P only")
+                    help="extra rows NAME:LR1,LR2:W1,W2 (LRs absolute, 0: the kind's default; "
+                         "e.g. s2t2_fvt:2e-5,1e-4:0.1,0.5), P only")
     ap.add_argument("--row", action="append", default=[],
                     help="extra rows NAME=BASE:KEY=VALUE,... (translator keys of row BASE changed; init_weight and "
                          "lr too), e.g. s2t2_a1=s2t2_fvt:alpha=1")

@@ -22,7 +22,7 @@ def _worker(v: int, u: int, repeat: int):
     import torch
     import torch.distributed as dist
 
-    from s2t2_dist.translator import TokenTranslator
+    from s2t2_dist.translator import PStats, TokenTranslator
     from test_stats_batch import _old_report  # the per-statistic reference
 
     group = dist.group.WORLD if dist.is_initialized() else None
@@ -30,17 +30,18 @@ def _worker(v: int, u: int, repeat: int):
     tr = TokenTranslator(v, u, group=group)
     with torch.no_grad():
         tr.C.add_(torch.randn(tr.C.shape, generator=g) * 1e-3)  # moved off the all-ties start
-    tr.watch_grad()
+    st = PStats(tr)
+    st.watch_grad()
     tr.C.grad = torch.randn(tr.C.shape, generator=g)
-    tr.end_step()
+    st.end_step()
     heat = (128, 64)
     with torch.no_grad():
         P = tr.P()
 
         def new():
-            b = tr.stats_batch()
-            parts = [tr.add_density(b, P), tr.add_marginals(b, P), tr.add_mass(b, P), tr.add_grad(b),
-                     tr.add_entropy(b, P), tr.add_top(b, 3, P), tr.add_block(b, *heat, P)]
+            b = st.stats_batch()
+            parts = [st.add_density(b, P), st.add_marginals(b, P), st.add_mass(b, P), st.add_grad(b),
+                     st.add_entropy(b, P), st.add_top(b, 3, P), st.add_block(b, *heat, P)]
             r = b.reduce()
             return [p(r) for p in parts]
 

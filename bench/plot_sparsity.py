@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def points(out: Path) -> list[dict]:
-    from s2t2_dist.pfile import load_p
+    from s2t2_dist.translator.pfile import load_p
 
     pts = []
     for pf in sorted((out / "runs").glob("*/*/P.safetensors")):

@@ -297,7 +297,7 @@ def target_tokenizer(out: Path) -> Path:
 def shipped_translator(model_dir: str, src_tok, src_ids, tok_dir: Path, floor: float, steps: int = 2, device=None):
     """The stage's sparse translator as configs/translate_olmo1b.yaml starts it at these source ids
     (``stages.translate.start_translator``: FVT start at its weight, source marginal "start", ``floor``), moved by
-    ``steps`` steps of the config's optimiser at the recipe's lr against random cotangents: C's entries with a
+    ``steps`` steps of the config's optimiser at its resolved lr against random cotangents: C's entries with a
     gradient move, the rest stay (what P's live rows depend on). ``device``: where it is built and moved."""
     import dataclasses
 
@@ -309,9 +309,9 @@ def shipped_translator(model_dir: str, src_tok, src_ids, tok_dir: Path, floor: f
 
     cfg = load_config(TranslateConfig, REPO / "configs" / "translate_olmo1b.yaml",
                       [f"model.path={model_dir}", f"translator.floor={floor}"])
-    tr, _, step = start_translator(cfg, src_tok, src_ids.tolist(), load_tokenizer(tok_dir))
+    tr, _, resolved = start_translator(cfg, src_tok, src_ids.tolist(), load_tokenizer(tok_dir))
     tr = tr.to(device or "cpu")
-    opt = dataclasses.replace(cfg.optim, lr=step.lr).build([tr.C])
+    opt = dataclasses.replace(cfg.optim, lr=resolved.lr).build([tr.C])
     v = src_ids.numel()
     g = torch.Generator().manual_seed(0)
     for _ in range(steps):
@@ -340,8 +340,7 @@ def inner_share(model_dir: str, out: Path, reps: int, full_steps: list[str], dev
     from s2t2_dist.models.hf import get_embedding_and_head, load_causal_lm
     from s2t2_dist.data.tokenizers import load_hf_tokenizer, source_token_ids
     from s2t2_dist.models.translated import TranslatedLM
-    from s2t2_dist.stages.translate import DEFAULT_FLOOR
-    from s2t2_dist.translator import TokenTranslator
+    from s2t2_dist.translator import TokenTranslator, TranslatorConfig
 
     torch.manual_seed(0)
     dev = torch.device(device)
@@ -379,9 +378,10 @@ def inner_share(model_dir: str, out: Path, reps: int, full_steps: list[str], dev
     res["bare_hf_step_s"] = timed(bare)
     print("bare", res["bare_hf_step_s"], flush=True)
     lm = TranslatedLM(model, freeze_model=True)
-    # floor 0: the plain sparse kind; "<name>_recipe": the shipped recipe's weight floor (translator.floor = -1);
+    # floor 0: the plain sparse kind; "<name>_recipe": the shipped recipe's weight floor (translator.floor: null);
     # both from a moved uniform C with the uniform source marginal. "all_shipped": the shipped recipe whole (FVT
     # start, its own source marginal, floor 1) on the protein tokenizer, after two AdamW steps at its lr.
+    DEFAULT_FLOOR = TranslatorConfig().resolve(None).floor  # the shipped recipe's (sparse, FVT start)
     cases = [("single_byte", 0.0, "moved"), ("all", 0.0, "moved"), ("single_byte_recipe", DEFAULT_FLOOR, "moved"),
              ("all_recipe", DEFAULT_FLOOR, "moved"), ("all_shipped", DEFAULT_FLOOR, "shipped")]
     for name, floor, start in cases:

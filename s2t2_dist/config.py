@@ -127,6 +127,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, arg, key)
             except ConfigError as e:
                 errors.append(str(e))
+        if len(errors) == 1:  # `float | None` and the like: the one type's own message
+            raise ConfigError(errors[0])
         raise ConfigError(f"{key}: {value!r} matches none of {[_type_name(a) for a in args]}")
     if origin is typing.Literal:
         if value not in args:
@@ -196,6 +198,9 @@ def _build(cls: type[T], data: dict, prefix: str = "") -> T:
     kwargs = {}
     for k, v in data.items():
         key = f"{prefix}.{k}" if prefix else str(k)
+        removed = getattr(cls, "REMOVED_KEYS", {})  # a section's former keys -> what to write instead
+        if k not in fields and k in removed:
+            raise ConfigError(f"{key}: this key was removed; {removed[k]}")
         if k not in fields:
             close = difflib.get_close_matches(str(k), fields, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""

@@ -164,6 +164,11 @@ def main(argv: list[str]) -> int:
         print(f"s2t2 config: error: {e}", file=sys.stderr)
         return 2
     print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+    describe = getattr(cfg, "describe_resolved", None)  # a stage whose automatic (null) keys resolve later
+    if describe is not None:
+        values, waits = describe()
+        print("# resolved (what a run uses for the automatic keys; " + waits + "):")
+        print("".join(f"#   {x}\n" for x in yaml.safe_dump(values, sort_keys=False, width=1000).splitlines()), end="")
     try:
         validate_tree(cfg)
     except ConfigError as e:

@@ -68,7 +68,7 @@ def random_p(v: int, u: int, source_ids: torch.Tensor, src_hash: str, tgt_hash: 
     sparse: a north-west-corner transport plan between the uniform marginals (<= v + u - 1 entries, exact), rows
     and columns permuted at random; softmax: a dense positive plan scaled to the marginals (Sinkhorn); unconstrained:
     P = C * nu with C of any sign (the unconstrained translator's convention)."""
-    from s2t2_dist.pfile import SparseP
+    from s2t2_dist.translator.pfile import SparseP
 
     g = torch.Generator().manual_seed(seed)
     mu, nu = torch.full((v,), 1.0 / v), torch.full((u,), 1.0 / u)
@@ -105,7 +105,7 @@ def random_p(v: int, u: int, source_ids: torch.Tensor, src_hash: str, tgt_hash: 
 def write_p(path: Path, model_dir: Path, tokenizer_dir: Path, *, v: int = 96, kind: str = "sparse", seed: int = 0,
             src_hash: str | None = None) -> Path:
     from s2t2_dist.data.tokenizers import load_tokenizer, tokenizer_hash
-    from s2t2_dist.pfile import save_p
+    from s2t2_dist.translator.pfile import save_p
 
     u = load_tokenizer(tokenizer_dir).vocab_size
     g = torch.Generator().manual_seed(seed + 1)

@@ -37,7 +37,7 @@ def test_translate_finetune_export_reload(data, tmp_path, arch, tied):
 
     from s2t2_dist.models.hf import get_embedding_and_head
     from s2t2_dist.models.translated import TranslatedLM
-    from s2t2_dist.pfile import load_p
+    from s2t2_dist.translator.pfile import load_p
     from s2t2_dist.stages import finetune, translate
 
     model_dir = tmp_path / "model"
@@ -52,7 +52,7 @@ def test_translate_finetune_export_reload(data, tmp_path, arch, tied):
         torch.testing.assert_close(through, src(ids).logits, atol=1e-5, rtol=1e-5)
 
     cfg = load_config(translate.TranslateConfig, None,
-                      _common(tmp_path / "tr", data, model_dir) + ["train.steps=3", "optim.lr=0.05"])
+                      _common(tmp_path / "tr", data, model_dir) + ["train.steps=3"])
     summary = translate.run(cfg)
     assert summary["finished"]
     p = load_p(summary["p_file"])

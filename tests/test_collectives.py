@@ -83,7 +83,7 @@ def _nccl_like_rank():
     from s2t2_dist.eval.bpb import EvalTotals
     from s2t2_dist.eval.scoring import score_documents_batched
     from s2t2_dist.train.config import OptimConfig
-    from s2t2_dist.translator import TokenTranslator
+    from s2t2_dist.translator import PStats, TokenTranslator
 
     out = {"backend": dist.get_backend_config()}
     r, w = coll.rank_world()
@@ -131,7 +131,7 @@ def _nccl_like_rank():
     tr = TokenTranslator(4, 2, group=coll.group_for(torch.device("cpu")))  # one target column per rank
     p = torch.zeros(4, 1)
     p[r, 0] = 1.0
-    out["p_stats"] = tr.density_stats(p)
+    out["p_stats"] = PStats(tr).density_stats(p)
     return out
 
 

@@ -19,7 +19,7 @@ from s2t2_dist.data.reader import EvalDocs
 from s2t2_dist.data.shards import load_manifest
 from s2t2_dist.eval.bpb import EvalTotals, score_documents
 from s2t2_dist.eval.scoring import hf_logits_fn, score_documents_batched
-from s2t2_dist.pfile import PFileError, load_p, save_p
+from s2t2_dist.translator.pfile import PFileError, load_p, save_p
 from s2t2_dist.stages.evaluate import EvaluateConfig, run
 
 

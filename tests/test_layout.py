@@ -192,10 +192,10 @@ def test_stages_take_model_and_tokenizer_helpers_from_their_homes():
 def test_export_builds_the_rows_training_used(normalization, config):
     """stage 2's initial E'/L' (init_model, from the P file) equal stage 1's (TokenTranslator), tied and untied."""
     from s2t2_dist.models.hf import get_embedding_and_head
-    from s2t2_dist.pfile import SparseP
+    from s2t2_dist.translator.pfile import SparseP
     from s2t2_dist.recipes.tiny import tiny_from_config
     from s2t2_dist.stages.init_model import translated_embeddings
-    from s2t2_dist.translator import TokenTranslator
+    from s2t2_dist.translator import PStats, TokenTranslator
 
     model = tiny_from_config(config, vocab=64, seed=3)
     E, L, _ = get_embedding_and_head(model)
@@ -214,9 +214,9 @@ def test_export_builds_the_rows_training_used(normalization, config):
     assert torch.allclose(E1, E2, atol=1e-6) and torch.allclose(L1, L2, atol=1e-6)
     assert (ex["values"] == 0).sum() == 0 and 0 < ex["values"].numel() < v * u  # a sparse P, not a trivial one
     # one place for P's statistics: the P file's agree with the live translator's
-    live, filed = tr.density_stats(), p.stats()
+    live, filed = PStats(tr).density_stats(), p.stats()
     assert {k: filed[k] for k in live} == pytest.approx(live)
     # ... and the P file's mass-based sparsity (W = P / nu from the non-zeros) agrees with the translator's dense one
-    mass = tr.mass_stats()
+    mass = PStats(tr).mass_stats()
     assert {k: filed[k] for k in mass} == pytest.approx(mass, rel=1e-5)
     assert 0 < filed["max_weight_mean"] <= 1 and 0 <= filed["col_entropy_mean"] <= math.log(v) + 1e-9

@@ -16,7 +16,7 @@ from s2t2_dist.config import load_config
 def counted(monkeypatch):
     """Counters of every tokenizer-file read (data.tokenizers.read_tokenizer_file, by file), transformers
     tokenizer load (by model) and P-file read (by file) in this process, plus calls of the init resolver."""
-    import s2t2_dist.pfile as pfile
+    import s2t2_dist.translator.pfile as pfile
     import s2t2_dist.data.tokenizers as toks
     import s2t2_dist.stages.init_model as init_model
 
@@ -47,7 +47,7 @@ def _file(d: Path) -> str:
 def test_stage1_reads_each_tokenizer_and_the_p_file_once(world, tmp_path, counted):
     from s2t2_dist.stages.translate import TranslateConfig, run
 
-    from s2t2_dist.pfile import load_p
+    from s2t2_dist.translator.pfile import load_p
 
     p_file = world.p_file("sparse")
     ids = tmp_path / "source_ids.txt"  # the P file's source tokens, as an id file (read against the tokenizer)

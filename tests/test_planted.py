@@ -3,8 +3,8 @@ shipped step sizes learn the planted map; the paper's absolute lr at lr x v >> 1
 monitor reports and the start-up check warns about."""
 import torch
 
-from bench.bench_planted import make_problem, oracle_loss, run_one, uniform_loss
-from s2t2_dist.translator import freeze_warning, resolve_step
+from bench.bench_planted import make_problem, oracle_loss, resolve, run_one, uniform_loss
+from s2t2_dist.translator import TranslatorConfig, freeze_warning
 
 
 def setup_module():
@@ -21,11 +21,11 @@ def test_planted_problem_oracle_beats_uniform():
 def test_default_recipe_learns_planted_map_and_stays_alive():
     pb = make_problem(16, 32, "split", n_train=512, n_held=128)
     r = run_one(pb, "sparse", steps=100)
-    assert r["lr_x_v"] == resolve_step("sparse", 16).lr * 16
+    assert r["lr_x_v"] == TranslatorConfig().resolve(16).lr * 16 == TranslatorConfig().resolve(16).lr_x_v
     assert r["recovery"] >= 0.9, r
     assert r["held_loss"] - oracle_loss(pb) < 0.1, r
     assert r["grad_frozen_steps"] == 0 and r["grad_live_frac"] > 0.01, r
-    assert freeze_warning("sparse", 50280, resolve_step("sparse", 50280).lr) == ""
+    assert TranslatorConfig().resolve(50280).freeze_warning() == ""
 
 
 def test_paper_lr_at_large_lr_x_v_freezes_and_is_detected():
@@ -33,7 +33,7 @@ def test_paper_lr_at_large_lr_x_v_freezes_and_is_detected():
     r = run_one(pb, "sparse", recipe="paper", lr=0.05, steps=60)  # lr x v = 3.2, as the paper's 1e-3 at v = 3,200
     assert r["grad_live_frac"] == 0.0 and r["grad_frozen_steps"] >= 20, r
     assert "freezing range" in freeze_warning("sparse", 64, 0.05)
-    assert "freezing range" in freeze_warning("sparse", 50280, resolve_step("sparse", 50280, recipe="paper").lr)
+    assert "freezing range" in TranslatorConfig().resolve(50280, 1e-3).freeze_warning()  # the paper's lr
     assert freeze_warning("softmax", 50280, 1e-3) == ""
 
 
@@ -43,7 +43,7 @@ def _train(pb, steps, total, tmp=None, resume=None):
     from s2t2_dist.translator import TokenTranslator
 
     tr = TokenTranslator(pb.v, pb.u, dtype=torch.float64)
-    schedule = resolve_step("sparse", pb.v, dense_frac=0.5, steps=total).apply_init(tr)
+    schedule = resolve("sparse", pb.v, dense_frac=0.5, steps=total).apply_init(tr)
     eng = TorchEngine.build(tr, OptimConfig(lr=1.0), total, params="sharded")
     start = 0
     if resume is not None:
@@ -60,7 +60,7 @@ def _train(pb, steps, total, tmp=None, resume=None):
 
 
 def test_dense_warm_up_switch_and_resume_at_any_step(tmp_path):
-    """Dense warm-up (steps 0-3 softmax, then sparse from its P): a run stopped and resumed before, exactly at, or
+    """The bench's dense warm-up (steps 0-3 softmax, then sparse from its P): a run stopped and resumed before, exactly at, or
     after the switch ends with the uninterrupted run's P; the end plan is sparse."""
     pb = make_problem(8, 16, "split", n_train=32, n_held=8)
     ref = _train(pb, 8, 8)

@@ -78,8 +78,10 @@ def test_tiny_table1_every_column(tiny):
     plan = {j["name"]: j for j in json.loads((out / "plan.json").read_text())}
     fvt = plan["seed0/translate_fvt"]["overrides"]
     assert "translator.init=fvt" in fvt and "translator.init_weight=1" in fvt
-    assert "translator.recipe=paper" in plan["seed0/translate_sparse"]["overrides"]
-    assert "translator.recipe=default" in plan["seed0/translate_s2t2_default"]["overrides"]
+    paper = plan["seed0/translate_sparse"]["overrides"]
+    assert "translator.init=uniform" in paper and "translator.floor=0" in paper
+    default = plan["seed0/translate_s2t2_default"]["overrides"]
+    assert "optim.lr=null" in default and not any(o.startswith("translator.init") for o in default)
     # the untrained FVT start (each target token's residue bytes, projected onto S2T2's marginals) is far from the
     # uniform start (largest weight 1/v, column entropy log v) that the paper-recipe S2T2 column starts from
     P = r["runs"]["seed0/translate_fvt"]["P"]

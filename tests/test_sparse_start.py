@@ -8,7 +8,7 @@ from bench.bench_planted import make_problem, oracle_loss
 from s2t2_dist.engines.torch_engine import TorchEngine
 from s2t2_dist.ot.prior import row_marginal
 from s2t2_dist.train.config import OptimConfig
-from s2t2_dist.translator import TokenTranslator, resolve_step
+from s2t2_dist.translator import PStats, TokenTranslator, TranslatorConfig
 
 
 def setup_module():
@@ -31,7 +31,7 @@ def _train(pb, F, nu, floor, steps=120):
     tr = TokenTranslator(pb.v, pb.u, mu=row_marginal(F), nu=nu, floor=floor)
     tr.init_from_dense(F)
     nnz0 = int((tr.P() != 0).sum())
-    lr = resolve_step("sparse", pb.v, init="informed").lr
+    lr = TranslatorConfig(kind="sparse").resolve(pb.v).lr  # the stage's automatic lr
     eng = TorchEngine.build(tr, OptimConfig(lr=lr, weight_decay=0.0), steps, params="sharded")
     g = torch.Generator().manual_seed(0)
     for _ in range(steps):
@@ -43,7 +43,7 @@ def _train(pb, F, nu, floor, steps=120):
         E, L = tr.embed_and_head(pb.E, pb.L)
         W = tr.weights(tr.P(), "head")
         return {"nnz0": nnz0, "nnz": int((W != 0).sum()), "held": float(pb.loss(E, L, pb.held)),
-                "right": float(W[pb.sigma, torch.arange(pb.u)].mean()), "col_err": tr.marginal_errors()["col_err"]}
+                "right": float(W[pb.sigma, torch.arange(pb.u)].mean()), "col_err": PStats(tr).marginal_errors()["col_err"]}
 
 
 def test_sparse_start_stays_sparse_and_learns():

@@ -100,7 +100,7 @@ def _counted_run(data, model, run_dir, kind):
             f"data.tokenizer={data}/tokenizer", "train.context_len=64", "train.batch_size=8",
             "train.micro_batch_size=2", f"train.log_every={LOG_EVERY}", f"train.ckpt_every={CKPT_EVERY}",
             f"train.eval_every={EVAL_EVERY}", f"train.steps={STEPS}", f"translator.kind={kind}",
-            "translator.dense_frac=0", "translator.alpha=0.01", "translator.heatmap=[8,8]", "data.num_workers=0"])
+            "translator.alpha=0.01", "translator.heatmap=[8,8]", "data.num_workers=0"])
         summary = run(cfg)
     finally:
         loop.train, StatsBatch.reduce = real_train, real_reduce

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from distributed import run_distributed
 from s2t2_dist.distributed.stats_batch import StatsBatch
 from s2t2_dist.ot.entropy import entropy
-from s2t2_dist.translator import TokenTranslator
+from s2t2_dist.translator import PStats, TokenTranslator
 
 
 @contextmanager
@@ -119,16 +119,18 @@ def _translator(group, dtype, kind):
         C = torch.full((V, U), 1.0 / V, dtype=torch.float64) + 2e-2 * torch.randn(V, U, generator=g,
                                                                                  dtype=torch.float64)
         tr.C.copy_(C[:, tr.col_start: tr.col_end])
-    tr.watch_grad()
+    st = PStats(tr)
+    st.watch_grad()
     E = torch.randn(V, 5, generator=g, dtype=dtype)
     tr.embed_and_head(E)[1].square().sum().backward()
-    tr.end_step()
-    return tr
+    st.end_step()
+    return st
 
 
-def _old_report(tr, heat):
+def _old_report(st, heat):
     """The statistics as computed before the fused reduction (one collective per statistic, torch on every
     value): the reference the fused ones must equal exactly."""
+    tr = st.tr
     P = tr.P()
     c = tr.comm() if tr.sharded else None
     nz = P != 0
@@ -155,7 +157,7 @@ def _old_report(tr, heat):
         t = c.all_reduce(t, "sum")
     n = max(float(t[2]), 1.0)
     out.update(max_weight_mean=float(t[0]) / n, col_entropy_mean=float(t[1]) / n)
-    live, run = tr._grad_live.reshape(1), tr._grad_zero_run.reshape(1)
+    live, run = st._grad_live.reshape(1), st._grad_zero_run.reshape(1)
     if c:
         live, run = c.all_reduce(live, "sum"), c.all_reduce(run, "min")
     out.update(grad_live_frac=float(live) / float(tr.v * tr.u), grad_frozen_steps=float(run))
@@ -173,13 +175,13 @@ def _old_report(tr, heat):
     return out, top, block.contiguous()
 
 
-def _new_report(tr, heat):
+def _new_report(st, heat):
     """The fused statistics: every one registered into one batch, one all_reduce."""
-    P = tr.P()
+    P = st.tr.P()
     with _count_collectives() as calls:
-        b = tr.stats_batch()
-        parts = [tr.add_density(b, P), tr.add_marginals(b, P), tr.add_mass(b, P), tr.add_grad(b)]
-        ent, top, block = tr.add_entropy(b, P), tr.add_top(b, 3, P), tr.add_block(b, *heat, P)
+        b = st.stats_batch()
+        parts = [st.add_density(b, P), st.add_marginals(b, P), st.add_mass(b, P), st.add_grad(b)]
+        ent, top, block = st.add_entropy(b, P), st.add_top(b, 3, P), st.add_block(b, *heat, P)
         r = b.reduce()
     out = {k: v for part in parts for k, v in part(r).items()}
     out["entropy"] = ent(r)
@@ -214,7 +216,7 @@ def test_fused_statistics_equal_the_per_statistic_ones(world, dtype, kind):
 
 
 def test_entropy_of_the_batch_is_h():
-    tr = _translator(None, torch.float64, "sparse")
-    b = tr.stats_batch()
-    h = tr.add_entropy(b)
-    assert h(b.reduce()) == float(entropy(tr.P().detach()))
+    st = _translator(None, torch.float64, "sparse")
+    b = st.stats_batch()
+    h = st.add_entropy(b)
+    assert h(b.reduce()) == float(entropy(st.tr.P().detach()))

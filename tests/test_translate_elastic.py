@@ -28,7 +28,7 @@ def _args(data, model, run_dir, *extra):
     return [f"run_dir={run_dir}", f"model.path={model}", f"data.train={data}/shards/new/train", "data.eval=",
             f"data.tokenizer={data}/tokenizer", f"train.context_len={CTX}", f"train.batch_size={G}",
             "train.micro_batch_size=1", "train.log_every=1", "train.ckpt_every=2", "train.keep_checkpoints=5",
-            f"train.steps={STEPS}", "data.shuffle_window=8", "optim.lr=0.05", "translator.heatmap=[8,8]", *extra]
+            f"train.steps={STEPS}", "data.shuffle_window=8", "translator.heatmap=[8,8]", *extra]
 
 
 def _translate(args):
@@ -52,7 +52,7 @@ def _trace(run_dir):
 
 def test_translate_resumes_on_3_then_1_ranks_like_the_uninterrupted_run(inputs, tmp_path):
     from s2t2_dist.distributed.sharded_sinkhorn import shard_bounds
-    from s2t2_dist.pfile import load_p
+    from s2t2_dist.translator.pfile import load_p
 
     data, model = inputs
     # The uninterrupted 2-rank run checkpoints at steps 2, 4, 6; its first leg (steps 1-2, 2 ranks) is the elastic

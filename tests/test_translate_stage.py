@@ -10,7 +10,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from s2t2_dist.config import load_config
-from s2t2_dist.pfile import PFileError, load_p
+from s2t2_dist.translator.pfile import PFileError, load_p
 from s2t2_dist.stages.translate import TranslateConfig, run
 from stage_fixtures import NCCL_LIKE, REPO, prepare_small, run_cmd, tiny_olmo, torchrun
 
@@ -44,7 +44,7 @@ def test_translate_single_process_learns_and_exports(inputs, tmp_path):
     data, model = inputs
     cfg = load_config(TranslateConfig, REPO / "configs" / "translate_olmo1b.yaml",
                       _overrides(data, model, tmp_path / "run", "train.steps=12", "train.micro_batch_size=4",
-                                 "data.num_workers=0", "translator.dense_frac=0"))
+                                 "data.num_workers=0"))
     summary = run(cfg)
     assert summary["finished"] and summary["step"] == 12
     acc, losses = _losses(tmp_path / "run")
@@ -89,8 +89,7 @@ def test_translate_torchrun_two_ranks_resume_is_identical(inputs, tmp_path):
     """2 gloo ranks, C sharded by columns (u not divisible by 2 is handled by the translator): an interrupted
     run resumed from its checkpoint gives exactly the uninterrupted run's loss curve and P. The default process
     group has no CPU backend (NCCL_LIKE), so every bookkeeping collective of the loop, checkpoints, evaluation and
-    P statistics must take its CPU tensors to the gloo group, as on a GPU node. The default recipe's dense warm-up
-    (steps 1-4 softmax, then sparse) ends at the interruption at step 4."""
+    P statistics must take its CPU tensors to the gloo group, as on a GPU node."""
     data, model = inputs
     script = str(REPO / "launch" / "translate.py")
     cfgfile = str(REPO / "configs" / "translate_olmo1b.yaml")
@@ -172,7 +171,7 @@ def test_translate_warns_and_flags_a_frozen_C(inputs, tmp_path, caplog):
     data, model = inputs
     cfg = load_config(TranslateConfig, REPO / "configs" / "translate_olmo1b.yaml",
                       _overrides(data, model, tmp_path / "run", "train.steps=30", "train.micro_batch_size=4",
-                                 "data.eval=", "translator.recipe=paper", "translator.init=uniform", "translator.alpha=0",
+                                 "data.eval=", "translator.init=uniform", "translator.alpha=0", "translator.floor=0",
                                  "optim.lr=1.0", "translator.freeze_steps=3",
                                  "train.log_every=1"))
     with caplog.at_level(logging.WARNING, logger="s2t2.translate"):
@@ -212,7 +211,7 @@ def test_translate_fvt_start_maps_shared_tokens_to_themselves(inputs, tmp_path, 
     assert sum(top[j] == r for j, r in shared) == len(shared)
 
 
-@pytest.mark.parametrize("key", ["translator.init_weight=2", "translator.dense_frac=1.5", "translator.freeze_steps=-1"])
+@pytest.mark.parametrize("key", ["translator.init_weight=2", "translator.floor=-2", "translator.freeze_steps=-1"])
 def test_translator_settings_out_of_range_are_refused(key):
     from s2t2_dist.config import ConfigError
 

@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 from distributed import run_distributed
 from s2t2_dist.ot.entropy import entropy
-from s2t2_dist.translator import TokenTranslator
+from s2t2_dist.translator import PStats, TokenTranslator
 
 V, VOCAB, D = 40, 52, 6  # source tokens, rows of the source model's (padded) E, width
 
@@ -150,11 +150,11 @@ def test_stats_export_cache():
     tr = _make(11, freqs=True)
     P = tr.P()
     assert tr.P() is P  # same step: the cached differentiable plan
-    rows, cols = tr.nnz_per_row_and_col()
+    rows, cols = PStats(tr).nnz_per_row_and_col()
     assert torch.equal(rows, (P != 0).sum(1)) and torch.equal(cols, (P != 0).sum(0))
-    st = tr.density_stats()
+    st = PStats(tr).density_stats()
     assert st["nnz"] == float((P != 0).sum()) and st["col_nnz_max"] == float(cols.max())
-    me = tr.marginal_errors()
+    me = PStats(tr).marginal_errors()
     assert me["col_err"] < 1e-12 and me["row_err"] == pytest.approx(float((P.sum(1) - tr.mu).abs().max()))
     ex = tr.export_sparse()
     dense = torch.zeros(V, 11, dtype=torch.float64)
@@ -164,8 +164,8 @@ def test_stats_export_cache():
     dense2 = torch.zeros(V, 11, dtype=torch.float64)
     dense2[idx[0], idx[1]] = vals
     assert torch.equal(dense2, P.detach())
-    assert torch.equal(tr.gather_block(5, 4), P.detach()[:5, :4])
-    top = tr.top_translations(k=2)
+    assert torch.equal(PStats(tr).gather_block(5, 4), P.detach()[:5, :4])
+    top = PStats(tr).top_translations(k=2)
     W = tr.weights().detach()
     assert set(top) == set(range(11)) and top[3][0][0] == int(W[:, 3].argmax())
     # backward releases the step's P (no copy of P is kept between steps); the module stays copyable/savable
@@ -214,7 +214,8 @@ def _run_configs(group=None, rank=0, world=1):
     out = []
     for u, kind, norm, tied, freqs in CONFIGS:
         tr = _make(u, kind, norm, group=group, freqs=freqs)
-        tr.watch_grad()
+        st = PStats(tr)
+        st.watch_grad()
         Lm = E if tied else L
         # (a) every rank computes the same loss, with the global entropy
         Ep, Lp = tr.embed_and_head(E, Lm, ids)
@@ -227,13 +228,13 @@ def _run_configs(group=None, rank=0, world=1):
         loss_r = _loss(Ep, Lp, 100 + rank) + ALPHA * tr.entropy_local()
         loss_r.backward()
         g_dp = tr.C.grad.clone()
-        tr.end_step()
+        st.end_step()
         with torch.no_grad():
             res = dict(P=tr.P().clone(), Ep=Ep.detach().clone(), Lp=Lp.detach().clone(), loss=loss.detach(),
-                       g_same=g_same, g_dp=g_dp, H=tr.entropy(), stats=tr.density_stats(),
-                       marg=tr.marginal_errors(), sparse=tr.gather_sparse(), block=tr.gather_block(7, 9),
-                       top=tr.top_translations(k=3), cols=(tr.col_start, tr.col_end), tied=Ep is Lp,
-                       mass=tr.mass_stats(), grad=tr.grad_stats(), g_live=int((g_dp != 0).sum()))
+                       g_same=g_same, g_dp=g_dp, H=tr.entropy(), stats=PStats(tr).density_stats(),
+                       marg=PStats(tr).marginal_errors(), sparse=tr.gather_sparse(), block=PStats(tr).gather_block(7, 9),
+                       top=PStats(tr).top_translations(k=3), cols=(tr.col_start, tr.col_end), tied=Ep is Lp,
+                       mass=PStats(tr).mass_stats(), grad=st.grad_stats(), g_live=int((g_dp != 0).sum()))
         out.append(res)
     return out
 
@@ -291,21 +292,22 @@ def test_sharded_translator_equals_single_process(world, single):
 
 def test_mass_stats_and_gradient_monitor():
     tr = TokenTranslator(4, 3, dtype=torch.float64)
-    m = tr.mass_stats()  # the uniform start: every column spread over the 4 sources
+    m = PStats(tr).mass_stats()  # the uniform start: every column spread over the 4 sources
     assert m["max_weight_mean"] == pytest.approx(0.25) and m["col_entropy_mean"] == pytest.approx(math.log(4))
     P = torch.zeros(4, 3, dtype=torch.float64)
     P[0, 0], P[1, 1], P[2, 2], P[3, 2] = 1 / 3, 1 / 3, 0.99 / 3, 0.01 / 3  # one-hot, one-hot, 99% on one entry
-    m = tr.mass_stats(P)
+    m = PStats(tr).mass_stats(P)
     assert m["max_weight_mean"] == pytest.approx((1 + 1 + 0.99) / 3)
     assert m["col_entropy_mean"] == pytest.approx(-(0.99 * math.log(0.99) + 0.01 * math.log(0.01)) / 3)
-    assert tr.density_stats(P)["density"] == pytest.approx(4 / 12)  # counts the 1% entry like any other
-    tr.watch_grad()
+    assert PStats(tr).density_stats(P)["density"] == pytest.approx(4 / 12)  # counts the 1% entry like any other
+    st = PStats(tr)
+    st.watch_grad()
     with pytest.raises(RuntimeError, match="watch_grad"):
-        TokenTranslator(4, 3).grad_stats()
+        PStats(TokenTranslator(4, 3)).grad_stats()
     for step in range(3):  # a loss that does not depend on C: exactly zero gradient, counted per step
         (tr.C * 0).sum().backward()
-        tr.end_step()
-        assert tr.grad_stats() == {"grad_live_frac": 0.0, "grad_frozen_steps": step + 1}
+        st.end_step()
+        assert st.grad_stats() == {"grad_live_frac": 0.0, "grad_frozen_steps": step + 1}
         tr.C.grad = None
     # off the uniform start (there the gradient is zero up to round-off, so the test would hang on round-off)
     g = torch.Generator().manual_seed(0)
@@ -313,8 +315,8 @@ def test_mass_stats_and_gradient_monitor():
         tr.C.add_(torch.rand(4, 3, generator=g, dtype=torch.float64) * 0.2)
     E = torch.randn(4, 2, generator=g, dtype=torch.float64)
     tr.embed_and_head(E)[1].square().sum().backward()
-    tr.end_step()
-    g = tr.grad_stats()
+    st.end_step()
+    g = st.grad_stats()
     assert g["grad_frozen_steps"] == 0 and g["grad_live_frac"] == float((tr.C.grad != 0).double().mean()) > 0
 
 

@@ -363,7 +363,7 @@ def test_config_not_utf8_is_one_line_and_a_bom_is_accepted(tmp_path):
 
 @pytest.mark.parametrize("override,match", [("optim.lr=nan", "optim.lr: expected a finite number"),
                                             ("optim.lr=inf", "optim.lr: expected a finite number"),
-                                            ("optim.lr=-1", "lr: must be >= 0"),
+                                            ("optim.lr=-1", "lr: must be > 0"),
                                             ("train.keep_checkpoints=0", "keep_checkpoints: must be >= 1"),
                                             ("train.keep_checkpoints=-2", "keep_checkpoints: must be >= 1")])
 def test_learning_rates_finite_and_keep_checkpoints_at_least_one(override, match):
@@ -378,7 +378,7 @@ def _p_file(path, values=None, meta=None, kind="sparse"):
     import torch
     from safetensors.torch import save_file
 
-    from s2t2_dist.pfile import FORMAT
+    from s2t2_dist.translator.pfile import FORMAT
 
     v, u = 3, 4
     mu, nu = torch.full((v,), 1 / v), torch.full((u,), 1 / u)
@@ -404,7 +404,7 @@ def _p_file(path, values=None, meta=None, kind="sparse"):
     (None, {"kind": "magic"}, "damaged metadata: kind 'magic'"),
 ])
 def test_p_file_values_and_metadata_are_checked_at_load(tmp_path, values, meta, match):
-    from s2t2_dist.pfile import PFileError, load_p
+    from s2t2_dist.translator.pfile import PFileError, load_p
 
     f = _p_file(tmp_path / "P.safetensors", values, meta)
     with pytest.raises(PFileError, match=match):
@@ -412,7 +412,7 @@ def test_p_file_values_and_metadata_are_checked_at_load(tmp_path, values, meta, 
 
 
 def test_a_good_p_file_loads_and_a_signed_unconstrained_one_too(tmp_path):
-    from s2t2_dist.pfile import load_p
+    from s2t2_dist.translator.pfile import load_p
 
     assert load_p(_p_file(tmp_path / "a.safetensors")).shape == (3, 4)
     assert load_p(_p_file(tmp_path / "b.safetensors", lambda x: -x, kind="unconstrained")).kind == "unconstrained"

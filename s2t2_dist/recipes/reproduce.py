@@ -71,18 +71,21 @@ def _train_overrides(cfg: ReproduceConfig, st: Setting) -> list[str]:
     return train
 
 
-def translate_job(cfg: ReproduceConfig, st: Setting, name: str, kind: str, alpha: float | None, lr: float, seed: int,
-                  steps: int | None = None, extra: tuple[str, ...] = (), recipe: str = "paper") -> Job:
-    """Stage 1 on the small source model: learn P of `kind` with entropy weight `alpha` (None: the config's).
-    recipe paper: the paper's literal recipe, whatever the config's start: C = 1/v (init uniform), optim.lr
-    absolute; default: the config's (the shipped) recipe."""
+def translate_job(cfg: ReproduceConfig, st: Setting, name: str, kind: str, alpha: float | None,
+                  lr: float | None, seed: int, steps: int | None = None, extra: tuple[str, ...] = (),
+                  recipe: str = "paper") -> Job:
+    """Stage 1 on the small source model: learn P of `kind` with entropy weight `alpha` (None: the config's) at
+    `lr` (absolute; None: the kind's default). recipe paper: the paper's literal recipe, whatever the config's
+    start (configs/translate_paper.yaml's translator keys): C = 1/v (init uniform), no weight floor; default: the
+    config's (the shipped) recipe."""
     d = st.data
     rd = f"{st.out}/{name}"
-    paper = ("translator.init=uniform",) if recipe == "paper" else ()
+    paper = ("translator.init=uniform", "translator.floor=0") if recipe == "paper" else ()
     ov = [f"run_dir={rd}", f"model.path={st.small_model}", *_data_overrides(d), f"data.tokenizer={d}/tokenizer",
-          f"translator.kind={kind}", *([f"translator.alpha={alpha}"] if alpha is not None else []), f"optim.lr={lr}",
+          f"translator.kind={kind}", *([f"translator.alpha={alpha}"] if alpha is not None else []),
+          f"optim.lr={'null' if lr is None else lr}",
           f"train.steps={cfg.p_steps if steps is None else steps}", f"train.seed={seed}", *_train_overrides(cfg, st),
-          f"translator.recipe={recipe}", *paper, *extra]
+          *paper, *extra]
     if st.local:
         # evaluated by the evaluate stage; the local byte LMs' vocabulary is bytes plus their specials, so `all`
         # (the config's single_byte would drop the BOS/EOS rows the documents start and end with)
@@ -197,9 +200,9 @@ def build_plan(cfg: ReproduceConfig, st: Setting, p_lrs: dict[str, float] | None
         jobs.append(j)
         jobs.append(evaluate(f"{s}/eval_fvt", st.small_model, "translated", j.produces[0],
                              role=("table1", "fvt", seed)))
-        # S2T2 with the shipped recipe (the flagship config's translator section: FVT start, entropy weight, lr in
-        # units of 1/v; BENCHMARKS.md #24), next to the paper-faithful S2T2 column (recipe paper)
-        j = translate_job(cfg, st, f"{s}/translate_s2t2_default", "sparse", None, 0.0, seed, recipe="default")
+        # S2T2 with the shipped recipe (the flagship config's translator section: FVT start, entropy weight, the
+        # kind's default lr; BENCHMARKS.md #24), next to the paper-faithful S2T2 column (recipe paper)
+        j = translate_job(cfg, st, f"{s}/translate_s2t2_default", "sparse", None, None, seed, recipe="default")
         jobs.append(j)
         jobs.append(evaluate(f"{s}/eval_s2t2_default", st.small_model, "translated", j.produces[0],
                              role=("table1", "s2t2_default", seed)))

@@ -58,7 +58,7 @@ def _read(path: str) -> dict | None:
 
 def p_stats(p_file: str) -> dict | None:
     """Sparsity of a learned P: density (non-zeros / (v u)), non-zeros per target column, entropy H(P)."""
-    from s2t2_dist.pfile import load_p
+    from s2t2_dist.translator.pfile import load_p
 
     if not Path(p_file).is_file():
         return None
@@ -87,7 +87,7 @@ def collect(cfg: ReproduceConfig, jobs: list[Job], st: Setting, extra: dict | No
         if j.stage == "translate":
             entry.update(final_loss=r.get("final_loss"), p_file=r.get("p_file"),
                          kind=_override(j, "translator.kind"), alpha=float(_override(j, "translator.alpha") or 0),
-                         lr=float(_override(j, "optim.lr") or "nan"))
+                         lr=float((r.get("resolved") or {}).get("lr") or "nan"))  # the lr the run used
             if r.get("p_file"):
                 entry["P"] = p_stats(r["p_file"])
         m = _metrics_of(j, r) if j.stage != "translate" else None
@@ -287,7 +287,7 @@ def table1_markdown(results: dict) -> str:
     return "\n".join([head, sep, *rows, "",
                       f"Held-out protein sequences; {spread} {n} seed(s). Perplexity per token of each column's "
                       "tokenizer; BpB = total NLL / (ln 2 x UTF-8 bytes). Paper: OLMo-1B on UniRef50 (Table 1). "
-                      "S2T2 (shipped defaults): the config's translator section (translator.recipe=default: the "
+                      "S2T2 (shipped defaults): the config's translator section (null keys: the kind's defaults; the "
                       "FVT plan blended half-and-half with the uniform one, source marginal mu = that start's row "
                       "sums, weights below 1/v dropped, entropy weight 0.3, lr in units of 1/v; no dense warm-up), "
                       "P only; the S2T2 column uses the paper's literal recipe. "

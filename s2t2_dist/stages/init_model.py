@@ -113,7 +113,7 @@ def _as_init_error(prefix: str = ""):
 
 @torch.no_grad()
 def translated_embeddings(model, p) -> tuple[torch.Tensor, torch.Tensor]:
-    """(E', L') of `model` under the P file `p` (a pfile.SparseP): E' = W_E^T E[source_ids], L' = W_L^T L[source_ids]
+    """(E', L') of `model` under the P file `p` (a translator.pfile.SparseP): E' = W_E^T E[source_ids], L' = W_L^T L[source_ids]
     with the P file's own normalisation, in float32: the same function as training (translator.translated_rows)."""
     from s2t2_dist.models.hf import get_embedding_and_head
     from s2t2_dist.translator import translated_rows
@@ -196,7 +196,7 @@ def resolve_plan(init: InitConfig, model_path: str, tokenizer: str, out_dir: str
     plan.source_tokenizer_hash = src_hash
     plan.model_dir = str(out_dir)
     if init.kind == "translated":
-        from s2t2_dist.pfile import load_p
+        from s2t2_dist.translator.pfile import load_p
 
         p = load_p(init.p_file)
         if p.source_tokenizer_hash != src_hash:

@@ -34,7 +34,8 @@ def column_split(col_nnz: torch.Tensor, v: int, unbuilt: Sequence[int]) -> dict:
             "col_nnz_mean_unbuilt": float(col_nnz[mask].mean()) if mask.any() else None}
 
 
-def translator_column_split(translator, unbuilt: Sequence[int]) -> dict:
-    """`column_split` of a TokenTranslator's current P (one collective when C is sharded: call on every rank)."""
-    _, cols = translator.nnz_per_row_and_col()
-    return column_split(cols, translator.v, unbuilt)
+def translator_column_split(stats, unbuilt: Sequence[int]) -> dict:
+    """`column_split` of a translator's current P, from its :class:`~s2t2_dist.translator.stats.PStats` (one
+    collective when C is sharded: call on every rank)."""
+    _, cols = stats.nnz_per_row_and_col()
+    return column_split(cols, stats.tr.v, unbuilt)

@@ -13,7 +13,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 
@@ -26,10 +26,11 @@ from s2t2_dist import faults
 from s2t2_dist.utils import stop
 from s2t2_dist.stages.common import (Runtime, config_part, fingerprint, parse_args, record_config, run_main,
                                      run_stage)
-from s2t2_dist.train.config import OptimConfig, TrainConfig
+from s2t2_dist.train.config import TrainConfig
 import s2t2_dist.train.phases as phases
 from s2t2_dist.train.loop import Task
-from s2t2_dist.translator.kinds import REGISTRY as TRANSLATOR_KINDS
+from s2t2_dist.translator.recipe import Resolved, TranslateOptimConfig, TranslatorConfig
+from s2t2_dist.translator.stats import PStats, p_sparsity, sparsity_warning
 
 log = logging.getLogger("s2t2.translate")
 
@@ -37,10 +38,8 @@ log = logging.getLogger("s2t2.translate")
 @dataclass
 class ModelConfig(ModelPathConfig):
     """The `model:` section (path, trust_remote_code: ModelPathConfig, shared with finetune and evaluate) and what
-    stage 1 adds: the frozen source LM's dtype, source tokens, activation checkpointing and partitioning."""
+    stage 1 adds: source tokens, activation checkpointing and partitioning."""
 
-    #: auto: bfloat16 on GPU, float32 on CPU
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     #: source tokens P translates from: all (every real token), single_byte (tokens of exactly one byte: the
     #: paper's "bytes", 243 on OLMo), single_char (tokens of one character: 1,004 on OLMo, 876 multi-byte, so NOT
     #: bytes), or a file of ids
@@ -51,108 +50,9 @@ class ModelConfig(ModelPathConfig):
     #: (FSDP2, gathered block by block in forward and backward) for models that do not fit one device
     partition: Literal["none", "fsdp"] = "none"
 
-
-#: the entropy weight of the shipped recipe (sparse kind, recipe default; BENCHMARKS.md #24)
-DEFAULT_ALPHA = 0.3
-#: the weight floor (units of 1/v) of the shipped recipe's sparse FVT start (BENCHMARKS.md "#24 (session 5)")
-DEFAULT_FLOOR = 1.0
-
-
-@dataclass
-class TranslatorConfig:
-    #: sparse: sparse Sinkhorn P (the paper's S2T2); softmax: dense Sinkhorn baseline; unconstrained: W = C, no OT
-    kind: Literal[tuple(TRANSLATOR_KINDS)] = "sparse"  # type: ignore[valid-type]  (the registry in translator/kinds.py)
-    #: full (row, column) Dykstra iterations: 3 = the paper's "iterating 3 times" (Algorithm 1's k = 0..n with n = 2)
-    n_iter: int = 3
-    #: convex: W_E = W_L = P / nu (E', L' are convex combinations of source rows); paper: the paper's literal
-    #: W_E = P / mu, W_L = P / nu
-    normalization: Literal["convex", "paper"] = "convex"
-    #: weight of the entropy regulariser alpha * H(P), H in nats (larger: sparser P). -1: the recipe's, 0.3 for
-    #: the sparse kind with recipe default, 0 otherwise (the paper's recipe and the baselines). Its measured effect
-    #: (large with the uniform source marginal, small with the shipped sparse start): BENCHMARKS.md #24
-    alpha: float = -1.0
-    #: the plan C starts from. uniform: C = 1/v (the paper; P = mu nu^T). fvt: from the surface strings, each
-    #: target token's bytes written as source tokens by greedy longest match (`ot.prior`), blended with the
-    #: uniform plan, P0 = init_weight * P_fvt + (1 - init_weight) * mu nu^T; C = P0 (sparse; its zeros start below
-    #: every threshold), log P0 (softmax), P0 / nu (unconstrained). Shipped: fvt at 0.5 with source_marginal start
-    #: and floor 1 (what each start gives: BENCHMARKS.md "#24 (session 5)"; help texts carry no measurements)
-    init: Literal["uniform", "fvt"] = "fvt"
-    #: fvt only: the weight of the surface-string plan in the blend (1: FVT itself, 0: uniform)
-    init_weight: float = 0.5
-    #: the source marginal mu (P's row sums). start: for the sparse kind with init fvt (and no init_p), the row
-    #: sums of the FVT plan, each source token's share of the surface-string decomposition, so that the start is
-    #: feasible and its zeros stay zeros (a sparse P); otherwise uniform. uniform: 1/v (the paper's), which forces
-    #: every source token's 1/v of mass onto some target, spread by the projections thinly over almost every
-    #: column (a dense P; BENCHMARKS.md #24)
-    source_marginal: Literal["start", "uniform"] = "start"
-    #: sparse only: weights W = P / nu below floor / v are dropped from P and each column rescaled (a column's
-    #: largest weight always stays): the full columns of weights far below 1/v that the projections' last column
-    #: step adds to a column its row step left short. -1: the recipe's, 1 for the sparse kind with recipe default
-    #: and an fvt start, 0 (off) otherwise (BENCHMARKS.md "#24 (session 5)")
-    floor: float = -1.0
-    #: start from a P file instead (e.g. the transfer experiment); overrides `init`
-    init_p: str = ""
-    #: rows x cols of P shown as a heatmap image in TensorBoard
-    heatmap: list[int] = field(default_factory=lambda: [128, 64])
-    #: default: optim.lr is in units of C's natural scale (1/v for sparse and unconstrained, 1 for softmax), so one
-    #: value works for every v, and 0 takes the measured default of the kind (bench/bench_planted.py);
-    #: paper: the paper's literal recipe, C = 1/v and optim.lr absolute (0: the paper's 1e-3)
-    recipe: Literal["default", "paper"] = "default"
-    #: sparse only: the fraction of the run that first trains the dense (softmax) plan of C from the uniform start,
-    #: then switches to the sparse plan starting at that P (escapes the uniform start's poor optimum; see
-    #: BENCHMARKS.md #16a); -1: the recipe's default (default: 0.75, paper: 0); off with init_p or init: fvt
-    dense_frac: float = -1.0
-    #: the warm-up's lr (softmax units: logits); 0: the recipe's default
-    dense_lr: float = 0.0
-    #: warn (and flag it in result.json) when the gradient on C has been zero (fewer than 5% of the target columns
-    #: receiving any) for this many consecutive steps (0: off)
-    freeze_steps: int = 50
-
-    def validate(self) -> None:
-        if self.n_iter < 1:
-            raise ConfigError(f"n_iter: must be >= 1, got {self.n_iter}")
-        if self.alpha < 0 and self.alpha != -1:
-            raise ConfigError(f"alpha: must be >= 0 or -1 (the recipe's), got {self.alpha}")
-        if not 0.0 <= self.init_weight <= 1.0:
-            raise ConfigError(f"init_weight: must be in [0, 1], got {self.init_weight}")
-        if not (self.dense_frac == -1.0 or 0 <= self.dense_frac < 1):
-            raise ConfigError(f"dense_frac: must be in [0, 1) or -1 (the recipe's default), got {self.dense_frac}")
-        if self.dense_lr < 0:
-            raise ConfigError(f"dense_lr: must be >= 0 (0: the recipe's default), got {self.dense_lr}")
-        if self.floor < 0 and self.floor != -1:
-            raise ConfigError(f"floor: must be >= 0 or -1 (the recipe's), got {self.floor}")
-        if self.freeze_steps < 0:
-            raise ConfigError(f"freeze_steps: must be >= 0, got {self.freeze_steps}")
-        if len(self.heatmap) != 2 or min(self.heatmap) < 1:
-            raise ConfigError(f"heatmap: need [rows, columns], two numbers >= 1, got {self.heatmap}")
-
-    @property
-    def fvt_start(self) -> bool:
-        return self.init == "fvt" and not self.init_p
-
-    def resolved_source_marginal(self) -> str:
-        return "start" if self.source_marginal == "start" and self.kind == "sparse" and self.fvt_start else "uniform"
-
-    def resolved_floor(self) -> float:
-        if self.floor >= 0:
-            return self.floor
-        return DEFAULT_FLOOR if self.kind == "sparse" and self.recipe == "default" and self.fvt_start else 0.0
-
-    def resolved_alpha(self) -> float:
-        if self.alpha >= 0:
-            return self.alpha
-        return DEFAULT_ALPHA if self.kind == "sparse" and self.recipe == "default" else 0.0
-
-
-@dataclass
-class TranslateOptimConfig(OptimConfig):
-    #: 0: the default of translator.recipe and translator.kind; see translator.recipe for the units
-    lr: float = 0.0
-
-    def validate(self) -> None:
-        if self.lr < 0:
-            raise ConfigError(f"lr: must be >= 0 (0: the recipe's default), got {self.lr}")
-        OptimConfig.validate(OptimConfig(**{**self.__dict__, "lr": self.lr or 1.0}))
+    #: keys that no longer exist -> what to write instead (config.py reports them in one line)
+    REMOVED_KEYS: ClassVar[dict[str, str]] = {
+        "dtype": "it was never read: the frozen LM computes in train.precision (bf16 or fp32); remove the key"}
 
 
 @dataclass
@@ -165,30 +65,38 @@ class TranslateConfig:
     data: DataPaths = field(default_factory=DataPaths)
     #: how P is parameterised and regularised
     translator: TranslatorConfig = field(default_factory=TranslatorConfig)
-    #: AdamW and its learning-rate schedule (stage 1 trains only P's parameters; lr units: translator.recipe)
+    #: AdamW and its learning-rate schedule (stage 1 trains only P's parameters; lr absolute, null: the kind's)
     optim: TranslateOptimConfig = field(default_factory=lambda: TranslateOptimConfig(weight_decay=0.0))
     #: steps, batch layout, precision, logging, evaluation and checkpoint cadence
     train: TrainConfig = field(default_factory=TrainConfig)
     #: held-out evaluation on data.eval (the documents: train.eval_max_docs)
     eval: ScoringConfig = field(default_factory=ScoringConfig)
 
+    def describe_resolved(self) -> tuple[dict, str]:
+        """What `s2t2 config translate` can resolve without the model (the translator's recipe) and a note on
+        what waits for it."""
+        return self.translator.describe(self.optim.lr), ("v, the source vocabulary, is read from model.path "
+                                                         "(model.source_vocab) when the run starts")
+
 
 class TranslateTask(Task):
     """Loss of a micro-batch through the frozen LM reading and predicting target tokens via E', L'."""
 
     def __init__(self, lm, translator, E, L, src_ids, cfg: TranslateConfig, rt: Runtime, target_vocab: list[str],
-                 source_vocab: list[str], eval_docs=None):
+                 source_vocab: list[str], eval_docs=None, resolved: Resolved | None = None):
         self.lm, self.translator = lm, translator
+        self.stats = PStats(translator)  # P's statistics and the monitor of C's gradient
+        self.stats.watch_grad()
         self.E, self.L, self.src_ids = E, L, src_ids
         translator.register_source_ids(src_ids)  # (setup: its one host read is not a step's)
         self.cfg, self.rt = cfg, rt
-        self.alpha = cfg.translator.resolved_alpha()
+        self.resolved = resolved if resolved is not None else cfg.translator.resolve(translator.v, cfg.optim.lr)
+        self.alpha = self.resolved.alpha
         self.target_vocab, self.source_vocab = target_vocab, source_vocab
         self.eval_docs = eval_docs
         self.frozen_at = None
-        self.schedule = self.engine = None
-        self.start_warning = ""
-        self.lr = cfg.optim.lr
+        self.start_warning = self.resolved.freeze_warning()
+        self.lr = self.resolved.lr
 
     def embeddings(self):
         E_new, L_new = self.translator.embed_and_head(self.E, self.L, self.src_ids)
@@ -196,10 +104,8 @@ class TranslateTask(Task):
         return E_new.to(dt), L_new.to(dt)
 
     def before_step(self, steps_done: int, logging: bool) -> None:
-        """One plan per optimiser step: the recipe's phase, then P, E', L' (and H) computed once for all the
-        step's micro-batches (TokenTranslator.begin_step)."""
-        if self.schedule is not None:  # the recipe's phase for the steps done (dense warm-up, annealing)
-            self.schedule(self.engine.scheduler.last_epoch, self.engine)
+        """One plan per optimiser step: P, E', L' (and H) computed once for all the step's micro-batches
+        (TokenTranslator.begin_step)."""
         self.translator.begin_step(self.E, self.L, self.src_ids, entropy=bool(self.alpha))
         self._unsampled += 1
 
@@ -208,7 +114,7 @@ class TranslateTask(Task):
         the device: read in report())."""
         self.translator.finish_step()
         if logging:
-            self.translator.end_step(self._unsampled)
+            self.stats.end_step(self._unsampled)
             self._unsampled = 0
 
     _unsampled = 0  # optimiser steps since the gradient monitor's last sample
@@ -238,8 +144,8 @@ class TranslateTask(Task):
         every statistic of P and of the gradient monitor into ``batch`` (the loop's StatsBatch, reduced once with
         its own numbers) and returns what turns the reduced host values into the logged scalars (it also writes the
         heatmap and the top translations on rank 0; no collective, no device read)."""
-        tr = self.translator
-        P = tr.P()
+        tr = self.stats
+        P = self.translator.P()
         parts = [tr.add_density(batch, P), tr.add_marginals(batch, P)]
         entropy = tr.add_entropy(batch, P)
         mass, grad = tr.add_mass(batch, P), tr.add_grad(batch)
@@ -262,21 +168,21 @@ class TranslateTask(Task):
 
     def report(self, step, logger) -> dict[str, float]:
         """:meth:`report_stats` on a batch of its own (collective: every rank calls it)."""
-        batch = self.translator.stats_batch()
+        batch = self.stats.stats_batch()
         return self.report_stats(step, logger, batch)(batch.reduce())
 
     def check_gradient(self, step: int, g: dict[str, float] | None = None) -> dict[str, float]:
         """The gradient monitor's global statistics ``g`` (None: read them, a collective); warns once (rank 0) when
         the gradient on C has been (almost) zero for translator.freeze_steps consecutive steps, and remembers it
         for the summary."""
-        g = self.translator.grad_stats() if g is None else g
+        g = self.stats.grad_stats() if g is None else g
         n = self.cfg.translator.freeze_steps
         if n and g["grad_frozen_steps"] >= n and self.frozen_at is None:
             self.frozen_at = step
             if self.rt.env.is_main:
                 log.warning("translate: the gradient on C has been (almost) exactly zero for %d steps (step %d): "
                             "P is frozen and no longer learns (the supports of the sparse projections collapsed; lower optim.lr, "
-                            "see translator.recipe)", int(g["grad_frozen_steps"]), step)
+                            "or null for the kind's default)", int(g["grad_frozen_steps"]), step)
         return {f"C/{k}": v for k, v in g.items()}
 
     def gradient_summary(self, step: int, g: dict[str, float] | None = None) -> dict:
@@ -331,7 +237,6 @@ def build(cfg: TranslateConfig, rt: Runtime, inputs: TranslateInputs | None = No
                                      local_numel)
     from s2t2_dist.models.translated import TranslatedLM
     from s2t2_dist.stages.p_columns import translator_column_split, unbuilt_columns
-    from s2t2_dist.translator import freeze_warning
 
     env = rt.env
     with phases.phase("model load"):
@@ -351,14 +256,15 @@ def build(cfg: TranslateConfig, rt: Runtime, inputs: TranslateInputs | None = No
     local, total = local_numel(model)
     src_ids = source_token_ids(src_tok, cfg.model.source_vocab, num_embeddings=E.shape[0]).to(rt.device)
     tgt = inputs.target
-    u, v = tgt.vocab_size, src_ids.numel()
+    u = tgt.vocab_size
     from s2t2_dist.distributed.collectives import group_for
 
     # C's columns are sharded over every rank, on the group that serves C's device (NCCL for CUDA)
     group = group_for(rt.device) if env.distributed else None
     tc = cfg.translator
     with phases.phase("translator"):
-        translator, dec, step = start_translator(cfg, src_tok, src_ids.tolist(), tgt, group=group, device=rt.device)
+        translator, dec, resolved = start_translator(cfg, src_tok, src_ids.tolist(), tgt, group=group,
+                                                     device=rt.device)
     hashes = inputs.hashes()
     if cfg.translator.init_p:
         p = inputs.init_p
@@ -367,19 +273,17 @@ def build(cfg: TranslateConfig, rt: Runtime, inputs: TranslateInputs | None = No
     elif dec is not None:
         log.info("translate: FVT start (weight %.3g, source marginal %s): %.1f%% of target bytes covered by source "
                  "tokens, %d target tokens without pieces, %d identical to a source token", tc.init_weight,
-                 tc.resolved_source_marginal(), 100 * dec.coverage, dec.empty, dec.identical)
-    schedule = step.apply_init(translator) if step.init != "informed" else None
-    warning = freeze_warning(cfg.translator.kind, v, step.lr)
+                 resolved.source_marginal, 100 * dec.coverage, dec.empty, dec.identical)
+    warning = resolved.freeze_warning()
     if warning and env.is_main:
         log.warning("translate: %s", warning)
-    translator.watch_grad()
     lm = TranslatedLM(model, freeze_model=True, gradient_checkpointing=cfg.model.activation_checkpointing)
     if cfg.model.activation_checkpointing:
         checkpoint_frozen_blocks(model)
     from s2t2_dist.engines.torch_engine import TorchEngine
 
     with phases.phase("optimiser"):
-        engine = TorchEngine.build(translator, cfg.optim, cfg.train.steps, params="sharded", lr=step.lr)
+        engine = TorchEngine.build(translator, cfg.optim, cfg.train.steps, params="sharded", lr=resolved.lr)
     # The data position is global (a sample count), so that a checkpoint resumes on any number of ranks
     cfg.train.resolve_layout(env.world_size)  # auto -> a number; ConfigError naming the keys if impossible
     loader = GlobalTrainLoader(cfg.data.train, global_batch_size=cfg.train.batch_size,
@@ -394,43 +298,36 @@ def build(cfg: TranslateConfig, rt: Runtime, inputs: TranslateInputs | None = No
     eval_docs = EvalDocs(cfg.data.eval, rank=env.rank, world_size=env.world_size) if cfg.data.eval else None
     task = TranslateTask(lm, translator, E, L, src_ids, cfg, rt,
                          [tgt.tokenizer.id_to_token(i) or str(i) for i in range(u)],
-                         _vocab_strings(src_tok, src_ids.tolist()), eval_docs)
+                         _vocab_strings(src_tok, src_ids.tolist()), eval_docs, resolved)
     task.lm_param_fraction = local / total
-    task.lr, task.start_warning = step.lr, warning
-    task.p_start = p_sparsity(translator)  # collective when sharded: every rank
+    task.p_start = p_sparsity(task.stats)  # collective when sharded: every rank
     # the target columns no source piece builds (FVT gives them dense columns): P's density without them too
     task.unbuilt = unbuilt_columns((dec or surface_decomposition(src_tok, src_ids.tolist(), tgt)).pieces)
-    task.p_start.update(translator_column_split(translator, task.unbuilt))
-    task.schedule, task.engine = schedule, engine
+    task.p_start.update(translator_column_split(task.stats, task.unbuilt))
     if env.is_main:
-        log.info("translate: %s", step)
+        log.info("translate: resolved %s", json.dumps(resolved.as_dict()))
     return task, engine, loader, hashes
 
 
 def start_translator(cfg: TranslateConfig, src_tok, src_ids: list[int], tgt, *, group=None,
                      device: torch.device | str = "cpu"):
-    """The translator as the stage starts it, and its step recipe: one home for the stage and bench/rehearsal.py.
-    The kind, the FVT prior (``translator.init=fvt``) with its source marginal and floor, C from the prior, on
-    ``device``; the StepRecipe of ``translator.recipe`` (an informed start: no dense warm-up). Returns (translator,
-    the prior's decomposition or None, step). ``translator.init_p`` is the caller's: it checks the P file against
-    the run's tokenizers first."""
-    from s2t2_dist.translator import TokenTranslator, resolve_step
-
+    """The translator as the stage starts it: one home for the stage and bench/rehearsal.py. The section resolved
+    at v (``TranslatorConfig.resolve``: lr, alpha, floor, source marginal), the FVT prior (``translator.init=fvt``)
+    with its source marginal, the translator built (``TranslatorConfig.build``) with C from the prior, on
+    ``device``. Returns (translator, the prior's decomposition or None, the Resolved). ``translator.init_p`` is the
+    caller's: it checks the P file against the run's tokenizers first."""
     tc = cfg.translator
     v, u = len(src_ids), tgt.vocab_size
+    resolved = tc.resolve(v, cfg.optim.lr)
     P0 = mu = dec = None
     if tc.fvt_start:
         uniform = (torch.full((v,), 1.0 / v, dtype=torch.float64), torch.full((u,), 1.0 / u, dtype=torch.float64))
         P0, dec, mu = surface_prior(cfg.model.path, src_tok, src_ids, tgt, *uniform, tc.init_weight,
-                                    trust_remote_code=cfg.model.trust_remote_code, marginal=tc.resolved_source_marginal())
-    translator = TokenTranslator(v, u, kind=tc.kind, n_iter=tc.n_iter, normalization=tc.normalization, group=group,
-                                 mu=mu, floor=tc.resolved_floor()).to(device)
+                                    trust_remote_code=cfg.model.trust_remote_code, marginal=resolved.source_marginal)
+    translator = tc.build(v, u, resolved=resolved, mu=mu, group=group, device=device)
     if P0 is not None:
         translator.init_from_dense(P0)
-    informed = bool(tc.init_p) or tc.init == "fvt"  # an informed start: no dense warm-up from the uniform plan
-    step = resolve_step(tc.kind, v, recipe=tc.recipe, lr=cfg.optim.lr, init="informed" if informed else "",
-                        dense_frac=0.0 if informed else tc.dense_frac, dense_lr=tc.dense_lr, steps=cfg.train.steps)
-    return translator, dec, step
+    return translator, dec, resolved
 
 
 def surface_decomposition(src_tok, src_ids: list[int], tgt):
@@ -466,36 +363,8 @@ def surface_prior(model_path: str, src_tok, src_ids: list[int], tgt, mu, nu, wei
     return blend_with_uniform(F, mu, nu.cpu(), weight), dec, mu
 
 
-SPARSITY_KEYS = ("density", "col_nnz_mean", "max_weight_mean", "col_entropy_mean")
-
-
-def p_sparsity(tr, batch=None):
-    """P's sparsity for result.json: non-zeros (density, per target column) and by mass (mean largest weight and
-    entropy of W = P / nu's columns). Without ``batch``: the dict (one collective when sharded); with a StatsBatch:
-    registers the partial values into it and returns what finishes the dict from the reduced values."""
-    b = tr.stats_batch() if batch is None else batch
-    density, mass = tr.add_density(b), tr.add_mass(b)
-
-    def finish(r) -> dict:
-        st = {**density(r), **mass(r)}
-        return {k: st[k] for k in SPARSITY_KEYS}
-    return finish(b.reduce()) if batch is None else finish
-
-
-def sparsity_warning(start: dict, end: dict) -> str:
-    """'' unless the learned P has no fewer non-zeros per column than its start and no lower column entropy, and
-    more than 5% non-zeros (the #24 target: a sparse start that stays as sparse is what the shipped recipe does)."""
-    if end["col_nnz_mean"] < start["col_nnz_mean"] or end["col_entropy_mean"] < start["col_entropy_mean"] - 1e-6:
-        return ""
-    if end["density"] <= 0.05:
-        return ""
-    return (f"the learned P is no sparser than its start ({end['col_nnz_mean']:.1f} non-zeros per target token, "
-            f"start {start['col_nnz_mean']:.1f}; column entropy {end['col_entropy_mean']:.2f} nats, start "
-            f"{start['col_entropy_mean']:.2f}): raise translator.alpha (BENCHMARKS.md #24)")
-
-
 def export_p(path: Path, task: TranslateTask, hashes: dict) -> Path | None:
-    from s2t2_dist.pfile import SparseP, save_p
+    from s2t2_dist.translator.pfile import SparseP, save_p
 
     tr = task.translator
     idx, vals = tr.gather_sparse()  # global COO on every rank
@@ -526,7 +395,7 @@ class TranslateInputs:
         if self.target is None:
             self.target = load_tokenizer(cfg.data.tokenizer)
         if cfg.translator.init_p and self.init_p is None:
-            from s2t2_dist.pfile import load_p
+            from s2t2_dist.translator.pfile import load_p
 
             self.init_p = load_p(cfg.translator.init_p)
         return self
@@ -561,7 +430,7 @@ def preflight(cfg: TranslateConfig) -> TranslateInputs:
     if cfg.translator.init_p:
         if not Path(cfg.translator.init_p).is_file():
             raise ConfigError(f"translator.init_p: P file {cfg.translator.init_p} does not exist")
-        from s2t2_dist.pfile import load_p
+        from s2t2_dist.translator.pfile import load_p
 
         p = load_p(cfg.translator.init_p)
         if src is not None:
@@ -573,6 +442,22 @@ def run(cfg: TranslateConfig, *, progress: bool = True) -> dict:
     return run_stage(cfg, _train, preflight=preflight, precision=cfg.train.precision, seed=cfg.train.seed,
                      record=False, progress=progress, result=lambda rt: rt.run_dir / "result.json",
                      report=lambda rt, s: log.info("translate: %s", json.dumps(s)))
+
+
+def record_resolved(rt: Runtime, cfg: TranslateConfig, resolved: Resolved) -> None:
+    """RUN_DIR/config.yaml again (rank 0, atomic), the config as given (null: automatic) followed by what the run
+    resolved them to, as YAML comments: the file still loads as the same config."""
+    if not rt.env.is_main:
+        return
+    import yaml
+
+    from s2t2_dist.config import to_dict
+    from s2t2_dist.utils.io import atomic_write_text
+
+    lines = yaml.safe_dump(resolved.as_dict(), sort_keys=False).splitlines()
+    atomic_write_text(rt.run_dir / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False)
+                      + "# resolved (what this run uses; also in result.json):\n"
+                      + "".join(f"#   {x}\n" for x in lines))
 
 
 def _train(cfg: TranslateConfig, rt: Runtime, inputs: TranslateInputs | None) -> dict:
@@ -593,16 +478,18 @@ def _train(cfg: TranslateConfig, rt: Runtime, inputs: TranslateInputs | None) ->
     ck.check_resumable()
     record_config(rt, cfg)
     task, engine, loader, hashes = build(cfg, rt, inputs)
+    record_resolved(rt, cfg, task.resolved)
     result = train(cfg.train, task, engine, loader, ck, rt.logger, progress=rt.progress)
-    batch = task.translator.stats_batch()  # the end's statistics in one collective
-    grad, end = task.translator.add_grad(batch), p_sparsity(task.translator, batch)
+    batch = task.stats.stats_batch()  # the end's statistics in one collective
+    grad, end = task.stats.add_grad(batch), p_sparsity(task.stats, batch)
     reduced = batch.reduce()
     summary = {"step": result.step, "finished": result.finished, "preempted": result.preempted,
                "bad_steps": result.bad_steps, "final_loss": result.final_loss,
+               "resolved": task.resolved.as_dict(),
                "lm_param_fraction_per_rank": task.lm_param_fraction,
                "gradient_on_C": task.gradient_summary(result.step, grad(reduced))}
     summary["P"] = {"start": task.p_start, "end": {**end(reduced),
-                                                   **translator_column_split(task.translator, task.unbuilt)}}
+                                                   **translator_column_split(task.stats, task.unbuilt)}}
     summary["P"]["warning"] = sparsity_warning(summary["P"]["start"], summary["P"]["end"])
     if summary["P"]["warning"] and rt.env.is_main:
         log.warning("translate: %s", summary["P"]["warning"])

@@ -3,7 +3,7 @@ over all ranks) written once by rank 0 under `global/`, per-node metrics written
 `node_NNN/`, so `tensorboard --logdir RUN/tb` shows every node and a slow node stands out.
 
 For the translation P: `MetricsLogger.heatmap` draws a slice of P (its statistics are the translator's, computed
-by pfile.sparsity_summary; its top translations a `text` table).
+by translator/stats.py sparsity_summary; its top translations a `text` table).
 
 A requeued run appends new event files to the same folders; TensorBoard drops the points of the earlier attempt
 from the step it resumed at (out-of-order steps purge a tag's later points), so curves stay single-valued.

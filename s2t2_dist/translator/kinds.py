@@ -1,5 +1,6 @@
-"""Translator kinds: how C becomes P. One small class per kind behind one interface; a new kind is a class here
-(or in its own file) and one entry in :data:`REGISTRY`.
+"""Translator kinds: how C becomes P, and every per-kind fact the rest of the package reads (the recipe's defaults
+in translator/recipe.py, the P file's checks in translator/pfile.py). One small class per kind behind one
+interface; a new kind is a class here (or in its own file) and one entry in :data:`REGISTRY` (:func:`register`).
 
 A kind is built per translator (``REGISTRY[name](tr)``) so it can keep per-run state (the sparse solver) and read
 the translator's shape, marginals and process group.
@@ -30,13 +31,29 @@ class Kind:
     #: P's rows are mostly all-zero and :meth:`plan`'s backward reads P's gradient only on P's support: the
     #: product E' = P^T E may take the live-row kernels (translator/product.py)
     sparse_product = False
+    #: :meth:`natural_scale` in words (messages, `s2t2 config translate`)
+    scale_name = "1"
+    #: the default step size of C (AdamW's lr) in units of :meth:`natural_scale` (bench/bench_planted.py)
+    default_step = 0.1
+    #: the default entropy weight alpha (translator.alpha: null)
+    default_alpha = 0.0
+    #: :meth:`plan` reads the translator's weight floor (translator.floor); others refuse a floor > 0
+    uses_floor = False
+    #: the default weight floor (units of 1/v) from an FVT start (translator.floor: null); 0 from any other start
+    default_floor_fvt = 0.0
+    #: an FVT start may set the source marginal mu to its own row sums (translator.source_marginal: start), so that
+    #: the start is feasible and its zeros stay zeros
+    start_marginal = False
+    #: lr x v from which the plan's gradient dies within a few hundred steps (None: no such range;
+    #: bench/bench_planted.py); translator/recipe.py warns at start
+    freeze_lr_x_v: float | None = None
 
     def __init__(self, tr):
         self.tr = tr
 
     @staticmethod
     def natural_scale(v: int) -> float:
-        """The scale of C's entries (step sizes are given in this unit; see translator/schedule.py)."""
+        """The scale of C's entries (the automatic lr is default_step in this unit: translator/recipe.py)."""
         raise NotImplementedError
 
     def plan(self, C: Tensor) -> Tensor:
@@ -58,6 +75,16 @@ class SparseKind(Kind):
     name = "sparse"
     # sparsemax's Jacobian S * (h - mean_S h) and the floor's backward read the gradient on the support only
     sparse_product = True
+    # BENCHMARKS.md #16a (step), #24 (alpha) and "#24 (session 5)" (floor, source marginal)
+    default_step = 0.025
+    scale_name = "1/v"
+    default_alpha = 0.3
+    uses_floor = True
+    default_floor_fvt = 1.0
+    start_marginal = True
+    # AdamW moves every entry of C by ~lr per step; past the 1/v scale of the row projections every support
+    # collapses to one entry and sparsemax's Jacobian, hence the gradient on C, is exactly zero
+    freeze_lr_x_v = 1.0
 
     def __init__(self, tr):
         super().__init__(tr)
@@ -103,6 +130,7 @@ class SoftmaxKind(Kind):
     """The dense Sinkhorn baseline (softmax projections). C are logits: only differences of O(1) matter."""
 
     name = "softmax"
+    default_step = 0.1
 
     @staticmethod
     def natural_scale(v: int) -> float:
@@ -123,6 +151,8 @@ class UnconstrainedKind(Kind):
 
     name = "unconstrained"
     is_probability = False
+    default_step = 2.5
+    scale_name = "1/v"
 
     @staticmethod
     def natural_scale(v: int) -> float:
@@ -136,4 +166,13 @@ class UnconstrainedKind(Kind):
 
 
 #: name -> kind class; the names are translator.kind's values
-REGISTRY: Registry = Registry("translator kind", {k.name: k for k in (SparseKind, SoftmaxKind, UnconstrainedKind)})
+REGISTRY: Registry = Registry("translator kind")
+
+
+def register(cls: type[Kind]) -> type[Kind]:
+    """Add a kind to :data:`REGISTRY` under its ``name`` (usable as a class decorator)."""
+    return REGISTRY.register(cls.name, cls)
+
+
+for _k in (SparseKind, SoftmaxKind, UnconstrainedKind):
+    register(_k)

@@ -22,15 +22,12 @@ global H on every rank, mean convention); both give the objective ``mean_q ce_q 
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Tuple
-
-import numpy as np
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
 from torch import Tensor
 
-from s2t2_dist.distributed.stats_batch import Reduced, StatsBatch
 from s2t2_dist.distributed.sharded_sinkhorn import (
     GroupComm,
     all_reduce_sum_mean_grad,
@@ -41,17 +38,11 @@ from s2t2_dist.distributed.sharded_sinkhorn import (
 from s2t2_dist.ot.entropy import entropy as _entropy
 from s2t2_dist.ot.marginals import safe_inv
 from s2t2_dist.ot.sinkhorn import validate_plan_inputs
-from s2t2_dist.pfile import sparsity_summary
 from s2t2_dist.translator.kinds import REGISTRY, Kind
 from s2t2_dist.translator.product import plan_product
 
-__all__ = ["TokenTranslator", "KINDS", "NORMALIZATIONS", "translated_rows", "translation_weights"]
+__all__ = ["TokenTranslator", "NORMALIZATIONS", "translated_rows", "translation_weights"]
 
-#: a step counts as frozen when fewer than this fraction of the target columns receive any gradient on C
-FREEZE_LIVE_COLS = 0.05
-
-#: the translator kinds (translator/kinds.py)
-KINDS = tuple(REGISTRY)
 NORMALIZATIONS = ("convex", "paper")
 
 
@@ -95,8 +86,7 @@ class TokenTranslator(nn.Module):
 
     Args:
         v, u: numbers of source and target tokens.
-        kind: ``"sparse"`` (paper's S2T2: sparse Sinkhorn), ``"softmax"`` (dense Sinkhorn baseline) or
-            ``"unconstrained"`` (``P = C * nu``, so that the weights ``P / nu`` are ``C`` itself).
+        kind: a name of translator/kinds.py's registry (how C becomes P).
         n_iter: Dykstra iterations (paper: 3).
         normalization: ``"convex"`` or ``"paper"`` (see module docstring).
         mu, nu: marginals (v), (u); uniform by default; see :meth:`from_frequencies`.
@@ -124,8 +114,8 @@ class TokenTranslator(nn.Module):
         floor: float = 0.0,
     ):
         super().__init__()
-        if kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        if kind not in REGISTRY:
+            raise ValueError(f"kind must be one of {sorted(REGISTRY)}, got {kind!r}")
         if normalization not in NORMALIZATIONS:
             raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
         if n_iter < 1:
@@ -153,7 +143,7 @@ class TokenTranslator(nn.Module):
         # the local columns of positive mass (None: all), found here on the host: the statistics of a logging step
         # select them without a device sync (nu, like mu, is fixed at construction)
         live = nu.detach().cpu().to(dtype)[self.col_start: self.col_end] > 0
-        self._live_cols = None if bool(live.all()) else live.nonzero().reshape(-1)
+        self.live_cols = None if bool(live.all()) else live.nonzero().reshape(-1)
         self.C = nn.Parameter(torch.full((self.v, self.col_end - self.col_start), 1.0 / self.v, dtype=dtype,
                                          device=device))
         self._kinds: Dict[str, Kind] = {}  # one object per kind used (the sparse one keeps its warm start)
@@ -198,13 +188,13 @@ class TokenTranslator(nn.Module):
     # ------------------------------------------------------------------ plumbing
     @property
     def kind(self) -> str:
-        """The kind's name; setting it switches how P is computed (e.g. the dense warm-up of translator/schedule.py)."""
+        """The kind's name; setting it switches how P is computed (e.g. bench/bench_planted.py's dense warm-up)."""
         return self._kind_name
 
     @kind.setter
     def kind(self, name: str) -> None:
         if name not in REGISTRY:
-            raise ValueError(f"kind must be one of {KINDS}, got {name!r}")
+            raise ValueError(f"kind must be one of {sorted(REGISTRY)}, got {name!r}")
         if name not in self._kinds:
             self._kinds[name] = REGISTRY[name](self)
         self._kind_name = name
@@ -381,7 +371,7 @@ class TokenTranslator(nn.Module):
     def forward(self, E: Tensor, L: Optional[Tensor] = None, src_ids: Optional[Tensor] = None):
         return self.embed_and_head(E, L, src_ids)
 
-    # ------------------------------------------------------------------ regularisers and statistics
+    # ------------------------------------------------------------------ regulariser (statistics: stats.py)
     def entropy_local(self) -> Tensor:
         """This rank's share ``-sum_{local block} P log P`` (differentiable; the shares sum to H over ranks)."""
         if self._step is not None and torch.is_grad_enabled():
@@ -400,169 +390,6 @@ class TokenTranslator(nn.Module):
     def _entropy_global(self) -> Tensor:
         h = _entropy(self.P())
         return all_reduce_sum_mean_grad(h.reshape(1), self.comm()).reshape(()) if self.sharded else h
-
-    # Statistics come in two halves: ``add_*`` registers this rank's partial values (pure math on its block of P, on
-    # the device, no host read) into a StatsBatch and returns the function that finishes them from the reduced
-    # host values; the training loop reduces one batch per logging step (the loop's numbers, every statistic and
-    # the gradient monitor in ONE collective and one read). The plain methods (density_stats, ...) reduce a batch
-    # of their own.
-
-    def _check_group(self, b: StatsBatch) -> None:
-        if b.world != self.world_size or (b.group is not None and b.group is not self.group):
-            raise ValueError("TokenTranslator statistics: the StatsBatch must reduce over the translator's group")
-
-    def _put(self, b: StatsBatch, name: str, value, op: str = "sum") -> None:
-        if self.sharded:
-            self._check_group(b)
-            b.add(name, value, op)
-        else:  # every rank holds the whole P: its statistics are its own, not reduced
-            b.add(name, value, "local")
-
-    def _put_rows(self, b: StatsBatch, name: str, value: Tensor, offset: int, total: int) -> None:
-        """This rank's rows [offset, offset + n) of a ``total``-row result (unsharded: ``value`` is all of it)."""
-        if self.sharded:
-            self._check_group(b)
-            b.add_rows(name, value, offset, total)
-        else:
-            b.add(name, value, "local")
-
-    def stats_batch(self) -> StatsBatch:
-        """An empty StatsBatch over this translator's ranks, on C's device."""
-        return StatsBatch(self.C.device, self.group if self.sharded else None)
-
-    def _alone(self, add, *args):
-        """Run one ``add_*`` on a batch of its own (one collective when sharded)."""
-        b = self.stats_batch()
-        finish = add(b, *args)
-        return finish(b.reduce())
-
-    def _stat_P(self, P: Optional[Tensor]) -> Tensor:
-        return self.P() if P is None else P.detach()
-
-    @torch.no_grad()
-    def add_density(self, b: StatsBatch, P: Optional[Tensor] = None) -> Callable[[Reduced], Dict[str, float]]:
-        """Non-zeros of the global P (:func:`~s2t2_dist.pfile.sparsity_summary`): per source row (summed over the
-        column shards) and per target column (this rank's columns)."""
-        nz = self._stat_P(P) != 0
-        self._put(b, "P.row_nnz", nz.sum(1))
-        self._put_rows(b, "P.col_nnz", nz.sum(0), self.col_start, self.u)
-        return lambda r: {k: float(x) for k, x in sparsity_summary(r["P.row_nnz"], r["P.col_nnz"]).items()}
-
-    @torch.no_grad()
-    def nnz_per_row_and_col(self, P: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-        """Global non-zeros of P per source row (v) and per target column (u), on every rank (host tensors)."""
-        def finish(r):
-            return torch.from_numpy(r["P.row_nnz"].copy()), torch.from_numpy(r["P.col_nnz"].copy())
-
-        b = self.stats_batch()
-        self.add_density(b, P)
-        return finish(b.reduce())
-
-    @torch.no_grad()
-    def density_stats(self, P: Optional[Tensor] = None) -> Dict[str, float]:
-        """Summary of the non-zeros of the global P (floats, identical on every rank)."""
-        return self._alone(self.add_density, P)
-
-    @torch.no_grad()
-    def add_mass(self, b: StatsBatch, P: Optional[Tensor] = None) -> Callable[[Reduced], Dict[str, float]]:
-        """Mass-based sparsity of the global W = P / nu (head weights; each column sums to one): ``max_weight_mean``
-        is the mean over target columns of their largest weight (1.0: every target reads one source token),
-        ``col_entropy_mean`` the mean entropy of W's columns in nats (0: one source each; log v: uniform; for the
-        unconstrained kind, of the positive part of W). Unlike the non-zero counts of :meth:`add_density`, a column
-        with 99% of its mass on one entry counts as (almost) one-hot. Zero-mass columns are left out."""
-        W = self.weights(self._stat_P(P), "head")  # one v x u_local temporary, in P's dtype; sums in float64
-        if self._live_cols is not None:  # columns of zero mass left out (nu is fixed: the index is the host's)
-            W = W.index_select(1, self._live_cols.to(W.device, non_blocking=True))
-        if W.shape[1]:
-            mx = W.max(0).values.double().sum()
-            Wp = W.clamp_min(0)  # the unconstrained weights may be negative: entropy of their positive part
-            H = -torch.special.xlogy(Wp, Wp).sum(0).double().sum()
-        else:
-            mx = H = torch.zeros((), dtype=torch.float64, device=W.device)
-        self._put(b, "P.mass", torch.stack([mx, H]))
-        self._put(b, "P.live_cols", float(W.shape[1]))
-
-        def finish(r):
-            t, n = r["P.mass"], max(float(r["P.live_cols"]), 1.0)
-            return {"max_weight_mean": float(t[0]) / n, "col_entropy_mean": float(t[1]) / n}
-        return finish
-
-    @torch.no_grad()
-    def mass_stats(self, P: Optional[Tensor] = None) -> Dict[str, float]:
-        """:meth:`add_mass` on a batch of its own: floats, identical on every rank."""
-        return self._alone(self.add_mass, P)
-
-    # ------------------------------------------------------------------ gradient monitor (freeze detection)
-    def watch_grad(self) -> None:
-        """Turn the gradient monitor on. It SAMPLES: :meth:`end_step` reads C's gradient when called (the training
-        stage calls it on logging steps only, after the step's backward and before the optimiser step, so that no
-        other step reads anything), on the device, without a host sync; :meth:`grad_stats` reads the counts."""
-        if not self._watching:
-            z = torch.zeros((), dtype=torch.float64, device=self.C.device)
-            self._grad_live, self._grad_live_cols, self._grad_zero_run = z, z.clone(), z.clone()
-            self._watching = True
-
-    _watching = False
-
-    @torch.no_grad()
-    def end_step(self, steps: int = 1) -> None:
-        """Sample the gradient of C now (call after backward, before the gradient is zeroed); ``steps``: the
-        optimiser steps this sample stands for (those since the previous sample). A freeze is then detected on the
-        sampled steps: the run of frozen steps grows by ``steps`` per frozen sample, so it may be counted up to
-        ``steps - 1`` steps early or late, never missed (a frozen C stays frozen)."""
-        if not self._watching:
-            return
-        g = self.C.grad
-        if g is None or not g.numel():
-            live = cols = torch.zeros((), dtype=torch.float64, device=self.C.device)
-        else:
-            nz = g != 0
-            live, cols = nz.sum().double(), nz.any(0).sum().double()
-        self._grad_live, self._grad_live_cols = live, cols
-        # frozen: (almost) no target column still receives gradient (exactly zero, or a few tied entries left)
-        stalled = cols < FREEZE_LIVE_COLS * max(self.C.shape[1], 1)
-        self._grad_zero_run = torch.where(stalled, self._grad_zero_run + steps, torch.zeros_like(self._grad_zero_run))
-
-    def add_grad(self, b: StatsBatch) -> Callable[[Reduced], Dict[str, float]]:
-        """Global gradient-monitor statistics: ``grad_live_frac``, the fraction of all v x u entries of C whose
-        gradient was non-zero at the last sample; ``grad_frozen_steps``, the number of consecutive (sampled) steps,
-        ending now, on which fewer than ``FREEZE_LIVE_COLS`` of the target columns received any gradient (exactly
-        zero, or a few tied entries left: a frozen C), the minimum over ranks of each rank's own run."""
-        if not self._watching:
-            raise RuntimeError("grad_stats: call watch_grad() first")
-        self._put(b, "C.grad_live", self._grad_live)
-        self._put(b, "C.grad_zero_run", self._grad_zero_run, "min")
-        return lambda r: {"grad_live_frac": float(r["C.grad_live"]) / float(self.v * self.u),
-                          "grad_frozen_steps": float(r["C.grad_zero_run"])}
-
-    @torch.no_grad()
-    def grad_stats(self) -> Dict[str, float]:
-        """:meth:`add_grad` on a batch of its own (collective when sharded; one host read)."""
-        return self._alone(self.add_grad)
-
-    @torch.no_grad()
-    def add_marginals(self, b: StatsBatch, P: Optional[Tensor] = None) -> Callable[[Reduced], Dict[str, float]]:
-        """Max abs error of the row sums (vs mu) and column sums (vs nu) of the global P after n_iter."""
-        P = self._stat_P(P)
-        col_err = (P.double().sum(0) - self.nu_local.double()).abs().max() if P.shape[1] else P.new_zeros(())
-        self._put(b, "P.row_sums", P.double().sum(1))
-        self._put(b, "P.col_err", col_err.double(), "max")
-        b.add("P.mu", self.mu.double(), "local")  # read with the rest: the row error is formed on the host
-
-        def finish(r):
-            return {"row_err": float(np.abs(r["P.row_sums"] - r["P.mu"]).max()), "col_err": float(r["P.col_err"])}
-        return finish
-
-    @torch.no_grad()
-    def marginal_errors(self, P: Optional[Tensor] = None) -> Dict[str, float]:
-        """:meth:`add_marginals` on a batch of its own."""
-        return self._alone(self.add_marginals, P)
-
-    @torch.no_grad()
-    def add_entropy(self, b: StatsBatch, P: Optional[Tensor] = None) -> Callable[[Reduced], float]:
-        """H(P) of the global P (the shares summed in float64, rounded once to P's dtype)."""
-        self._put(b, "P.entropy", _entropy(self._stat_P(P)))
-        return lambda r: float(r["P.entropy"])
 
     # ------------------------------------------------------------------ export
     @torch.no_grad()
@@ -589,43 +416,6 @@ class TokenTranslator(nn.Module):
         all_vals = c.all_gather_rows(vals, sizes)
         order = (all_idx[0] * self.u + all_idx[1]).argsort()
         return all_idx[:, order].contiguous(), all_vals[order]
-
-    @torch.no_grad()
-    def add_block(self, b: StatsBatch, rows: int, cols: int, P: Optional[Tensor] = None
-                  ) -> Callable[[Reduced], Tensor]:
-        """The dense top-left ``rows x cols`` block of the global P (for heatmaps): a host tensor in P's dtype."""
-        P = self._stat_P(P)
-        rows, cols = min(rows, self.v), min(cols, self.u)
-        a, e = self.col_start, min(self.col_end, cols)
-        mine = P[:rows, : max(e - a, 0)].t()  # this rank's columns [a, e) of the block, as rows
-        self._put_rows(b, "P.block", mine, min(a, cols), cols)
-        return lambda r: torch.from_numpy(np.ascontiguousarray(r["P.block"].T))
-
-    @torch.no_grad()
-    def gather_block(self, rows: int, cols: int, P: Optional[Tensor] = None) -> Tensor:
-        """:meth:`add_block` on a batch of its own (every rank)."""
-        return self._alone(self.add_block, rows, cols, P)
-
-    @torch.no_grad()
-    def add_top(self, b: StatsBatch, k: int = 3, P: Optional[Tensor] = None
-                ) -> Callable[[Reduced], Dict[int, List[Tuple[int, float]]]]:
-        """For every target token j (global id): its ``k`` largest source weights ``(i, W_L[i, j])`` (W = P/nu),
-        zero weights left out. Identical on every rank."""
-        W = self.weights(self._stat_P(P), "head")
-        kk = min(k, self.v)
-        vals, idx = W.t().topk(kk, dim=1) if W.shape[1] else (W.new_zeros(0, kk), W.new_zeros(0, kk).long())
-        self._put_rows(b, "P.top_w", vals, self.col_start, self.u)
-        self._put_rows(b, "P.top_i", idx, self.col_start, self.u)
-
-        def finish(r):
-            vals, idx = r["P.top_w"].tolist(), r["P.top_i"].tolist()
-            return {j: [(int(i), float(w)) for i, w in zip(idx[j], vals[j]) if w > 0] for j in range(len(vals))}
-        return finish
-
-    @torch.no_grad()
-    def top_translations(self, k: int = 3, P: Optional[Tensor] = None) -> Dict[int, List[Tuple[int, float]]]:
-        """:meth:`add_top` on a batch of its own."""
-        return self._alone(self.add_top, k, P)
 
     def extra_repr(self) -> str:
         return (f"v={self.v}, u={self.u}, kind={self.kind}, n_iter={self.n_iter}, normalization={self.normalization}, "

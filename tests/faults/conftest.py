@@ -86,7 +86,7 @@ def translate_args(data: Path, model: Path, run_dir: Path, *extra: str) -> list[
             f"data.train={data}/shards/new/train", f"data.tokenizer={data}/tokenizer", "data.num_workers=0",
             "data.shuffle_window=16", "train.context_len=64", "train.batch_size=4", "train.micro_batch_size=2",
             "train.log_every=1000", "train.ckpt_every=2", "train.keep_checkpoints=2", "train.eval_every=0",
-            "optim.lr=0.02", "optim.warmup_frac=0.1", "translator.heatmap=[8,8]", *extra]
+            "optim.lr=3.90625e-5", "optim.warmup_frac=0.1", "translator.heatmap=[8,8]", *extra]  # lr 0.02 / v, v = 512
 
 
 def base_env(**extra: str) -> dict:

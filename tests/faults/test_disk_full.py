@@ -18,7 +18,7 @@ from conftest import ledger, prepare_tiny, translate_args, write_tiny_fasta
 from s2t2_dist.config import load_config
 from s2t2_dist.data.shards import ShardFile
 from s2t2_dist.engines.torch_engine import TorchEngine
-from s2t2_dist.pfile import load_p
+from s2t2_dist.translator.pfile import load_p
 from s2t2_dist.stages.translate import TranslateConfig, run
 from s2t2_dist import faults
 from s2t2_dist.train.checkpoint import CheckpointError, Checkpointer

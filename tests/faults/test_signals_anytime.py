@@ -21,7 +21,7 @@ import pytest
 from conftest import base_env, ledger, translate_args
 
 from s2t2_dist import faults
-from s2t2_dist.pfile import load_p
+from s2t2_dist.translator.pfile import load_p
 from stage_fixtures import REPO
 
 pytestmark = pytest.mark.faults

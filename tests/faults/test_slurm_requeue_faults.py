@@ -13,7 +13,7 @@ import time
 import pytest
 from conftest import REPO, TRANSLATE_STEPS, ledger, translate_args
 
-from s2t2_dist.pfile import load_p
+from s2t2_dist.translator.pfile import load_p
 from s2t2_dist import faults
 
 pytestmark = [pytest.mark.faults, pytest.mark.slurm]

@@ -17,7 +17,7 @@ import signal
 import pytest
 from conftest import TRANSLATE_STEPS, Job, ledger, translate_args
 
-from s2t2_dist.pfile import load_p
+from s2t2_dist.translator.pfile import load_p
 from s2t2_dist.faults import effective_history
 from s2t2_dist.train.checkpoint import Checkpointer
 

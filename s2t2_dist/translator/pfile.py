@@ -5,64 +5,26 @@ layouts (metadata `layout`), whichever file is smaller (`save_p`): "csc", `col_p
 int32: the source row of each non-zero, column by column) and `values` (nnz float32): 8 bytes per non-zero; or
 "dense", `dense` (v x u float32): 4 bytes per entry, smaller above 50% non-zeros. Files of the first format ("coo":
 `indices` 2 x nnz int64 and `values`, 20 bytes per non-zero) still load. Metadata (strings): shape, both
-tokenizers' hashes, the translator kind and normalisation. Loading runs no code (safetensors).
+tokenizers' hashes, the translator kind (a name of translator/kinds.py's registry) and normalisation. Loading runs
+no code (safetensors).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from s2t2_dist.ot.marginals import safe_inv
+from s2t2_dist.translator.kinds import REGISTRY
+from s2t2_dist.translator.stats import file_stats
 from s2t2_dist.utils.io import atomic_path
 from s2t2_dist.errors import PFileError
 
 FORMAT = "s2t2-sparse-p/1"
-
-
-def sparsity_summary(row_nnz, col_nnz, col_max_weight: torch.Tensor | None = None,
-                     col_entropy: torch.Tensor | None = None) -> dict:
-    """P's sparsity statistics from its non-zeros per source row (v) and per target column (u): the one place they
-    are computed, for the training translator (TokenTranslator.add_density, logged as P/...) and P files
-    (SparseP.stats: the demo's and the reproduction's reports). The counts may be tensors or numpy arrays: they are
-    summarised on the host with numpy (the training translator hands over the host copy of its one fused read; a
-    torch op there would look like a device sync to utils/syncs.py), exactly (integers).
-
-    Mass-based sparsity, when given the largest weight and the entropy (nats) of each live column of W = P / nu:
-    ``max_weight_mean`` (1.0: every target token reads one source token) and ``col_entropy_mean`` (0: one source
-    each; log v: uniform). Non-zero counts alone call a column with 99% of its mass on one entry dense."""
-    rows, cols = _host_ints(row_nnz), _host_ints(col_nnz)
-    v, u = rows.size, cols.size
-    nnz = int(rows.sum())
-    mass = {}
-    if col_max_weight is not None and col_entropy is not None:
-        n = max(col_max_weight.numel(), 1)
-        mass = {"max_weight_mean": float(col_max_weight.double().sum()) / n,
-                "col_entropy_mean": float(col_entropy.double().sum()) / n}
-    # integer sums are exact, so sum / n is what torch's float64 mean gave
-    return {**mass,
-        "nnz": nnz,
-        "density": nnz / float(v * u),
-        "row_nnz_mean": nnz / v,
-        "row_nnz_max": float(rows.max()),
-        "rows_empty": float((rows == 0).sum()),
-        "col_nnz_mean": int(cols.sum()) / u,
-        "col_nnz_min": float(cols.min()),
-        "col_nnz_max": float(cols.max()),
-    }
-
-
-def _host_ints(x) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
-        x = x.detach().cpu().numpy()
-    return np.asarray(x).astype(np.int64, copy=False).reshape(-1)
 
 
 @dataclass
@@ -87,27 +49,10 @@ class SparseP:
         return P
 
     def stats(self) -> dict:
-        """Shape, kind, sparsity (:func:`sparsity_summary`), entropy H(P) (None for the unconstrained translator's
-        signed P, which is not a distribution) and the entropy of the uniform P."""
+        """Shape, kind, sparsity, entropy H(P) (None for a signed P, e.g. the unconstrained translator's, which is
+        not a distribution) and the entropy of the uniform P (translator/stats.py ``file_stats``)."""
         v, u = self.shape
-        vals = self.values.double()
-        nz = vals != 0
-        rows = self.indices[0][nz].bincount(minlength=v)
-        cols = self.indices[1][nz].bincount(minlength=u)
-        signed = bool((vals < 0).any())
-        pos = vals[vals > 0]
-        # W = P / nu, the head weights (each column sums to one), from the non-zeros only: no v x u temporary
-        col = self.indices[1]
-        w = vals * safe_inv(self.nu.double())[col]
-        live = self.nu > 0
-        col_max = torch.full((u,), -math.inf, dtype=torch.float64).scatter_reduce(0, col, w, "amax")
-        col_max = torch.where(col_max.isfinite(), col_max, torch.zeros_like(col_max))
-        wp = w.clamp_min(0)  # the unconstrained weights may be negative: entropy of their positive part
-        col_h = torch.zeros(u, dtype=torch.float64).index_add_(0, col, -torch.special.xlogy(wp, wp))
-        return {"v": v, "u": u, "kind": self.kind,
-                **sparsity_summary(rows, cols, col_max[live], col_h[live]),
-                "entropy": None if signed else float(-(pos * pos.log()).sum()), "signed": signed,
-                "entropy_uniform": math.log(v * u)}
+        return {"v": v, "u": u, "kind": self.kind, **file_stats(self.indices, self.values, self.nu, self.shape)}
 
     def check_compatible(self, source_tokenizer_hash: str | None = None, target_tokenizer_hash: str | None = None,
                          where: str = "") -> None:
@@ -211,8 +156,8 @@ def load_p(path: str | Path) -> SparseP:
         if not isinstance(meta.get(k), str) or not meta[k]:
             raise PFileError(f"{path}: damaged metadata: {k} is missing; not a complete P file")
     kind = meta.get("kind", "sparse")
-    if kind not in KINDS:
-        raise PFileError(f"{path}: damaged metadata: kind {kind!r} is not one of {list(KINDS)}")
+    if kind not in REGISTRY:
+        raise PFileError(f"{path}: damaged metadata: kind {kind!r} is not one of {sorted(REGISTRY)}")
     check_values(path, kind, idx, t["values"], t["mu"], t["nu"])
     return SparseP(idx, t["values"], t["mu"], t["nu"], t["source_ids"], meta["source_tokenizer_hash"],
                    meta["target_tokenizer_hash"], kind, meta.get("normalization", "convex"))
@@ -228,8 +173,6 @@ def _meta_shape(path: Path, meta: dict) -> tuple[int, int]:
         raise PFileError(f"{path}: damaged metadata: shape {meta.get('shape')!r} is not [rows, columns]") from None
 
 
-#: what P files hold: a transport plan (sparse, softmax) or the unconstrained translator's signed W = C
-KINDS = ("sparse", "softmax", "unconstrained")
 #: a plan's column sums end exactly at nu (the last projection); its rows stay approximate after few Dykstra
 #: iterations (measured up to 0.52 in total variation on trained 512 x 512 plans), so rows get a loose bound
 COL_TV_MAX, ROW_TV_MAX, MASS_TOL = 0.05, 1.0, 0.05
@@ -237,8 +180,8 @@ COL_TV_MAX, ROW_TV_MAX, MASS_TOL = 0.05, 1.0, 0.05
 
 def check_values(path, kind: str, idx: torch.Tensor, values: torch.Tensor, mu: torch.Tensor,
                  nu: torch.Tensor) -> None:
-    """P's numbers at load: finite, not all zero; for a plan (sparse, softmax) non-negative, with mu and nu
-    distributions and P's marginals close to them. A P of NaN, inf or zeros is refused here, before it is scored
+    """P's numbers at load: finite, not all zero; for a plan (a kind whose P is a probability, translator/kinds.py:
+    sparse, softmax) non-negative, with mu and nu distributions and P's marginals close to them. A P of NaN, inf or zeros is refused here, before it is scored
     or finetuned."""
     for name, x in (("values", values), ("mu", mu), ("nu", nu)):
         bad = int((~torch.isfinite(x)).sum())
@@ -247,7 +190,7 @@ def check_values(path, kind: str, idx: torch.Tensor, values: torch.Tensor, mu: t
                              "came from a diverged run")
     if not bool((values != 0).any()):
         raise PFileError(f"{path}: every value of P is zero; a P file that translates nothing")
-    if kind == "unconstrained":
+    if not REGISTRY[kind].is_probability:  # signed weights (the unconstrained translator's W = C)
         return
     vals = values.double()
     for name, x, n in (("values", vals, None), ("mu", mu, None), ("nu", nu, None)):

@@ -1,0 +1,200 @@
+"""The translator's recipe: stage 1's `translator:` section and the ONE resolver of what a run uses.
+
+A key left out or given as null means "the kind's default" (translator/kinds.py holds every per-kind fact);
+:meth:`TranslatorConfig.resolve` turns the section (and ``optim.lr``) into the numbers the run uses, a
+:class:`Resolved`, and :meth:`TranslatorConfig.build` the translator (torchtitan's ``config.build()``). A given
+``optim.lr`` is absolute, as in finetune; the automatic one is the kind's default step times its natural scale
+(1/v for the sparse plan), so it needs the model's vocabulary. The paper's literal recipe is a config file,
+configs/translate_paper.yaml.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+from s2t2_dist.config import ConfigError
+from s2t2_dist.train.config import OptimConfig
+from s2t2_dist.translator.kinds import REGISTRY
+
+
+def _kind(name: str):
+    return REGISTRY.lookup(name, "kind")  # a ConfigError naming the registered kinds (translator/kinds.py)
+
+
+#: what to write instead of a sentinel that meant "the recipe's"
+_NULL = "write null (or leave the key out) for the kind's default"
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What a stage-1 run uses, after every automatic key is resolved (result.json's `resolved` block)."""
+
+    kind: str
+    #: source tokens (rows of P); None: not known yet (the model's vocabulary)
+    v: int | None
+    #: AdamW's peak lr of C, absolute; None until v is known when it is automatic
+    lr: float | None
+    #: "given" (optim.lr) or "auto" (the kind's default step x its natural scale)
+    lr_from: str
+    alpha: float
+    floor: float
+    source_marginal: str
+    #: uniform, fvt or p_file (translator.init_p)
+    init: str
+
+    @property
+    def lr_x_v(self) -> float | None:
+        return None if self.lr is None or self.v is None else self.lr * self.v
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "lr_x_v": self.lr_x_v}
+
+    def freeze_warning(self) -> str:
+        """:func:`freeze_warning` for this run ('' while lr or v is unknown)."""
+        if self.lr is None or self.v is None:
+            return ""
+        return freeze_warning(self.kind, self.v, self.lr)
+
+
+@dataclass
+class TranslatorConfig:
+    #: how C becomes P, a name of translator/kinds.py's registry: sparse: sparse Sinkhorn P (the paper's S2T2);
+    #: softmax: dense Sinkhorn baseline; unconstrained: W = C, no OT
+    kind: str = "sparse"
+    #: full (row, column) Dykstra iterations: 3 = the paper's "iterating 3 times" (Algorithm 1's k = 0..n with n = 2)
+    n_iter: int = 3
+    #: convex: W_E = W_L = P / nu (E', L' are convex combinations of source rows); paper: the paper's literal
+    #: W_E = P / mu, W_L = P / nu
+    normalization: Literal["convex", "paper"] = "convex"
+    #: weight of the entropy regulariser alpha * H(P), H in nats (larger: sparser P); null: the kind's default
+    #: (0.3 for sparse, 0 for the others; translator/kinds.py). Its measured effect: BENCHMARKS.md #24
+    alpha: float | None = None
+    #: the plan C starts from. uniform: C = 1/v (the paper; P = mu nu^T). fvt: from the surface strings, each
+    #: target token's bytes written as source tokens by greedy longest match (`ot.prior`), blended with the
+    #: uniform plan, P0 = init_weight * P_fvt + (1 - init_weight) * mu nu^T; C = P0 (sparse; its zeros start below
+    #: every threshold), log P0 (softmax), P0 / nu (unconstrained). What each start gives: BENCHMARKS.md "#24
+    #: (session 5)"
+    init: Literal["uniform", "fvt"] = "fvt"
+    #: fvt only: the weight of the surface-string plan in the blend (1: FVT itself, 0: uniform)
+    init_weight: float = 0.5
+    #: the source marginal mu (P's row sums). start: for a kind that allows it (sparse) with init fvt (and no
+    #: init_p), the row sums of the FVT plan, each source token's share of the surface-string decomposition, so
+    #: that the start is feasible and its zeros stay zeros (a sparse P); otherwise uniform. uniform: 1/v (the
+    #: paper's), which forces every source token's 1/v of mass onto some target, spread by the projections thinly
+    #: over almost every column (a dense P; BENCHMARKS.md #24)
+    source_marginal: Literal["start", "uniform"] = "start"
+    #: sparse only: weights W = P / nu below floor / v are dropped from P and each column rescaled (a column's
+    #: largest weight always stays): the full columns of weights far below 1/v that the projections' last column
+    #: step adds to a column its row step left short. null: the kind's default, 1 for sparse from an fvt start,
+    #: 0 (off) otherwise (BENCHMARKS.md "#24 (session 5)")
+    floor: float | None = None
+    #: start from a P file instead (e.g. the transfer experiment); overrides `init`
+    init_p: str = ""
+    #: rows x cols of P shown as a heatmap image in TensorBoard
+    heatmap: list[int] = field(default_factory=lambda: [128, 64])
+    #: warn (and flag it in result.json) when the gradient on C has been zero (fewer than 5% of the target columns
+    #: receiving any) for this many consecutive steps (0: off)
+    freeze_steps: int = 50
+
+    #: keys that no longer exist -> what to write instead (config.py reports them in one line)
+    REMOVED_KEYS: ClassVar[dict[str, str]] = {
+        "recipe": "optim.lr is absolute and null keys take the kind's defaults; for the paper's recipe use "
+                  "--config configs/translate_paper.yaml (recipe: default is what a config without the key does)",
+        "dense_frac": "the dense warm-up was removed (an informed start replaces it; bench/bench_planted.py keeps "
+                      "it as --dense-frac); remove the key",
+        "dense_lr": "the dense warm-up was removed (bench/bench_planted.py keeps it as --dense-lr); remove the key",
+    }
+
+    def validate(self) -> None:
+        kind = _kind(self.kind)
+        if self.n_iter < 1:
+            raise ConfigError(f"n_iter: must be >= 1, got {self.n_iter}")
+        for key in ("alpha", "floor"):
+            x = getattr(self, key)
+            if x == -1:
+                raise ConfigError(f"{key}: -1 no longer means the recipe's; {_NULL}, or a value >= 0")
+            if x is not None and x < 0:
+                raise ConfigError(f"{key}: must be >= 0 (null: the kind's default), got {x}")
+        if self.floor and not kind.uses_floor:
+            raise ConfigError(f"floor: the {self.kind} kind has no weight floor; set 0 or null, got {self.floor}")
+        if not 0.0 <= self.init_weight <= 1.0:
+            raise ConfigError(f"init_weight: must be in [0, 1], got {self.init_weight}")
+        if self.freeze_steps < 0:
+            raise ConfigError(f"freeze_steps: must be >= 0, got {self.freeze_steps}")
+        if len(self.heatmap) != 2 or min(self.heatmap) < 1:
+            raise ConfigError(f"heatmap: need [rows, columns], two numbers >= 1, got {self.heatmap}")
+
+    @property
+    def fvt_start(self) -> bool:
+        return self.init == "fvt" and not self.init_p
+
+    def resolve(self, v: int | None, lr: float | None = None) -> Resolved:
+        """The ONE resolver: every automatic key of this section, and ``lr`` (``optim.lr``: absolute, None: the
+        kind's default step x its natural scale at ``v``), as the run uses them. ``v`` (source tokens) None: the
+        automatic lr stays None (it waits for the model's vocabulary)."""
+        kind = _kind(self.kind)
+        if lr is None:
+            lr = None if v is None else kind.default_step * kind.natural_scale(v)
+            lr_from = "auto"
+        else:
+            lr_from = "given"
+        fvt = self.fvt_start
+        floor = self.floor if self.floor is not None else (kind.default_floor_fvt if fvt else 0.0)
+        return Resolved(
+            kind=self.kind, v=v, lr=lr, lr_from=lr_from,
+            alpha=kind.default_alpha if self.alpha is None else float(self.alpha),
+            floor=float(floor),
+            source_marginal="start" if self.source_marginal == "start" and kind.start_marginal and fvt else "uniform",
+            init="p_file" if self.init_p else self.init)
+
+    def build(self, v: int, u: int, *, resolved: Resolved | None = None, mu=None, group=None, device=None):
+        """The translator of this section: ``v`` source x ``u`` target tokens, C = 1/v (the caller sets an
+        informed start: FVT, a P file), ``mu`` the source marginal (None: uniform), column-sharded over ``group``,
+        on ``device``."""
+        from s2t2_dist.translator.module import TokenTranslator
+
+        r = resolved if resolved is not None else self.resolve(v)
+        return TokenTranslator(v, u, kind=self.kind, n_iter=self.n_iter, normalization=self.normalization,
+                               group=group, mu=mu, floor=r.floor).to(device)
+
+    def describe(self, lr: float | None) -> dict:
+        """What :meth:`resolve` gives without the model (`s2t2 config translate`): the values, and for what waits
+        for the model's vocabulary v, the rule."""
+        r = self.resolve(None, lr)
+        out = r.as_dict()
+        del out["v"], out["lr_x_v"]
+        if r.lr is None:
+            kind = _kind(self.kind)
+            out["lr"] = (f"{kind.default_step:g} x {kind.scale_name} (the default step of the {self.kind} kind x "
+                         "its natural scale), once v is read from the model")
+        return out
+
+
+@dataclass
+class TranslateOptimConfig(OptimConfig):
+    #: peak learning rate of C, absolute (as in finetune); null: the kind's default step x C's natural scale (1/v
+    #: for sparse and unconstrained, 1 for softmax), resolved once v is known (result.json's `resolved`)
+    lr: float | None = None
+
+    def validate(self) -> None:
+        if self.lr == 0:
+            raise ConfigError(f"lr: 0 no longer means the recipe's default; {_NULL} (a given lr is absolute)")
+        if self.lr is not None and self.lr < 0:
+            raise ConfigError(f"lr: must be > 0 (null: the kind's default), got {self.lr}")
+        OptimConfig.validate(dataclasses.replace(self, lr=1.0 if self.lr is None else self.lr))
+
+
+def freeze_warning(kind: str, v: int, lr: float) -> str:
+    """A one-line warning when ``lr`` (absolute) is in the range where the kind's plan freezes for this ``v``
+    (translator/kinds.py ``freeze_lr_x_v``: for the sparse plan, AdamW moves every entry of C by ~lr per step; past
+    the 1/v scale of the row projections every support collapses to one entry and sparsemax's Jacobian, hence the
+    gradient on C, is exactly zero); '' otherwise."""
+    k = _kind(kind)
+    if k.freeze_lr_x_v is None or lr * v < k.freeze_lr_x_v:
+        return ""
+    auto = k.default_step * k.natural_scale(v)
+    return (f"lr {lr:.3g} is in the freezing range of the {kind} translator for v={v} source tokens (lr x v = "
+            f"{lr * v:.3g} >= {k.freeze_lr_x_v:g}): AdamW moves every entry of C by ~lr per step, far past the 1/v "
+            f"scale of the projections, and the gradient on C soon becomes exactly zero; lower optim.lr, or set it "
+            f"to null for the kind's default ({k.default_step:g} x 1/v = {auto:.3g} here)")
