@@ -145,7 +145,8 @@ def main(argv: list[str]) -> int:
     """`s2t2 config <stage> [--config F] [key=value ...]`: print the resolved config as YAML."""
     import yaml
 
-    from s2t2_dist.config import ConfigError, load_config, to_dict, validate_tree
+    from s2t2_dist.config import load_config, to_dict, validate_tree
+    from s2t2_dist.errors import ConfigError
 
     p = argparse.ArgumentParser(prog="s2t2 config", description=main.__doc__.split(": ", 1)[1])
     p.add_argument("stage", choices=sorted(STAGE_CONFIGS))

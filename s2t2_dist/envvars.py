@@ -146,7 +146,8 @@ def _path(v: Var, raw: str) -> str:
 
 
 def _fault(v: Var, raw: str) -> str:
-    from s2t2_dist.fault_spec import FaultSpecError, parse  # tests only: set by the fault suite
+    from s2t2_dist.fault_spec import parse  # tests only: set by the fault suite
+    from s2t2_dist.errors import FaultSpecError
 
     try:
         parse(raw)

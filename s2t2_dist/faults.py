@@ -36,7 +36,8 @@ import torch
 
 from s2t2_dist import envvars
 
-from s2t2_dist.fault_spec import ACTIONS, ENV, FaultSpecError, parse  # noqa: F401 (the spec's grammar, re-exported)
+from s2t2_dist.fault_spec import ACTIONS, ENV, parse  # noqa: F401 (the spec's grammar, re-exported)
+from s2t2_dist.errors import FaultSpecError
 
 TRACE_ENV = "S2T2_FAULT_TRACE"
 

@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from s2t2_dist.config import ConfigError
+from s2t2_dist.errors import ConfigError
 
 STAGE_NAMES = ("prepare", "translate", "finetune", "evaluate")
 #: a conservative sustained write speed of a shared filesystem, per node writing its shards in parallel

@@ -39,7 +39,7 @@ from typing import Any
 
 from s2t2_dist.cli import COMMANDS
 from s2t2_dist.cluster.layout import SIGNAL_MARGIN_S, timeout_minutes
-from s2t2_dist.config import ConfigError
+from s2t2_dist.errors import ConfigError
 
 #: stage name -> module with `main(argv: list[str]) -> int`: the user's stages of `s2t2 <stage>` (cli.COMMANDS, the one
 #: registry) and the cluster probe

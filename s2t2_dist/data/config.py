@@ -12,7 +12,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
-from s2t2_dist.config import ConfigError
+from s2t2_dist.errors import ConfigError
 from s2t2_dist.data.records import InputFormatName
 
 PROTEIN_ALPHABET = "ACDEFGHIKLMNPQRSTVWY"  # the 20 standard amino acids

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import torch
 
-from s2t2_dist.config import ConfigError
+from s2t2_dist.errors import ConfigError
 from s2t2_dist.engines.base import Engine, EngineKind
 from s2t2_dist.registry import Registry
 

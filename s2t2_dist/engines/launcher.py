@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from s2t2_dist.config import ConfigError
+from s2t2_dist.errors import ConfigError
 
 
 @dataclass

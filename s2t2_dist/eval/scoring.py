@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 import torch.nn.functional as F
 
-from s2t2_dist.config import ConfigError
+from s2t2_dist.errors import ConfigError
 from s2t2_dist.distributed import collectives as coll
 from s2t2_dist.eval.bpb import EvalTotals, rolling_windows
 

@@ -19,7 +19,7 @@ import re
 import struct
 from pathlib import Path
 
-from s2t2_dist.config import ConfigError
+from s2t2_dist.errors import ConfigError
 
 #: fields whose class default would silently change the model (shapes, or numerics like the norm epsilon); each is
 #: required when the architecture's config class takes it (by this name or its attribute_map alias)

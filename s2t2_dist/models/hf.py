@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from s2t2_dist.config import ConfigError
+from s2t2_dist.errors import ConfigError
 from s2t2_dist.errors import UnsupportedModel, ModelLoadError
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"

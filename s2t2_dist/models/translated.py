@@ -22,7 +22,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .hf import UnsupportedModel, enable_activation_checkpointing, freeze
+from .hf import enable_activation_checkpointing, freeze
+from s2t2_dist.errors import UnsupportedModel
 
 #: sdpa under a name without a mask builder: transformers then builds no mask (and skips its check of the
 #: position ids for packed sequences, a host sync per forward); sdpa without a mask is causal, as it is today

@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from s2t2_dist.config import ConfigError
+from s2t2_dist.errors import ConfigError
 
 log = logging.getLogger("s2t2.checks")
 
@@ -225,7 +225,8 @@ def claim_run_dir(path: str | Path, stage: str, is_main: bool, key: str = "run_d
     """The job's rank 0 takes the directory's lock (`utils.rundir`); every rank learns whether it did, so the other
     ranks of a refused job stop too (and no rank of the holding job is refused by its own lock)."""
     from s2t2_dist.distributed import collectives as coll
-    from s2t2_dist.utils.rundir import RunDirError, claim
+    from s2t2_dist.utils.rundir import claim
+    from s2t2_dist.errors import RunDirError
 
     err = None
     if is_main:

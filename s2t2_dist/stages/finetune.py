@@ -26,7 +26,7 @@ from typing import Literal
 
 import torch
 
-from s2t2_dist.config import ConfigError
+from s2t2_dist.errors import ConfigError
 from s2t2_dist.eval.scoring import ScoringConfig
 from s2t2_dist.data.config import DataPaths
 from s2t2_dist.engines.build import EngineConfig, build_model_and_engine, engine_kind
@@ -222,7 +222,8 @@ def export_model(engine, plan: InitPlan, out_dir: str | Path, *, dtype: torch.dt
     """Write the current weights as a standard Hugging Face directory (config, safetensors, the tokenizer files of
     the tokenizer the model speaks), atomically (built in OUT.partial, then renamed). Collective."""
     from s2t2_dist.distributed import collectives as coll
-    from s2t2_dist.stages.init_model import InitError, replace_dir
+    from s2t2_dist.stages.init_model import replace_dir
+    from s2t2_dist.errors import InitError
     from s2t2_dist.data.tokenizers import copy_tokenizer_files
     from s2t2_dist.utils.io import atomic_write_text, fsync_dir
 

@@ -38,7 +38,7 @@ from typing import Literal
 
 import torch
 
-from s2t2_dist.config import ConfigError
+from s2t2_dist.errors import ConfigError
 from s2t2_dist.errors import InitError
 
 log = logging.getLogger("s2t2.init")

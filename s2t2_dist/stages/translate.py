@@ -17,7 +17,7 @@ from typing import ClassVar, Literal
 
 import torch
 
-from s2t2_dist.config import ConfigError
+from s2t2_dist.errors import ConfigError
 from s2t2_dist.eval.scoring import ScoringConfig
 from s2t2_dist.data.config import DataPaths
 from s2t2_dist.models.hf import ModelPathConfig

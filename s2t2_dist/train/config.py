@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-from s2t2_dist.config import ConfigError
+from s2t2_dist.errors import ConfigError
 
 
 @dataclass

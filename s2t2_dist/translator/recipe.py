@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from s2t2_dist.config import ConfigError
+from s2t2_dist.errors import ConfigError
 from s2t2_dist.train.config import OptimConfig
 from s2t2_dist.translator.kinds import REGISTRY
 
