@@ -20,8 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def anatomy(model: str, tokenizer: str, weights: list[float], floor: float = 1.0) -> list[dict]:
     from transformers import AutoTokenizer
 
-    from s2t2_dist.data.bpe import load_tokenizer
-    from s2t2_dist.models.hf import source_token_ids
+    from s2t2_dist.data.tokenizers import load_tokenizer, source_token_ids
     from s2t2_dist.ot.prior import fvt_plan, row_marginal
     from s2t2_dist.stages.translate import surface_decomposition
     from s2t2_dist.translator.floor import floor_plan_reference

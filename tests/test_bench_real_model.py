@@ -8,14 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "bench" / "bench_real_model.py"
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("bench_real_model", BENCH)
+def _module(path=BENCH):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -56,3 +57,12 @@ def test_score_start_as_typed(tmp_path):
     assert rows["w9"]["init_weight"] == 0.9
     table = (out / "table.md").read_text()
     assert "| start |" in table and f"| {rows['w9']['start']:.3f} |" in table
+    # bench/start_anatomy.py builds, from the tokenizers alone, the starts these runs scored
+    anatomy = _module(REPO / "bench" / "start_anatomy.py").anatomy(
+        str(out / "source_lm" / "stories260k"), str(out / "data" / "tokenizer"),
+        [rows["s2t2_fvt"]["init_weight"], 0.9, 1.0])
+    for a, name in zip(anatomy, ("s2t2_fvt", "w9")):
+        start = json.loads((out / "runs" / "v>d" / f"{name}_start" / "result.json").read_text())["P"]["start"]
+        # (float64 here, float32 in the stage: a row at the floor's edge may tip either way)
+        assert a["col_nnz_built"] == pytest.approx(start["col_nnz_mean_built"], abs=0.05), (name, a, start)
+    assert anatomy[2]["spread_mass_built"] == 0.0
