@@ -31,6 +31,9 @@ parallel (`--only ROWS --tag T`, same --out) and a final plain invocation collec
   protein the demo's stage 1: the source LM on the shipped protein sample (context 128), against its unigram line
           and the source model with its own tokenizer (original tokenizer).
 P's non-zeros are also given over the target columns some source piece builds ("built": stages/p_columns.py).
+`--score-start` also scores each translate row's start untrained (`train.steps=0`, runs NAME_start): column "start".
+The FVT-start rows leave translator.init_weight to the shipped default and record the value each run resolved;
+`--row NAME=s2t2_fvt:init_weight=0.9` tries another (#37: the start at v = 49,152, bench/start_anatomy.py).
 """
 from __future__ import annotations
 
@@ -43,18 +46,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-#: translator rows: name -> (kind, init, init_weight, recipe, lr). `recipe`: "default" (the stage's null keys: the
-#: kind's defaults; BENCHMARKS.md #16a, #24) or "paper" (configs/translate_paper.yaml's keys: alpha 0, floor 0; the
-#: paper's literal uniform start uses its transfer-run lr 2e-5, which learns at v = 512). lr: absolute, 0: null
-#: (the kind's default step x C's natural scale). (The row "s2t2_warmup", a uniform start with the dense warm-up,
-#: went with the warm-up: bench/bench_planted.py keeps it.)
+#: translator rows: name -> (kind, init, init_weight, recipe, lr). init_weight None: the shipped default (one home:
+#: the translator config; the row records the value the run resolved). `recipe`: "default" (the
+#: stage's null keys: the kind's defaults; BENCHMARKS.md #16a, #24) or "paper" (configs/translate_paper.yaml's keys:
+#: alpha 0, floor 0; the paper's literal uniform start uses its transfer-run lr 2e-5, which learns at v = 512). lr:
+#: absolute, 0: null (the kind's default step x C's natural scale). (The row "s2t2_warmup", a uniform start with the
+#: dense warm-up, went with the warm-up: bench/bench_planted.py keeps it.)
 TRANSLATORS = {
     "s2t2_uniform": ("sparse", "uniform", 0.0, "paper", 2e-5),
-    "s2t2_fvt": ("sparse", "fvt", 0.5, "default", 0.0),
+    "s2t2_fvt": ("sparse", "fvt", None, "default", 0.0),
     "softmax": ("softmax", "uniform", 0.0, "default", 0.0),
-    "softmax_fvt": ("softmax", "fvt", 0.5, "default", 0.0),
+    "softmax_fvt": ("softmax", "fvt", None, "default", 0.0),
     "unconstrained": ("unconstrained", "uniform", 0.0, "default", 0.0),
-    "unconstrained_fvt": ("unconstrained", "fvt", 0.5, "default", 0.0),
+    "unconstrained_fvt": ("unconstrained", "fvt", None, "default", 0.0),
 }
 LABELS = {
     "orig_tok": "original tokenizer (ceiling)", "s2t2_uniform": "S2T2, uniform start (paper)",
@@ -166,19 +170,26 @@ class Bench:
         from s2t2_dist.recipes.demo import write_config
         from s2t2_dist.stages.translate import TranslateConfig
 
-        run_dir = self.runs / regime / name
-        cfg = write_config(self.cfgs / regime / f"{name}.yaml", {
-            "run_dir": str(run_dir), "model": {"path": str(self.model), "source_vocab": self.vocab[regime]},
-            "data": self.data(regime=regime), "translator": {"kind": kind, "n_iter": 3, "init": init, "init_weight": weight,
-                                                         **PAPER_KEYS.get(recipe, {}), **(extra or {})},
-            "optim": {"lr": lr or None, "weight_decay": 0.0}, "train": self.train_block(self.args.steps, regime)},
-            TranslateConfig)
+        def run(tag: str, steps: int):
+            run_dir = self.runs / regime / f"{name}{tag}"
+            cfg = write_config(self.cfgs / regime / f"{name}{tag}.yaml", {
+                "run_dir": str(run_dir), "model": {"path": str(self.model), "source_vocab": self.vocab[regime]},
+                "data": self.data(regime=regime), "translator": {
+                    "kind": kind, "n_iter": 3, "init": init, **({"init_weight": weight} if weight is not None else {}),
+                    **PAPER_KEYS.get(recipe, {}), **(extra or {})},
+                "optim": {"lr": lr or None, "weight_decay": 0.0}, "train": self.train_block(steps, regime)},
+                TranslateConfig)
+            return run_dir, self.runner.run("translate", ["--config", str(cfg)], run_dir, f"{regime}-{name}{tag}")
+
+        # the start itself, scored untrained (train.steps=0): what training has to improve on (#37)
+        start = run("_start", 0)[1].result["eval"]["bpb"] if self.args.score_start else None
         t0 = time.time()
-        r = self.runner.run("translate", ["--config", str(cfg)], run_dir, f"{regime}-{name}")
+        run_dir, r = run("", self.args.steps)
         self.random_bpb = r.result["eval"].get("random_guess_bpb")
         return {"p_file": r.result["p_file"], "bpb": r.result["eval"]["bpb"], "seconds": round(time.time() - t0, 1),
                 "sparsity": {**sparsity(r.result["p_file"], self.unbuilt(regime)), "step_s": step_time(run_dir)},
-                "final_loss": r.result.get("final_loss"), "lr": (r.result.get("gradient_on_C") or {}).get("lr", lr)}
+                "final_loss": r.result.get("final_loss"), "lr": (r.result.get("gradient_on_C") or {}).get("lr", lr),
+                "start": start, "init_weight": resolved_init_weight(run_dir)}
 
     def evaluate(self, name: str, regime: str, init: dict, source: bool = False) -> float:
         from s2t2_dist.recipes.demo import write_config
@@ -336,8 +347,9 @@ class Bench:
                     continue
                 t = self.translate(name, regime, kind, init, w, recipe, lr, *extra)
                 n, s = self.shared_to_self(t["p_file"], regime)
-                put(name, p_only=t["bpb"], lr=t["lr"], init_weight=w, shared=n, self_=s, seconds=t["seconds"],
-                    **t["sparsity"], **(extra[0] if extra else {}))
+                put(name, p_only=t["bpb"], lr=t["lr"], init_weight=t["init_weight"], shared=n, self_=s, seconds=t["seconds"],
+                    **({"start": t["start"]} if t["start"] is not None else {}), **t["sparsity"],
+                    **(extra[0] if extra else {}))
                 if a.ft_steps and "@" not in name:
                     put(name, finetuned=self.finetune(name, regime, {"kind": "translated", "p_file": t["p_file"]}))
             if regime == "protein" and want("unigram"):
@@ -359,7 +371,7 @@ class Bench:
             kind, init, w0, recipe, lr0 = TRANSLATORS[name]
             for lr in [float(x) for x in lrs.split(",") if x] or [lr0]:
                 for w in [float(x) for x in ws.split(",") if x] or [w0]:
-                    v[f"{name}@{lr:g}@{w:g}"] = (kind, init, w, recipe, lr)
+                    v[f"{name}@{lr:g}@{'default' if w is None else format(w, 'g')}"] = (kind, init, w, recipe, lr)
         for spec in self.args.row:  # NAME=BASE:key=value,key=value (translator keys; numbers parsed)
             name, rest = spec.split("=", 1)
             base, _, kv = rest.partition(":")
@@ -368,7 +380,8 @@ class Bench:
             for item in filter(None, kv.split(",")):
                 k, val = item.split("=", 1)
                 keys[k] = _number(val)
-            v[name] = (kind, init, float(keys.pop("init_weight", w)), recipe, float(keys.pop("lr", lr)), keys)
+            w = keys.pop("init_weight", w)
+            v[name] = (kind, init, None if w is None else float(w), recipe, float(keys.pop("lr", lr)), keys)
         if self.args.seed:  # other seeds: their own runs
             v = {f"{k}~s{self.args.seed}": x for k, x in v.items()}
         return v
@@ -400,6 +413,15 @@ def sparsity(p_file: str, unbuilt: list[int] | None = None) -> dict:
     return out
 
 
+def resolved_init_weight(run_dir: Path) -> float | None:
+    """translator.init_weight as the run resolved it (its config.yaml), None where the run has none."""
+    import yaml
+
+    path = Path(run_dir) / "config.yaml"
+    w = (yaml.safe_load(path.read_text()).get("translator") or {}).get("init_weight") if path.is_file() else None
+    return None if w is None else float(w)
+
+
 def step_time(run_dir: Path) -> float | None:
     """Median seconds per training step of a run (TensorBoard `node/step_time_s`, one value per log interval)."""
     import statistics
@@ -423,15 +445,15 @@ def table(res: dict) -> str:
         dec = r.get("fvt_decomposition") or {}
         lines += [f"### {regime}" + (f" (FVT covers {100 * dec['coverage']:.1f}% of target bytes; "
                                       f"{dec['identical']} target tokens are one source token)" if dec else ""), "",
-                  "| method | P lr | init weight | P only | + finetune | shared -> self | non-zeros | per column | "
+                  "| method | P lr | init weight | start | P only | + finetune | shared -> self | non-zeros | per column | "
                   "non-zeros, built columns | per built column | max weight | col. entropy | s/step |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for name, row in r["rows"].items():
             label = LABELS.get(name.split("@")[0].split("~")[0], name) + (f" ({name.split('@', 1)[1]})" if "@" in name else "")
             f = lambda x, fmt=".3f": "" if x is None else format(x, fmt)  # noqa: E731 - a one-line closure
             sh = f"{row['self_']}/{row['shared']}" if "shared" in row else ""
             lines.append(f"| {label} | {f(row.get('lr'), 'g')} | {f(row.get('init_weight'), 'g')} | "
-                         f"{f(row.get('p_only'))} | {f(row.get('finetuned'))} | {sh} | {f(row.get('density'), '.1%')} | "
+                         f"{f(row.get('start'))} | {f(row.get('p_only'))} | {f(row.get('finetuned'))} | {sh} | {f(row.get('density'), '.1%')} | "
                          f"{f(row.get('col_nnz_mean'), '.1f')} | {f(row.get('density_built'), '.2%')} | "
                          f"{f(row.get('col_nnz_mean_built'), '.2f')} | {f(row.get('max_weight_mean'))} | "
                          f"{f(row.get('col_entropy_mean'), '.2f')} | {f(row.get('step_s'), '.2f')} |")
@@ -461,6 +483,8 @@ def main(argv=None) -> int:
     ap.add_argument("--row", action="append", default=[],
                     help="extra rows NAME=BASE:KEY=VALUE,... (translator keys of row BASE changed; init_weight and "
                          "lr too), e.g. s2t2_a1=s2t2_fvt:alpha=1")
+    ap.add_argument("--score-start", action="store_true",
+                    help="also score each translate row's start untrained (train.steps=0; column 'start')")
     ap.add_argument("--seed", type=int, default=0, help="train.seed of the translate rows (rows named NAME~sSEED)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (default 1: a 260K-parameter model gains nothing from more on a busy CPU)")
