@@ -324,7 +324,7 @@ def shipped_translator(model_dir: str, src_tok, src_ids, tok_dir: Path, floor: f
     return tr
 
 
-def inner_share(model_dir: str, out: Path, reps: int, full_steps: list[str], device: str = "cpu",
+def inner_share(model_dir: str, out: Path, reps: int, full_steps: list[str], device: str = "cpu",  # noqa: C901 - the measurement loop of a benchmark, with its warm-up and checks
                 only: tuple = ()) -> None:
     """Bare HF forward + backward (to inputs_embeds) of the model at batch 2 x 512 fp32, then for v = 243 and
     50,280: the stage-1 step (translator + frozen LM, forward + backward) and the translator alone (forward +

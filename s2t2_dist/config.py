@@ -109,7 +109,7 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _coerce(value: Any, tp: Any, key: str) -> Any:
+def _coerce(value: Any, tp: Any, key: str) -> Any:  # noqa: C901 - THE type dispatch of the config system: one branch per supported type
     origin = typing.get_origin(tp) or (tp if tp in (dict, list, tuple) else None)  # bare `dict`: as dict[Any, Any]
     args = typing.get_args(tp)
     if isinstance(value, _CliValue):

@@ -41,7 +41,7 @@ def stage_config(stage: str) -> type:
     return STAGE_CONFIGS.load(stage, "stage")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def field_docs(cls: type) -> dict[str, str]:
     """{field name: its `#:` comment block joined into one line} for one dataclass ('' where there is none); a
     field a subclass inherits (or redeclares without a comment) keeps its base class's description."""

@@ -77,7 +77,7 @@ def _child(rank, world_size, backend, store_port, master_port, init, timeout, nu
             pass
 
 
-def run_distributed(
+def run_distributed(  # noqa: C901 - process start, time-outs and error collection of N ranks
     fn: Callable,
     world_size: int,
     *args: Any,

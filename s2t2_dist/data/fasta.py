@@ -21,7 +21,8 @@ import lzma
 import re
 import zlib
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
+from collections.abc import Iterator
 
 from s2t2_dist.errors import DataFormatError
 
@@ -109,7 +110,7 @@ def _disallowed_re(allowed: str | None) -> re.Pattern | None:
     return re.compile(b"[^" + re.escape(allowed.encode("ascii")) + b"]")
 
 
-def read_fasta(path: str | Path, *, allowed: str | None = None, uppercase: bool = False) -> Iterator[Record]:
+def read_fasta(path: str | Path, *, allowed: str | None = None, uppercase: bool = False) -> Iterator[Record]:  # noqa: C901 - a streaming parser's states (header, sequence, bad record) in one pass
     """Yield the records of a FASTA file in order (bad ones flagged, see module doc).
 
     ``allowed``: the letters a sequence may contain (None: any printable text); checked line by line so a bad

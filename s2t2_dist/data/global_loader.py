@@ -20,7 +20,7 @@ DataLoader workers (steps dealt round-robin) and come back in order.
 from __future__ import annotations
 
 import itertools
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch

@@ -139,7 +139,7 @@ def _n(x) -> str:
     return f"{x:,}" if isinstance(x, int) else str(x)
 
 
-def format_summary(summary: dict) -> str:
+def format_summary(summary: dict) -> str:  # noqa: C901 - one branch per part of the report
     """The summary as a few readable lines: records read/kept/filtered by rule, tokenizer compression against
     bytes and against the source tokenizer, shards and tokens per split, and the paths to train on."""
     steps = summary.get("steps", {})

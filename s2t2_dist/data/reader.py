@@ -8,7 +8,7 @@ import hashlib
 import random
 import tarfile
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch

@@ -17,7 +17,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Literal
+from typing import Literal
+from collections.abc import Callable, Iterable, Iterator
 
 from s2t2_dist.errors import DataError, DataFormatError
 from s2t2_dist.registry import Registry

@@ -28,7 +28,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 

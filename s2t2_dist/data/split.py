@@ -22,7 +22,7 @@ import os
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from s2t2_dist.utils.io import (
     AtomicFile, append_json_line, atomic_write_json, json_sha256, load_json, read_json_lines, sha256_file,
@@ -74,7 +74,7 @@ class _PartWriter:
         self.out.abort()
 
 
-def split_dataset(
+def split_dataset(  # noqa: C901 - one streaming pass: split, duplicates, resume checks
     *,
     inputs: list[str],
     output_dir: str | os.PathLike,

@@ -15,7 +15,8 @@ import shutil
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
 
 from s2t2_dist.errors import DataError
 
@@ -421,7 +422,7 @@ def source_token_ids(
     *,
     num_embeddings: int | None = None,
     exclude_special: bool = False,
-) -> "torch.LongTensor":
+) -> torch.LongTensor:
     """Sorted ids of the source tokens S2T2 translates from (rows of E and L).
 
     rule:

@@ -18,7 +18,8 @@ so that no module outside ``s2t2_dist/distributed/`` calls a ``torch.distributed
 from __future__ import annotations
 
 import datetime
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist

@@ -15,7 +15,6 @@ Only collectives that gloo and NCCL both support are used: ``all_gather``, ``all
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -39,14 +38,14 @@ __all__ = [
 _OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 
 
-def world_of(group=None) -> Tuple[int, int]:
+def world_of(group=None) -> tuple[int, int]:
     """(rank, world size) in ``group`` (1 process if torch.distributed is not initialised)."""
     if not (dist.is_available() and dist.is_initialized()):
         return 0, 1
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def shard_bounds(u: int, world_size: int, rank: int) -> Tuple[int, int]:
+def shard_bounds(u: int, world_size: int, rank: int) -> tuple[int, int]:
     """Columns ``[start, end)`` of rank ``rank`` when ``u`` columns are split over ``world_size`` ranks: the first
     ``u % world_size`` ranks get one extra column (shard sizes differ by at most one; some may be empty if u < R)."""
     if not 0 <= rank < world_size:
@@ -61,8 +60,8 @@ class CommStats:
     """Bytes this rank sends (ring-algorithm model) and calls, per collective."""
 
     bytes_sent: int = 0
-    calls: Dict[str, int] = field(default_factory=dict)
-    bytes_by_op: Dict[str, int] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)
+    bytes_by_op: dict[str, int] = field(default_factory=dict)
 
     def add(self, op: str, nbytes: float) -> None:
         self.bytes_sent += int(nbytes)
@@ -78,7 +77,7 @@ class CommStats:
 class GroupComm:
     """The ``comm`` interface of :mod:`s2t2_dist.ot.simplex` over a torch.distributed process group."""
 
-    def __init__(self, group=None, stats: Optional[CommStats] = None):
+    def __init__(self, group=None, stats: CommStats | None = None):
         self.group = group
         self.rank, self.world_size = world_of(group)
         self.stats = stats if stats is not None else CommStats()
@@ -97,14 +96,14 @@ class GroupComm:
         self.stats.add("all_reduce", 2 * (R - 1) / R * t.numel() * t.element_size())
         return t
 
-    def all_gather_rows(self, t: Tensor, sizes: List[int]) -> Tensor:
+    def all_gather_rows(self, t: Tensor, sizes: list[int]) -> Tensor:
         """Concatenate along dim 0 tensors whose dim-0 size is ``sizes[rank]`` (uneven: padded, then trimmed)."""
         m = max(sizes)
         pad = torch.zeros((m - t.shape[0],) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
         g = self.all_gather(torch.cat([t, pad]))
         return torch.cat([g[r, : sizes[r]] for r in range(self.world_size)])
 
-    def all_to_all(self, flat: Tensor, send_sizes: List[int], recv_sizes: List[int]) -> Tensor:
+    def all_to_all(self, flat: Tensor, send_sizes: list[int], recv_sizes: list[int]) -> Tensor:
         out = torch.empty(sum(recv_sizes), dtype=flat.dtype, device=flat.device)
         dist.all_to_all_single(out, flat.contiguous(), recv_sizes, send_sizes, group=self.group)
         sent = sum(s for r, s in enumerate(send_sizes) if r != self.rank)
@@ -120,13 +119,13 @@ class ShardedSteps:
     count; each rank then projects its own block. Exact (no threshold search across ranks), 2 collectives and no
     host read per row projection. The row backward all-reduces the per-row sums over the support (v values)."""
 
-    def __init__(self, local, comm: GroupComm, col_sizes: List[int], mu: Tensor):
+    def __init__(self, local, comm: GroupComm, col_sizes: list[int], mu: Tensor):
         self.local, self.comm, self.col_sizes, self.mu = local, comm, list(col_sizes), mu
         v, R = mu.numel(), comm.world_size
         self.row_bounds = [shard_bounds(v, R, r) for r in range(R)]
         self.buffers, self.col, self.col_bwd = local.buffers, local.col, local.col_bwd
 
-    def row_thresholds(self, A: Tensor) -> Tuple[Tensor, Tensor]:
+    def row_thresholds(self, A: Tensor) -> tuple[Tensor, Tensor]:
         """(thresholds float64, support counts) of every whole row of the sharded matrix, on every rank."""
         comm, me = self.comm, self.comm.rank
         n = A.shape[1]
@@ -140,12 +139,12 @@ class ShardedSteps:
         both = comm.all_gather_rows(torch.stack([tau, cnt.to(torch.float64)], 1), [b - a for a, b in self.row_bounds])
         return both[:, 0], both[:, 1]
 
-    def row(self, src: Tensor, Pc: Tensor, Qc: Tensor, first: bool) -> Tuple[Tensor, Tensor]:
+    def row(self, src: Tensor, Pc: Tensor, Qc: Tensor, first: bool) -> tuple[Tensor, Tensor]:
         A = src if first else src + Pc
         tau, cnt = self.row_thresholds(A)
         return apply_projection(A, tau, 1, Pc, Qc, None if first else Qc), cnt
 
-    def row_bwd(self, g: Tensor, gP: Optional[Tensor], mask: Tensor, cnt: Tensor) -> Tensor:
+    def row_bwd(self, g: Tensor, gP: Tensor | None, mask: Tensor, cnt: Tensor) -> Tensor:
         return projection_backward(g, gP, mask, cnt, 1, reduce=lambda s: self.comm.all_reduce(s, "sum"))
 
 
@@ -234,7 +233,7 @@ class _DistRowLogSoftmax(torch.autograd.Function):
 
 
 def sharded_softmax_sinkhorn(C_local: Tensor, mu: Tensor, nu_local: Tensor, group=None, n_iter: int = 3,
-                             comm: Optional[GroupComm] = None) -> Tensor:
+                             comm: GroupComm | None = None) -> Tensor:
     """The dense baseline (log-domain Sinkhorn, see :func:`~s2t2_dist.ot.sinkhorn.softmax_sinkhorn`) on a
     column-sharded C: two all-reduces of v numbers per row step; equals the single-process result."""
     comm = comm or GroupComm(group)
@@ -251,7 +250,7 @@ class _GatherRows(torch.autograd.Function):
     MEAN over ranks of their upstream gradients (all-reduce, slice, divide by R)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, sizes: List[int], comm: GroupComm):
+    def forward(ctx, x: Tensor, sizes: list[int], comm: GroupComm):
         ctx.comm, ctx.sizes = comm, sizes
         return comm.all_gather_rows(x.detach(), sizes)
 
@@ -278,7 +277,7 @@ class _AllReduceSum(torch.autograd.Function):
         return ctx.comm.all_reduce(g, "sum").div_(ctx.comm.world_size), None
 
 
-def gather_rows_mean_grad(x: Tensor, sizes: List[int], comm: GroupComm) -> Tensor:
+def gather_rows_mean_grad(x: Tensor, sizes: list[int], comm: GroupComm) -> Tensor:
     """All-gather rows (rank r contributes ``sizes[r]`` rows), differentiable; see :class:`_GatherRows`.
 
     Convention: every rank differentiates its own loss L_q; the gradient reaching ``x`` on rank r is

@@ -20,7 +20,7 @@ sync, but the dispatch-mode sync counter of utils/syncs.py cannot tell it from o
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,7 +39,7 @@ _NP = {torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.f
 class Reduced:
     """The reduced values by name: numpy arrays (0-d for scalars) in their registered dtype and shape."""
 
-    def __init__(self, values: Dict[str, np.ndarray]):
+    def __init__(self, values: dict[str, np.ndarray]):
         self._v = values
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -67,10 +67,10 @@ class StatsBatch:
             self.world = dist.get_world_size(group) if group is not None else coll.world_size()
         else:
             self.rank, self.world = 0, 1
-        self._reduced: List[torch.Tensor] = []  # flat float64 pieces of the summed part
-        self._local: List[torch.Tensor] = []  # flat float64 pieces read without reduction
+        self._reduced: list[torch.Tensor] = []  # flat float64 pieces of the summed part
+        self._local: list[torch.Tensor] = []  # flat float64 pieces read without reduction
         # name -> (op, part, offset, shape, dtype, rows offset/total)
-        self._slots: Dict[str, Tuple] = {}
+        self._slots: dict[str, tuple] = {}
         self._sizes = [0, 0]
         self._done = False
 

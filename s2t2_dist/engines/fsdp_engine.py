@@ -112,7 +112,7 @@ class FSDP2Engine(Engine):
     @classmethod
     def build(cls, model: torch.nn.Module, optim_cfg, train_cfg, *, activation_checkpointing: bool = False,
               offload: bool = False, reshard_after_forward: bool = True,
-              mixed_precision: bool | None = None, weights: dict[str, Path] | None = None) -> "FSDP2Engine":
+              mixed_precision: bool | None = None, weights: dict[str, Path] | None = None) -> FSDP2Engine:
         """Shard `model`, then build optim_cfg's optimiser over the shards and the schedule over train_cfg.steps.
         `weights` (parameter name -> safetensors file, from `safetensors_index`): `model`'s parameters are on the
         meta device and are materialised as shards and loaded from these files after sharding."""

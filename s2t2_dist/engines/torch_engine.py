@@ -38,7 +38,7 @@ class TorchEngine(Engine):
 
     @classmethod
     def build(cls, module: torch.nn.Module, optim_cfg, total_steps: int, *,
-              params: Literal["sharded", "replicated"] = "replicated", lr: float | None = None) -> "TorchEngine":
+              params: Literal["sharded", "replicated"] = "replicated", lr: float | None = None) -> TorchEngine:
         """The engine with optim_cfg's optimiser and schedule over total_steps (`lr`: instead of optim_cfg.lr)."""
         if lr is not None:
             optim_cfg = dataclasses.replace(optim_cfg, lr=lr)

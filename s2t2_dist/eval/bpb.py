@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -25,13 +25,13 @@ class EvalTotals:
     bytes: int = 0
     docs: int = 0
 
-    def add(self, other: "EvalTotals") -> None:
+    def add(self, other: EvalTotals) -> None:
         self.nll_nats += other.nll_nats
         self.tokens += other.tokens
         self.bytes += other.bytes
         self.docs += other.docs
 
-    def all_reduce(self) -> "EvalTotals":
+    def all_reduce(self) -> EvalTotals:
         """Exact totals over ranks (sums, not averages of averages); float64 for the NLL sum."""
         if not coll.distributed():
             return self

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -54,7 +54,7 @@ class TranslatedOutput:
     loss: torch.Tensor  # mean NLL over the scored tokens (0-dim); 0 when nothing is scored
     nll_sum: torch.Tensor  # sum of token NLLs in nats (float32, 0-dim)
     n_tokens: torch.Tensor  # number of scored tokens (int64, 0-dim)
-    logits: Optional[torch.Tensor] = None  # [B, T, u] when asked for
+    logits: torch.Tensor | None = None  # [B, T, u] when asked for
 
 
 def backbone_of(model: nn.Module) -> nn.Module:
@@ -68,7 +68,7 @@ def backbone_of(model: nn.Module) -> nn.Module:
 def shifted_nll(
     logits: torch.Tensor,
     labels: torch.Tensor,
-    attention_mask: Optional[torch.Tensor] = None,
+    attention_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of NLL in nats, number of scored tokens): position t predicts labels[t + 1]; labels equal to -100 and
     positions whose target is masked out (attention_mask 0) are not scored. Computed in float32."""
@@ -100,7 +100,7 @@ class TranslatedLM(nn.Module):
     def __init__(
         self,
         model: nn.Module,
-        translator: Optional[EmbeddingsFn] = None,
+        translator: EmbeddingsFn | None = None,
         freeze_model: bool = True,
         gradient_checkpointing: bool = False,
     ):
@@ -142,8 +142,8 @@ class TranslatedLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         E_new: torch.Tensor,
-        attention_mask: Optional[torch.Tensor] = None,
-        position_ids: Optional[torch.Tensor] = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final hidden states [B, T, d] of the pretrained body fed `E'[input_ids]`."""
         body = self._body()
@@ -191,10 +191,10 @@ class TranslatedLM(nn.Module):
     def forward(
         self,
         input_ids: torch.Tensor,
-        E_new: Optional[torch.Tensor] = None,
-        L_new: Optional[torch.Tensor] = None,
-        labels: Optional[torch.Tensor] = None,
-        attention_mask: Optional[torch.Tensor] = None,
+        E_new: torch.Tensor | None = None,
+        L_new: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         return_logits: bool = False,
     ) -> TranslatedOutput:
         """Next-token loss of target ids [B, T] (labels default to input_ids, shifted inside; -100 is ignored)."""
@@ -214,7 +214,7 @@ class TranslatedLM(nn.Module):
         return TranslatedOutput(loss=loss, nll_sum=nll, n_tokens=n, logits=logits if return_logits else None)
 
     @torch.no_grad()
-    def logits_fn(self, E_new: Optional[torch.Tensor] = None, L_new: Optional[torch.Tensor] = None):
+    def logits_fn(self, E_new: torch.Tensor | None = None, L_new: torch.Tensor | None = None):
         """A function ids[B, T] -> logits[B, T, u] with fixed (E', L'), e.g. for `eval.bpb.score_documents`."""
         E_new, L_new = self._embeddings(E_new, L_new)
         E_new, L_new = E_new.detach(), L_new.detach()
@@ -239,10 +239,10 @@ def materialize(
     L_new: torch.Tensor,
     *,
     inplace: bool = False,
-    bos_token_id: Optional[int] = None,
-    eos_token_id: Optional[int] = None,
-    pad_token_id: Optional[int] = None,
-    dtype: Optional[torch.dtype] = None,
+    bos_token_id: int | None = None,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+    dtype: torch.dtype | None = None,
 ):
     """A standalone HF causal LM with vocabulary u: embedding E', head L', everything else from `model`.
 

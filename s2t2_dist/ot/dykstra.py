@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -45,7 +44,7 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def newton_thresholds(Z: Tensor, scale: Tensor, dim: int) -> Tuple[Tensor, Tensor]:
+def newton_thresholds(Z: Tensor, scale: Tensor, dim: int) -> tuple[Tensor, Tensor]:
     """The exact threshold of every slice of ``Z`` (2-D, a CPU tensor) along ``dim`` (float64) and its support size.
 
     The CUDA kernels' algorithm in torch ops: from the lower bounds ``max z - s`` and ``(sum z - s) / n``, Newton
@@ -68,7 +67,7 @@ def newton_thresholds(Z: Tensor, scale: Tensor, dim: int) -> Tuple[Tensor, Tenso
         prev = torch.where(act, cnt, prev)
 
 
-def apply_projection(A: Tensor, tau: Tensor, dim: int, corr: Tensor, pos: Tensor, add: Optional[Tensor] = None
+def apply_projection(A: Tensor, tau: Tensor, dim: int, corr: Tensor, pos: Tensor, add: Tensor | None = None
                      ) -> Tensor:
     """One projection given its thresholds: ``pos <- max(A - t, 0) (+ add)``, ``corr <- min(A, t)`` (Dykstra's
     correction), and the support ``A > t`` returned (bool). ``corr``/``pos`` may be ``A``'s or ``add``'s buffers."""
@@ -82,7 +81,7 @@ def apply_projection(A: Tensor, tau: Tensor, dim: int, corr: Tensor, pos: Tensor
     return mask
 
 
-def projection_backward(g: Tensor, gc: Optional[Tensor], mask: Tensor, counts: Tensor, dim: int,
+def projection_backward(g: Tensor, gc: Tensor | None, mask: Tensor, counts: Tensor, dim: int,
                         reduce=None) -> Tensor:
     """``where(S, g - mean_S(g - gc), gc)`` per slice along ``dim`` (``gc`` None: 0), a new tensor. ``reduce``:
     applied to the per-slice sums first (the sharded rows' all-reduce)."""
@@ -101,32 +100,32 @@ class TorchSteps:
         self.mu, self.nu = mu, nu
 
     @staticmethod
-    def buffers(C: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    def buffers(C: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return tuple(torch.empty_like(C, memory_format=torch.contiguous_format) for _ in range(3))
 
     @staticmethod
-    def thresholds(Z: Tensor, scale: Tensor, dim: int) -> Tuple[Tensor, Tensor]:
+    def thresholds(Z: Tensor, scale: Tensor, dim: int) -> tuple[Tensor, Tensor]:
         return newton_thresholds(Z, scale, dim)
 
-    def row(self, src: Tensor, Pc: Tensor, Qc: Tensor, first: bool) -> Tuple[Tensor, Tensor]:
+    def row(self, src: Tensor, Pc: Tensor, Qc: Tensor, first: bool) -> tuple[Tensor, Tensor]:
         A = src if first else src + Pc
         tau, cnt = newton_thresholds(A, self.mu, 1)
         return apply_projection(A, tau, 1, Pc, Qc, None if first else Qc), cnt
 
-    def col(self, Qc: Tensor, X: Tensor) -> Tuple[Tensor, Tensor]:
+    def col(self, Qc: Tensor, X: Tensor) -> tuple[Tensor, Tensor]:
         tau, cnt = newton_thresholds(Qc, self.nu, 0)
         return apply_projection(Qc, tau, 0, Qc, X), cnt
 
     @staticmethod
-    def row_bwd(g: Tensor, gP: Optional[Tensor], mask: Tensor, cnt: Tensor) -> Tensor:
+    def row_bwd(g: Tensor, gP: Tensor | None, mask: Tensor, cnt: Tensor) -> Tensor:
         return projection_backward(g, gP, mask, cnt, 1)
 
     @staticmethod
-    def col_bwd(g: Tensor, gQ: Optional[Tensor], mask: Tensor, cnt: Tensor) -> Tensor:
+    def col_bwd(g: Tensor, gQ: Tensor | None, mask: Tensor, cnt: Tensor) -> Tensor:
         return projection_backward(g, gQ, mask, cnt, 0)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kernels_ok(device: torch.device) -> bool:
     """Once per device: the kernels compile and agree with the torch steps on a small plan whose columns take the
     streamed path and whose rows the registers path (5,000 x 4, forward + backward, float32). False (with one

@@ -27,7 +27,7 @@ reference; kernels are built on first use, so that the interpreter switch is rea
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Optional, Tuple
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -78,7 +78,7 @@ def dry_run() -> Iterator[None]:
 launches = [0]
 
 
-def _shape(S: int, N: int) -> Tuple[int, int, bool]:
+def _shape(S: int, N: int) -> tuple[int, int, bool]:
     """(BLOCK_S, BLOCK_N, ONE_CHUNK): short slices whole in registers, several per program; long ones streamed."""
     bn = 1 << max(N - 1, 0).bit_length()
     if bn <= ROW_TILE // 16:  # at least 16 slices per program: whole 64-byte lines along the strided dim
@@ -86,7 +86,7 @@ def _shape(S: int, N: int) -> Tuple[int, int, bool]:
     return 1, BLOCK_N, N <= BLOCK_N
 
 
-def _slices(t: Tensor, dim: int) -> Tuple[int, int]:
+def _slices(t: Tensor, dim: int) -> tuple[int, int]:
     """(stride between slices, stride along a slice) of a 2-D tensor whose slices run along ``dim``."""
     return (t.stride(1 - dim), t.stride(dim))
 
@@ -108,8 +108,8 @@ class TritonSteps:
         v, u = C.shape
         return torch.empty_strided((v, u), (1, v), dtype=torch.bool, device=C.device)
 
-    def _project(self, dim: int, scale: Tensor, z1: Tensor, z2: Optional[Tensor], add: Optional[Tensor],
-                 pos: Tensor, corr: Tensor) -> Tuple[Tensor, Tensor]:
+    def _project(self, dim: int, scale: Tensor, z1: Tensor, z2: Tensor | None, add: Tensor | None,
+                 pos: Tensor, corr: Tensor) -> tuple[Tensor, Tensor]:
         S, N = z1.shape[1 - dim], z1.shape[dim]
         mask = self.mask(pos)
         cnt = torch.empty(S, dtype=torch.int32, device=z1.device)
@@ -123,15 +123,15 @@ class TritonSteps:
                                     HAS_ADD=add is not None, APPLY=True, BS=bs, BN=bn, ONE_CHUNK=one, num_warps=NUM_WARPS)
         return mask, cnt
 
-    def row(self, src: Tensor, Pc: Tensor, Qc: Tensor, first: bool) -> Tuple[Tensor, Tensor]:
+    def row(self, src: Tensor, Pc: Tensor, Qc: Tensor, first: bool) -> tuple[Tensor, Tensor]:
         """A = src (+ Pc); Pc <- min(A, t_row); Qc <- max(A - t_row, 0) (+ Qc). Returns (mask, counts)."""
         return self._project(1, self.mu, src, None if first else Pc, None if first else Qc, Qc, Pc)
 
-    def col(self, Qc: Tensor, X: Tensor) -> Tuple[Tensor, Tensor]:
+    def col(self, Qc: Tensor, X: Tensor) -> tuple[Tensor, Tensor]:
         """X <- max(Qc - t_col, 0); Qc <- min(Qc, t_col). Returns (mask, counts)."""
         return self._project(0, self.nu, Qc, None, None, X, Qc)
 
-    def thresholds(self, Z: Tensor, scale: Tensor, dim: int) -> Tuple[Tensor, Tensor]:
+    def thresholds(self, Z: Tensor, scale: Tensor, dim: int) -> tuple[Tensor, Tensor]:
         """Exact thresholds (float64) of the slices of Z along ``dim`` and their support counts, nothing written."""
         S, N = Z.shape[1 - dim], Z.shape[dim]
         tau = torch.empty(S, dtype=torch.float64, device=Z.device)
@@ -145,7 +145,7 @@ class TritonSteps:
                                     APPLY=False, BS=bs, BN=bn, ONE_CHUNK=one, num_warps=NUM_WARPS)
         return tau, cnt
 
-    def _backward(self, dim: int, g: Tensor, gc: Optional[Tensor], mask: Tensor, cnt: Tensor) -> Tensor:
+    def _backward(self, dim: int, g: Tensor, gc: Tensor | None, mask: Tensor, cnt: Tensor) -> Tensor:
         out = gc if gc is not None else torch.empty_strided(mask.shape, mask.stride(), dtype=g.dtype,
                                                             device=g.device)
         S, N = mask.shape[1 - dim], mask.shape[dim]
@@ -158,9 +158,9 @@ class TritonSteps:
                                      ONE_CHUNK=one, num_warps=NUM_WARPS)
         return out
 
-    def row_bwd(self, g: Tensor, gP: Optional[Tensor], mask: Tensor, cnt: Tensor) -> Tensor:
+    def row_bwd(self, g: Tensor, gP: Tensor | None, mask: Tensor, cnt: Tensor) -> Tensor:
         return self._backward(1, g, gP, mask, cnt)
 
-    def col_bwd(self, g: Tensor, gQ: Optional[Tensor], mask: Tensor, cnt: Tensor) -> Tensor:
+    def col_bwd(self, g: Tensor, gQ: Tensor | None, mask: Tensor, cnt: Tensor) -> Tensor:
         return self._backward(0, g, gQ, mask, cnt)
 

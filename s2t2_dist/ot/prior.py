@@ -12,7 +12,7 @@ uniform start. Columns of P0 sum exactly to nu; rows do not sum to mu (the spars
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -23,7 +23,7 @@ __all__ = ["Decomposition", "decompose", "fvt_plan", "blend_with_uniform", "row_
 @dataclass
 class Decomposition:
     #: per target token: the source ROWS (indices into the source list) of its pieces, in order
-    pieces: List[List[int]]
+    pieces: list[list[int]]
     #: bytes of all (non-special) target tokens, and how many of them some source piece covers
     total_bytes: int
     covered_bytes: int
@@ -37,20 +37,20 @@ class Decomposition:
         return self.covered_bytes / self.total_bytes if self.total_bytes else 0.0
 
 
-def decompose(target: Sequence[Optional[bytes]], source: Sequence[Optional[bytes]],
-              special_pairs: Optional[Dict[int, int]] = None) -> Decomposition:
+def decompose(target: Sequence[bytes | None], source: Sequence[bytes | None],
+              special_pairs: dict[int, int] | None = None) -> Decomposition:
     """Greedy longest-match decomposition of every target token's bytes into source tokens.
 
     ``target[j]`` / ``source[i]``: the bytes each token stands for (None: a special token). ``special_pairs``:
     target id -> source row for tokens matched by role (BOS to BOS...), used whatever their bytes. A byte that no
     source token starts with is skipped (counted as uncovered)."""
     special_pairs = dict(special_pairs or {})
-    index: Dict[bytes, int] = {}
+    index: dict[bytes, int] = {}
     for i, b in enumerate(source):
         if b:  # the first (lowest-row) source token of a string wins, as a tokenizer's own id would
             index.setdefault(bytes(b), i)
     max_len = max((len(b) for b in index), default=0)
-    pieces: List[List[int]] = []
+    pieces: list[list[int]] = []
     total = covered = empty = identical = 0
     for j, t in enumerate(target):
         if j in special_pairs:
@@ -62,7 +62,7 @@ def decompose(target: Sequence[Optional[bytes]], source: Sequence[Optional[bytes
             continue
         t = bytes(t)
         total += len(t)
-        out: List[int] = []
+        out: list[int] = []
         k = 0
         while k < len(t):
             for n in range(min(max_len, len(t) - k), 0, -1):

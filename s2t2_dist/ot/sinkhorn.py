@@ -17,7 +17,7 @@ unconstrained plan. Pure math: no torch.distributed, no I/O.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -45,7 +45,7 @@ def validate_plan_inputs(
     mu: Tensor,
     nu: Tensor,
     atol: float = 1e-4,
-    nu_total: Optional[float] = None,
+    nu_total: float | None = None,
     check_C: bool = True,
 ) -> None:
     """Raise ``ValueError`` naming the argument and the offending value/shape if the inputs are not usable.

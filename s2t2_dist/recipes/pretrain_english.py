@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 import torch
 
@@ -41,12 +41,12 @@ N_REAL_TOKENS = 258
 class EnglishLMConfig:
     data: list[str] = field(default_factory=list)  # .txt / .jsonl / .jsonl.gz / .json.gz files
     text_key: str = "text"  # field of the JSON records
-    max_bytes: Optional[int] = None  # use at most this many bytes of the stream (None: all)
+    max_bytes: int | None = None  # use at most this many bytes of the stream (None: all)
     val_fraction: float = 0.05  # tail of the byte stream held out for validation
     n_layers: int = 2
     d_model: int = 128
     n_heads: int = 4
-    intermediate: Optional[int] = None  # default 4 * d_model
+    intermediate: int | None = None  # default 4 * d_model
     vocab_rows: int = 264  # embedding rows: 258 tokens padded to a multiple of 8 (rows >= 258 are no token)
     tie_word_embeddings: bool = True  # as OLMo-1B
     context_len: int = 256
@@ -302,7 +302,7 @@ def pretrain_english(
     return PretrainResult(out, False, saved)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m s2t2_dist.recipes.pretrain_english", description=__doc__.split("\n")[0])
     ap.add_argument("--data", nargs="+", required=True, help=".txt / .jsonl[.gz] / .json.gz files")
     ap.add_argument("--cache-root", default="runs/source_lm")

@@ -129,7 +129,7 @@ def transfer_lr(cfg: ReproduceConfig, p_lrs: dict[str, float]) -> float:
     return cfg.transfer_p_lr if cfg.transfer_p_lr is not None else p_lrs["sparse"]
 
 
-def build_plan(cfg: ReproduceConfig, st: Setting, p_lrs: dict[str, float] | None = None) -> list[Job]:
+def build_plan(cfg: ReproduceConfig, st: Setting, p_lrs: dict[str, float] | None = None) -> list[Job]:  # noqa: C901 - one job per arm of the paper's table
     """Every stage run of the reproduction, in an order that respects their inputs. `p_lrs`: P learning rate per
     translator kind (default: cfg.p_lr for all)."""
     p_lrs = p_lrs or {k: cfg.p_lr for k in KINDS.values()}

@@ -335,7 +335,7 @@ def _unigram_lines(ax, results: dict, metric: str, splits: tuple[str, ...]) -> N
             ax.axhline(uni[split][metric], color="k", ls=ls, lw=1, label=f"unigram ref. ({what})")
 
 
-def plots(results: dict, out_dir: Path) -> dict[str, Path]:
+def plots(results: dict, out_dir: Path) -> dict[str, Path]:  # noqa: C901 - one panel per figure
     import matplotlib
 
     matplotlib.use("Agg")

@@ -9,7 +9,7 @@ one non-zero each). result.json reports both (`P.start`, `P.end`: `unbuilt_colum
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

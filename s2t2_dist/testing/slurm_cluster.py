@@ -208,7 +208,7 @@ class LocalSlurmCluster:
         return self.path("cluster.json")
 
     # ------------------------------------------------------------------ start
-    def start(self, timeout_s: float = 60.0) -> "LocalSlurmCluster":
+    def start(self, timeout_s: float = 60.0) -> LocalSlurmCluster:
         missing = missing_packages(self.accounting)
         if missing:
             raise SlurmClusterError(
@@ -552,7 +552,7 @@ class LocalSlurmCluster:
     def running(self) -> dict[str, int]:
         return self._pids()
 
-    def __enter__(self) -> "LocalSlurmCluster":
+    def __enter__(self) -> LocalSlurmCluster:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -22,7 +22,6 @@ global H on every rank, mean convention); both give the objective ``mean_q ce_q 
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -63,7 +62,7 @@ def translation_weights(P: Tensor, mu: Tensor, nu: Tensor, normalization: str, p
 
 
 def translated_rows(P: Tensor, E_src: Tensor, L_src: Tensor, mu: Tensor, nu: Tensor, normalization: str,
-                    sparse: bool = False) -> Tuple[Tensor, Tensor]:
+                    sparse: bool = False) -> tuple[Tensor, Tensor]:
     """(E', L') = (W_E^T E_src, W_L^T L_src), u x d in P's dtype: the one definition of the translated embedding
     and head, for training (:meth:`TokenTranslator.embed_and_head`) and export (stages/init_model.py).
 
@@ -106,8 +105,8 @@ class TokenTranslator(nn.Module):
         kind: str = "sparse",
         n_iter: int = 3,
         normalization: str = "convex",
-        mu: Optional[Tensor] = None,
-        nu: Optional[Tensor] = None,
+        mu: Tensor | None = None,
+        nu: Tensor | None = None,
         group=None,
         dtype: torch.dtype = torch.float32,
         device=None,
@@ -146,18 +145,18 @@ class TokenTranslator(nn.Module):
         self.live_cols = None if bool(live.all()) else live.nonzero().reshape(-1)
         self.C = nn.Parameter(torch.full((self.v, self.col_end - self.col_start), 1.0 / self.v, dtype=dtype,
                                          device=device))
-        self._kinds: Dict[str, Kind] = {}  # one object per kind used (the sparse one keeps its warm start)
+        self._kinds: dict[str, Kind] = {}  # one object per kind used (the sparse one keeps its warm start)
         self.kind = kind
         self._comm = None
-        self._cache_grad: Optional[Tuple[int, Tensor]] = None
-        self._cache_val: Optional[Tuple[int, Tensor]] = None
+        self._cache_grad: tuple[int, Tensor] | None = None
+        self._cache_val: tuple[int, Tensor] | None = None
         self._step = None  # begin_step's (outputs, leaves, inputs) until finish_step
         self._src_range = None  # (src_ids, its version, first id or None): see register_source_ids
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
     def from_frequencies(cls, source_counts: Tensor, target_counts: Tensor, smoothing: float = 0.0,
-                         **kwargs) -> "TokenTranslator":
+                         **kwargs) -> TokenTranslator:
         """Marginals from token counts: ``mu = (source_counts + smoothing) / sum``, same for ``nu``.
 
         A token with zero mass gets an all-zero row/column of P (its E'/L' row is then zero)."""
@@ -267,12 +266,12 @@ class TokenTranslator(nn.Module):
         self._cache_val = (ver, P)
         return P
 
-    def weights(self, P: Optional[Tensor] = None, part: str = "embed") -> Tensor:
+    def weights(self, P: Tensor | None = None, part: str = "embed") -> Tensor:
         """Normalised local weights W (v x u_local) of ``part`` in {"embed", "head"} (equal for "convex")."""
         return translation_weights(self.P() if P is None else P, self.mu, self.nu_local, self.normalization, part)
 
-    def embed_and_head(self, E: Tensor, L: Optional[Tensor] = None, src_ids: Optional[Tensor] = None
-                       ) -> Tuple[Tensor, Tensor]:
+    def embed_and_head(self, E: Tensor, L: Tensor | None = None, src_ids: Tensor | None = None
+                       ) -> tuple[Tensor, Tensor]:
         """(E', L'), both u x d and FULL on every rank.
 
         ``E``, ``L``: the source model's embedding and head (frozen; ``L`` None or ``L is E`` for tied models);
@@ -287,7 +286,7 @@ class TokenTranslator(nn.Module):
             return self._embed_and_head(E, L, src_ids)
 
     # ------------------------------------------------------------------ one plan per optimiser step
-    def begin_step(self, E: Tensor, L: Optional[Tensor] = None, src_ids: Optional[Tensor] = None,
+    def begin_step(self, E: Tensor, L: Tensor | None = None, src_ids: Tensor | None = None,
                    entropy: bool = False) -> None:
         """Compute this step's E', L' (and, with ``entropy``, the global H(P)) ONCE for all its
         micro-batches: until :meth:`finish_step`, :meth:`embed_and_head` with the same arguments and
@@ -324,7 +323,7 @@ class TokenTranslator(nn.Module):
         if outs:
             torch.autograd.backward(outs, grads)
 
-    def _embed_and_head(self, E: Tensor, L: Optional[Tensor], src_ids: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    def _embed_and_head(self, E: Tensor, L: Tensor | None, src_ids: Tensor | None) -> tuple[Tensor, Tensor]:
         tied = L is None or L is E
         L = E if L is None else L
         for name, M in (("E", E), ("L", L)):
@@ -368,7 +367,7 @@ class TokenTranslator(nn.Module):
             return M.narrow(0, rng[2], src_ids.numel())
         return M.index_select(0, src_ids.to(M.device))
 
-    def forward(self, E: Tensor, L: Optional[Tensor] = None, src_ids: Optional[Tensor] = None):
+    def forward(self, E: Tensor, L: Tensor | None = None, src_ids: Tensor | None = None):
         return self.embed_and_head(E, L, src_ids)
 
     # ------------------------------------------------------------------ regulariser (statistics: stats.py)
@@ -393,7 +392,7 @@ class TokenTranslator(nn.Module):
 
     # ------------------------------------------------------------------ export
     @torch.no_grad()
-    def export_sparse(self, P: Optional[Tensor] = None) -> Dict[str, object]:
+    def export_sparse(self, P: Tensor | None = None) -> dict[str, object]:
         """The local block as COO: ``indices`` (2 x nnz: row, LOCAL column), ``values``, ``col_offset`` (add it to
         get global columns), ``shape`` (v, u) and ``local_shape``."""
         P = self.P() if P is None else P.detach()
@@ -402,7 +401,7 @@ class TokenTranslator(nn.Module):
                 "shape": (self.v, self.u), "local_shape": tuple(P.shape)}
 
     @torch.no_grad()
-    def gather_sparse(self, P: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    def gather_sparse(self, P: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The global P as COO on every rank: (indices 2 x nnz with GLOBAL columns, values), row-major order."""
         ex = self.export_sparse(P)
         idx = ex["indices"].clone()

@@ -21,7 +21,6 @@ gradient matters (the unconstrained kind's ``C = 0`` rows): they pass ``sparse=F
 from __future__ import annotations
 
 import logging
-from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -38,7 +37,7 @@ __all__ = ["DENSE_FRACTION", "live_rows", "plan_product"]
 DENSE_FRACTION = 0.5
 
 
-def live_rows(P: Tensor) -> Optional[Tensor]:
+def live_rows(P: Tensor) -> Tensor | None:
     """The indices of P's rows with a non-zero (a host read: the CPU kernel's), or None when the dense GEMMs are
     cheaper (more than :data:`DENSE_FRACTION` of the rows live)."""
     idx = P.any(1).nonzero().squeeze(1)
@@ -144,7 +143,7 @@ class _PlanProduct(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, G: Tensor) -> Tuple[Optional[Tensor], Optional[Tensor], None]:
+    def backward(ctx, G: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         P, M = ctx.saved_tensors
         G = G.contiguous()
         dP = _grad_p(P, M, G, ctx.sparse) if ctx.needs_input_grad[0] else None

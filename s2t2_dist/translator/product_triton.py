@@ -15,7 +15,6 @@ set by then. Unmeasured on a GPU (bench/bench_plan_product.py --device cuda meas
 from __future__ import annotations
 
 import functools
-from typing import Tuple
 
 import torch
 from torch import Tensor
@@ -25,7 +24,7 @@ __all__ = ["available", "live_index", "live_product", "live_grad_p"]
 BLOCK_K, BLOCK_U, BLOCK_D = 32, 64, 64
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def available() -> bool:
     """Whether Triton can be imported (it comes with torch's CUDA wheels)."""
     try:
@@ -35,7 +34,7 @@ def available() -> bool:
     return True
 
 
-def live_index(P: Tensor) -> Tuple[Tensor, Tensor]:
+def live_index(P: Tensor) -> tuple[Tensor, Tensor]:
     """(idx, n): P's rows with a non-zero first, in order (int32, length v), and their number (int32, 0-d), on
     P's device, by ops that read nothing back (a stable sort of v flags, a sum)."""
     live = P.any(1)
@@ -43,7 +42,7 @@ def live_index(P: Tensor) -> Tuple[Tensor, Tensor]:
     return idx, live.sum(dtype=torch.int32)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernels(interpret: bool):
     import triton
     import triton.language as tl

@@ -9,7 +9,7 @@ in ONE collective and one read). The plain methods (density_stats, ...) reduce a
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, List, Optional, Tuple
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -122,11 +122,11 @@ class PStats:
         finish = add(b, *args)
         return finish(b.reduce())
 
-    def _stat_P(self, P: Optional[Tensor]) -> Tensor:
+    def _stat_P(self, P: Tensor | None) -> Tensor:
         return self.tr.P() if P is None else P.detach()
 
     @torch.no_grad()
-    def add_density(self, b: StatsBatch, P: Optional[Tensor] = None) -> Callable[[Reduced], Dict[str, float]]:
+    def add_density(self, b: StatsBatch, P: Tensor | None = None) -> Callable[[Reduced], dict[str, float]]:
         """Non-zeros of the global P (:func:`sparsity_summary`): per source row (summed over the
         column shards) and per target column (this rank's columns)."""
         nz = self._stat_P(P) != 0
@@ -135,7 +135,7 @@ class PStats:
         return lambda r: {k: float(x) for k, x in sparsity_summary(r["P.row_nnz"], r["P.col_nnz"]).items()}
 
     @torch.no_grad()
-    def nnz_per_row_and_col(self, P: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    def nnz_per_row_and_col(self, P: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Global non-zeros of P per source row (v) and per target column (u), on every rank (host tensors)."""
         def finish(r):
             return torch.from_numpy(r["P.row_nnz"].copy()), torch.from_numpy(r["P.col_nnz"].copy())
@@ -145,12 +145,12 @@ class PStats:
         return finish(b.reduce())
 
     @torch.no_grad()
-    def density_stats(self, P: Optional[Tensor] = None) -> Dict[str, float]:
+    def density_stats(self, P: Tensor | None = None) -> dict[str, float]:
         """Summary of the non-zeros of the global P (floats, identical on every rank)."""
         return self._alone(self.add_density, P)
 
     @torch.no_grad()
-    def add_mass(self, b: StatsBatch, P: Optional[Tensor] = None) -> Callable[[Reduced], Dict[str, float]]:
+    def add_mass(self, b: StatsBatch, P: Tensor | None = None) -> Callable[[Reduced], dict[str, float]]:
         """Mass-based sparsity of the global W = P / nu (head weights; each column sums to one): ``max_weight_mean``
         is the mean over target columns of their largest weight (1.0: every target reads one source token),
         ``col_entropy_mean`` the mean entropy of W's columns in nats (0: one source each; log v: uniform; for the
@@ -174,7 +174,7 @@ class PStats:
         return finish
 
     @torch.no_grad()
-    def mass_stats(self, P: Optional[Tensor] = None) -> Dict[str, float]:
+    def mass_stats(self, P: Tensor | None = None) -> dict[str, float]:
         """:meth:`add_mass` on a batch of its own: floats, identical on every rank."""
         return self._alone(self.add_mass, P)
 
@@ -207,7 +207,7 @@ class PStats:
         stalled = cols < FREEZE_LIVE_COLS * max(self.tr.C.shape[1], 1)
         self._grad_zero_run = torch.where(stalled, self._grad_zero_run + steps, torch.zeros_like(self._grad_zero_run))
 
-    def add_grad(self, b: StatsBatch) -> Callable[[Reduced], Dict[str, float]]:
+    def add_grad(self, b: StatsBatch) -> Callable[[Reduced], dict[str, float]]:
         """Global gradient-monitor statistics: ``grad_live_frac``, the fraction of all v x u entries of C whose
         gradient was non-zero at the last sample; ``grad_frozen_steps``, the number of consecutive (sampled) steps,
         ending now, on which fewer than ``FREEZE_LIVE_COLS`` of the target columns received any gradient (exactly
@@ -220,12 +220,12 @@ class PStats:
                           "grad_frozen_steps": float(r["C.grad_zero_run"])}
 
     @torch.no_grad()
-    def grad_stats(self) -> Dict[str, float]:
+    def grad_stats(self) -> dict[str, float]:
         """:meth:`add_grad` on a batch of its own (collective when sharded; one host read)."""
         return self._alone(self.add_grad)
 
     @torch.no_grad()
-    def add_marginals(self, b: StatsBatch, P: Optional[Tensor] = None) -> Callable[[Reduced], Dict[str, float]]:
+    def add_marginals(self, b: StatsBatch, P: Tensor | None = None) -> Callable[[Reduced], dict[str, float]]:
         """Max abs error of the row sums (vs mu) and column sums (vs nu) of the global P after n_iter."""
         P = self._stat_P(P)
         col_err = (P.double().sum(0) - self.tr.nu_local.double()).abs().max() if P.shape[1] else P.new_zeros(())
@@ -238,18 +238,18 @@ class PStats:
         return finish
 
     @torch.no_grad()
-    def marginal_errors(self, P: Optional[Tensor] = None) -> Dict[str, float]:
+    def marginal_errors(self, P: Tensor | None = None) -> dict[str, float]:
         """:meth:`add_marginals` on a batch of its own."""
         return self._alone(self.add_marginals, P)
 
     @torch.no_grad()
-    def add_entropy(self, b: StatsBatch, P: Optional[Tensor] = None) -> Callable[[Reduced], float]:
+    def add_entropy(self, b: StatsBatch, P: Tensor | None = None) -> Callable[[Reduced], float]:
         """H(P) of the global P (the shares summed in float64, rounded once to P's dtype)."""
         self._put(b, "P.entropy", _entropy(self._stat_P(P)))
         return lambda r: float(r["P.entropy"])
 
     @torch.no_grad()
-    def add_block(self, b: StatsBatch, rows: int, cols: int, P: Optional[Tensor] = None
+    def add_block(self, b: StatsBatch, rows: int, cols: int, P: Tensor | None = None
                   ) -> Callable[[Reduced], Tensor]:
         """The dense top-left ``rows x cols`` block of the global P (for heatmaps): a host tensor in P's dtype."""
         P = self._stat_P(P)
@@ -260,13 +260,13 @@ class PStats:
         return lambda r: torch.from_numpy(np.ascontiguousarray(r["P.block"].T))
 
     @torch.no_grad()
-    def gather_block(self, rows: int, cols: int, P: Optional[Tensor] = None) -> Tensor:
+    def gather_block(self, rows: int, cols: int, P: Tensor | None = None) -> Tensor:
         """:meth:`add_block` on a batch of its own (every rank)."""
         return self._alone(self.add_block, rows, cols, P)
 
     @torch.no_grad()
-    def add_top(self, b: StatsBatch, k: int = 3, P: Optional[Tensor] = None
-                ) -> Callable[[Reduced], Dict[int, List[Tuple[int, float]]]]:
+    def add_top(self, b: StatsBatch, k: int = 3, P: Tensor | None = None
+                ) -> Callable[[Reduced], dict[int, list[tuple[int, float]]]]:
         """For every target token j (global id): its ``k`` largest source weights ``(i, W_L[i, j])`` (W = P/nu),
         zero weights left out. Identical on every rank."""
         W = self.tr.weights(self._stat_P(P), "head")
@@ -281,7 +281,7 @@ class PStats:
         return finish
 
     @torch.no_grad()
-    def top_translations(self, k: int = 3, P: Optional[Tensor] = None) -> Dict[int, List[Tuple[int, float]]]:
+    def top_translations(self, k: int = 3, P: Tensor | None = None) -> dict[int, list[tuple[int, float]]]:
         """:meth:`add_top` on a batch of its own."""
         return self._alone(self.add_top, k, P)
 

@@ -16,7 +16,8 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 from s2t2_dist.errors import WriteError
 
 

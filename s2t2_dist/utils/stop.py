@@ -21,7 +21,7 @@ import contextlib
 import signal
 import sys
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 _state = {"requested": None, "deferred": 0}

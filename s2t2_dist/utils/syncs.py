@@ -23,7 +23,7 @@ from __future__ import annotations
 import traceback
 from collections import Counter
 from contextlib import contextmanager
-from typing import Iterator, List, Optional, Tuple
+from collections.abc import Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -43,7 +43,7 @@ def _has_bool_index(indices) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in (indices or ()))
 
 
-def _sync_reason(func, args, kwargs) -> Optional[str]:
+def _sync_reason(func, args, kwargs) -> str | None:
     """The op's name when calling ``func(*args, **kwargs)`` needs a device -> host read, else None."""
     packet = func.overloadpacket
     if packet in _ALWAYS:
@@ -85,7 +85,7 @@ class SyncCounter(TorchDispatchMode):
         #: every aten op dispatched while active (a CPU proxy for a GPU's kernel launches: each op is at most one)
         self.ops = 0
         self.record_stacks = record_stacks
-        self.stacks: List[Tuple[str, str]] = []
+        self.stacks: list[tuple[str, str]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
