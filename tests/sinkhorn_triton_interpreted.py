@@ -26,10 +26,11 @@ CASES = [(30, 7, 1e-2, False), (200, 40, 1e-2, True), (120, 33, 0.0, False), (50
 
 @pytest.fixture(params=["registers", "chunks"])
 def blocks(request, monkeypatch):
-    """The shipped tiling, or tiny blocks: every slice streamed in chunks of 32 (the path of a column of 50,304;
-    the interpreter runs a program's ops one by one, so the chunked cases are kept small)."""
+    """The shipped tiling, or tiny blocks: every slice streamed in chunks of 16 (the path of a column of 50,304;
+    the interpreter runs a program's ops one by one and a streamed slice is a program of its own, so the chunked
+    cases are kept small: two chunks, the last one partial, per slice)."""
     if request.param == "chunks":
-        monkeypatch.setattr(dt, "BLOCK_N", 32)
+        monkeypatch.setattr(dt, "BLOCK_N", 16)
         monkeypatch.setattr(dt, "ROW_TILE", 16)
     return request.param
 
@@ -47,10 +48,10 @@ def test_kernels_equal_the_sort_reference(v, u, noise, nonuni, dtype):
 
 
 def test_streamed_in_chunks(blocks):
-    """Rows of 40 and columns of 36 entries in chunks of 32 (and whole, for comparison): the sort reference's."""
-    C, mu, nu = problem(36, 40, 1e-2, seed=7, nonuniform=True)
-    up = torch.randn(36, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    assert dt._shape(40, 36)[2] is (blocks == "registers") and dt._shape(36, 40)[2] is (blocks == "registers")
+    """Rows of 20 and columns of 18 entries in chunks of 16 (and whole, for comparison): the sort reference's."""
+    C, mu, nu = problem(18, 20, 1e-2, seed=7, nonuniform=True)
+    up = torch.randn(18, 20, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    assert dt._shape(20, 18)[2] is (blocks == "registers") and dt._shape(18, 20)[2] is (blocks == "registers")
     assert_equals_reference(lambda c: dykstra(c, TritonSteps(mu, nu), 2), C, mu, nu, up, n_iter=2)
 
 
@@ -65,7 +66,7 @@ def test_edge_cases():
 def test_search_only_thresholds_and_counts(blocks):
     """The search without the projection (the sharded rows'): the sort's thresholds and the supports' sizes."""
     g = torch.Generator().manual_seed(0)
-    Z = torch.randn(40, 36, generator=g, dtype=torch.float64)
+    Z = torch.randn(20, 18, generator=g, dtype=torch.float64)
     Z[:5] = 0.25  # all equal
     for dim in (0, 1):
         s = torch.rand(Z.shape[1 - dim], generator=g, dtype=torch.float64)
