@@ -24,7 +24,8 @@ import socket
 import time
 import traceback
 from datetime import timedelta
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
+from collections.abc import Callable
 
 __all__ = ["run_distributed", "DistributedTestError", "free_port"]
 
@@ -83,12 +84,12 @@ def run_distributed(  # noqa: C901 - process start, time-outs and error collecti
     *args: Any,
     backend: str = "gloo",
     timeout: float = 120.0,
-    fn_kwargs: Optional[Dict[str, Any]] = None,
+    fn_kwargs: dict[str, Any] | None = None,
     init: bool = True,
-    num_threads: Optional[int] = 1,
-    env: Optional[Dict[str, str]] = None,
+    num_threads: int | None = 1,
+    env: dict[str, str] | None = None,
     start_method: str = "forkserver",
-) -> List[Any]:
+) -> list[Any]:
     """Run ``fn(*args, **fn_kwargs)`` on ``world_size`` spawned ranks; return the per-rank results (rank order).
 
     ``timeout``: seconds for the whole run; the rendezvous and collective timeout is ``max(timeout, 60)`` (so a
@@ -123,9 +124,9 @@ def run_distributed(  # noqa: C901 - process start, time-outs and error collecti
         )
         p.start()
         procs.append(p)
-    results: Dict[int, Any] = {}
+    results: dict[int, Any] = {}
     deadline = time.monotonic() + timeout
-    error: Optional[str] = None
+    error: str | None = None
     try:
         while len(results) < world_size:
             try:
@@ -141,8 +142,7 @@ def run_distributed(  # noqa: C901 - process start, time-outs and error collecti
                     try:
                         status, rank, payload = q.get(timeout=2.0)
                     except queue.Empty:
-                        error = "rank(s) {} exited with code(s) {} without reporting".format(
-                            dead, [procs[r].exitcode for r in dead])
+                        error = f"rank(s) {dead} exited with code(s) {[procs[r].exitcode for r in dead]} without reporting"
                         break
                 else:
                     continue

@@ -3,7 +3,8 @@ from typing import Literal
 
 import pytest
 
-from s2t2_dist.config import ConfigError, load_config
+from s2t2_dist.config import load_config
+from s2t2_dist.errors import ConfigError
 from s2t2_dist.train.config import OptimConfig, TrainConfig
 
 

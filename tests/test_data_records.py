@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from data_files import AA, C4_FILES, needs_c4
 
-from s2t2_dist.config import ConfigError
+from s2t2_dist.errors import ConfigError
 from s2t2_dist.data.config import DataConfig
 from s2t2_dist.errors import DataError, DataFormatError
 from s2t2_dist.data.records import RecordFilter, RecordPolicy, detect_format, read_raw, resolve_inputs

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from s2t2_dist.config import ConfigError, load_config
+from s2t2_dist.config import load_config
+from s2t2_dist.errors import ConfigError
 from s2t2_dist.engines.build import EngineConfig, build_model_and_engine, engine_kind
 from s2t2_dist.engines.launcher import parse_launcher_args
 from s2t2_dist.engines.deepspeed_engine import check_ds_config_file, resolve_ds_config

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from s2t2_dist import envvars
-from s2t2_dist.envvars import VARS, EnvError, check, get
+from s2t2_dist.envvars import VARS, check, get
+from s2t2_dist.errors import EnvError
 
 REPO = Path(__file__).resolve().parents[1]
 #: being deleted with the C kernels (the lead's change): not moved into the reader

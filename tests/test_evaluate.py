@@ -14,12 +14,14 @@ import torch.multiprocessing as mp
 
 from ft_lockstep_worker import rank_main
 from finetune_fixtures import CTX, NEW_VOCAB, world  # noqa: F401 - the session fixture
-from s2t2_dist.config import ConfigError, load_config
+from s2t2_dist.config import load_config
+from s2t2_dist.errors import ConfigError
 from s2t2_dist.data.reader import EvalDocs
 from s2t2_dist.data.shards import load_manifest
 from s2t2_dist.eval.bpb import EvalTotals, score_documents
 from s2t2_dist.eval.scoring import hf_logits_fn, score_documents_batched
-from s2t2_dist.translator.pfile import PFileError, load_p, save_p
+from s2t2_dist.translator.pfile import load_p, save_p
+from s2t2_dist.errors import PFileError
 from s2t2_dist.stages.evaluate import EvaluateConfig, run
 
 

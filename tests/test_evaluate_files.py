@@ -192,7 +192,7 @@ def test_max_docs_and_bad_records_are_reported(world, tmp_path, capsys):
 
 
 def test_config_needs_exactly_one_source(tmp_path):
-    from s2t2_dist.config import ConfigError
+    from s2t2_dist.errors import ConfigError
 
     with pytest.raises(ConfigError, match="data.eval.*or data.files"):
         load_config(EvaluateConfig, None, ["model.path=x"])

@@ -10,12 +10,15 @@ import pytest
 import torch
 
 from finetune_fixtures import CTX, NEW_VOCAB, world  # noqa: F401 - the session fixture
-from s2t2_dist.config import ConfigError, load_config
+from s2t2_dist.config import load_config
+from s2t2_dist.errors import ConfigError
 from s2t2_dist.data.tokenizers import tokenizer_hash
-from s2t2_dist.translator.pfile import PFileError, load_p, save_p
+from s2t2_dist.translator.pfile import load_p, save_p
+from s2t2_dist.errors import PFileError
 from s2t2_dist.engines.launcher import engine_overrides
 from s2t2_dist.stages.finetune import FinetuneConfig, parse_config, run
-from s2t2_dist.stages.init_model import InitConfig, InitError, check_shards, prepare_initial_model, resolve_plan
+from s2t2_dist.stages.init_model import InitConfig, check_shards, prepare_initial_model, resolve_plan
+from s2t2_dist.errors import InitError
 
 
 # ----------------------------------------------------------------------------------------------------------------

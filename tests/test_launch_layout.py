@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from s2t2_dist.cluster import layout
-from s2t2_dist.config import ConfigError
+from s2t2_dist.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINING = {"translate_olmo1b.yaml": "translate", "finetune_olmo1b.yaml": "finetune",

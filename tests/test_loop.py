@@ -4,8 +4,10 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from s2t2_dist.train.checkpoint import CheckpointError, Checkpointer
-from s2t2_dist.train.loop import TooManyBadSteps, train
+from s2t2_dist.train.checkpoint import Checkpointer
+from s2t2_dist.errors import CheckpointError
+from s2t2_dist.train.loop import train
+from s2t2_dist.errors import TooManyBadSteps
 from s2t2_dist.train.metrics import MetricsLogger
 from toy import make
 

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from s2t2_dist.config import ConfigError
+from s2t2_dist.errors import ConfigError
 from s2t2_dist.models import dir_check
-from s2t2_dist.models.hf import ModelLoadError, load_causal_lm
+from s2t2_dist.models.hf import load_causal_lm
+from s2t2_dist.errors import ModelLoadError
 
 REPO = Path(__file__).resolve().parents[1]
 FASTA = REPO / "s2t2_dist" / "assets" / "protein" / "mmseqs2_QUERY_uniprotkb.fasta"

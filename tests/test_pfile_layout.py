@@ -6,7 +6,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from s2t2_dist.translator.pfile import FORMAT, PFileError, SparseP, load_p, save_p
+from s2t2_dist.translator.pfile import FORMAT, SparseP, load_p, save_p
+from s2t2_dist.errors import PFileError
 
 
 def _p(density: float, v: int = 300, u: int = 200, seed: int = 0) -> SparseP:

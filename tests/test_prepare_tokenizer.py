@@ -8,7 +8,8 @@ import json
 import pytest
 from data_files import ESM, MMSEQS, OLMO_TOKENIZER, SHAKESPEARE
 
-from s2t2_dist.config import ConfigError, load_config
+from s2t2_dist.config import load_config
+from s2t2_dist.errors import ConfigError
 from s2t2_dist.data.tokenizers import load_tokenizer, tokenizer_hash
 from s2t2_dist.data.config import DataConfig
 from s2t2_dist.data.reader import EvalDocs

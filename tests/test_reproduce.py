@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from s2t2_dist.config import ConfigError
+from s2t2_dist.errors import ConfigError
 from s2t2_dist.recipes.reproduce import (
     KINDS,
     TABLE1,

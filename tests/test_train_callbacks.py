@@ -71,7 +71,8 @@ def test_profile_window_writes_a_trace(tmp_path):
 
 
 def test_profile_key_is_checked():
-    from s2t2_dist.config import ConfigError, load_config
+    from s2t2_dist.config import load_config
+    from s2t2_dist.errors import ConfigError
     from s2t2_dist.train.config import TrainConfig
 
     for bad in ("[3]", "[0,2]", "[5,4]"):
@@ -162,7 +163,7 @@ def test_activation_checkpointing_by_memory_and_block_buckets():
 
 
 def test_compile_is_refused_for_deepspeed():
-    from s2t2_dist.config import ConfigError
+    from s2t2_dist.errors import ConfigError
     from s2t2_dist.engines.build import EngineConfig
 
     with pytest.raises(ConfigError, match="compile"):

@@ -10,7 +10,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from s2t2_dist.config import load_config
-from s2t2_dist.translator.pfile import PFileError, load_p
+from s2t2_dist.translator.pfile import load_p
+from s2t2_dist.errors import PFileError
 from s2t2_dist.stages.translate import TranslateConfig, run
 from stage_fixtures import NCCL_LIKE, REPO, prepare_small, run_cmd, tiny_olmo, torchrun
 
@@ -213,7 +214,7 @@ def test_translate_fvt_start_maps_shared_tokens_to_themselves(inputs, tmp_path, 
 
 @pytest.mark.parametrize("key", ["translator.init_weight=2", "translator.floor=-2", "translator.freeze_steps=-1"])
 def test_translator_settings_out_of_range_are_refused(key):
-    from s2t2_dist.config import ConfigError
+    from s2t2_dist.errors import ConfigError
 
     with pytest.raises(ConfigError, match=key.split(".")[1].split("=")[0]):
         load_config(TranslateConfig, REPO / "configs" / "translate_olmo1b.yaml", [key])

@@ -6,7 +6,8 @@ import json
 import pytest
 import torch
 
-from s2t2_dist.config import ConfigError, load_config
+from s2t2_dist.config import load_config
+from s2t2_dist.errors import ConfigError
 from s2t2_dist.stages.translate import TranslateConfig
 from s2t2_dist.translator import TranslatorConfig, freeze_warning
 from s2t2_dist.translator.kinds import REGISTRY, Kind, register

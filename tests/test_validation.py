@@ -90,7 +90,8 @@ def test_prepare_rerun_with_another_vocab_size_keeps_everything(inputs, tmp_path
 
 
 def test_stage_yaml_with_slurm_section_is_accepted(tmp_path):
-    from s2t2_dist.config import ConfigError, load_config
+    from s2t2_dist.config import load_config
+    from s2t2_dist.errors import ConfigError
     from s2t2_dist.stages.translate import TranslateConfig
 
     cfg = yaml.safe_load((REPO / "configs" / "translate_olmo1b.yaml").read_text())
@@ -341,7 +342,8 @@ def test_command_line_values_of_string_keys_are_taken_literally():
                                            ("train:\n  steps: 3\nmodel:\n  path: x\ntrain:\n  steps: 4\n", 5, "train"),
                                            ("train:\n  steps: 3\n  seed: 1\n  steps: 4\n", 4, "steps")])
 def test_duplicate_yaml_keys_and_sections_are_refused_naming_file_and_line(tmp_path, text, line, key):
-    from s2t2_dist.config import ConfigError, load_config
+    from s2t2_dist.config import load_config
+    from s2t2_dist.errors import ConfigError
     from s2t2_dist.stages.translate import TranslateConfig
 
     f = tmp_path / "dup.yaml"
@@ -351,7 +353,8 @@ def test_duplicate_yaml_keys_and_sections_are_refused_naming_file_and_line(tmp_p
 
 
 def test_config_not_utf8_is_one_line_and_a_bom_is_accepted(tmp_path):
-    from s2t2_dist.config import ConfigError, read_yaml
+    from s2t2_dist.config import read_yaml
+    from s2t2_dist.errors import ConfigError
 
     f = tmp_path / "latin1.yaml"
     f.write_bytes(b"model:\n  path: caf\xe9\n")
@@ -367,7 +370,8 @@ def test_config_not_utf8_is_one_line_and_a_bom_is_accepted(tmp_path):
                                             ("train.keep_checkpoints=0", "keep_checkpoints: must be >= 1"),
                                             ("train.keep_checkpoints=-2", "keep_checkpoints: must be >= 1")])
 def test_learning_rates_finite_and_keep_checkpoints_at_least_one(override, match):
-    from s2t2_dist.config import ConfigError, load_config
+    from s2t2_dist.config import load_config
+    from s2t2_dist.errors import ConfigError
     from s2t2_dist.stages.translate import TranslateConfig
 
     with pytest.raises(ConfigError, match=match):
@@ -404,7 +408,8 @@ def _p_file(path, values=None, meta=None, kind="sparse"):
     (None, {"kind": "magic"}, "damaged metadata: kind 'magic'"),
 ])
 def test_p_file_values_and_metadata_are_checked_at_load(tmp_path, values, meta, match):
-    from s2t2_dist.translator.pfile import PFileError, load_p
+    from s2t2_dist.translator.pfile import load_p
+    from s2t2_dist.errors import PFileError
 
     f = _p_file(tmp_path / "P.safetensors", values, meta)
     with pytest.raises(PFileError, match=match):
@@ -432,7 +437,7 @@ def test_fasta_with_bom_and_cr_only_line_endings_reads_like_lf(tmp_path):
 
 
 def test_the_same_input_twice_or_through_a_symlink_is_refused(tmp_path):
-    from s2t2_dist.config import ConfigError
+    from s2t2_dist.errors import ConfigError
     from s2t2_dist.stages.checks import distinct_inputs
 
     a = tmp_path / "a.fasta"
@@ -488,7 +493,7 @@ def test_second_run_on_a_locked_directory_is_refused_naming_the_holder_until_it_
 
 
 def test_a_run_directory_of_another_stage_or_linked_out_is_refused(tmp_path):
-    from s2t2_dist.config import ConfigError
+    from s2t2_dist.errors import ConfigError
     from s2t2_dist.utils.rundir import check_owner, claim, release
 
     run = tmp_path / "t"
@@ -509,7 +514,7 @@ def test_a_run_directory_of_another_stage_or_linked_out_is_refused(tmp_path):
 
 
 def test_export_dir_of_another_run_is_refused_before_training(tmp_path):
-    from s2t2_dist.config import ConfigError
+    from s2t2_dist.errors import ConfigError
     from s2t2_dist.stages.checks import export_dir
     from s2t2_dist.utils.rundir import claim, release, run_id
 

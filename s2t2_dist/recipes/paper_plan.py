@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from s2t2_dist.config import ConfigError
+from s2t2_dist.errors import ConfigError
 
 # ----------------------------------------------------------------------------------------------------------------
 # configuration

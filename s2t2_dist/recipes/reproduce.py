@@ -42,7 +42,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from s2t2_dist.config import ConfigError, load_config
+from s2t2_dist.config import load_config
+from s2t2_dist.errors import ConfigError
 from s2t2_dist.recipes.orchestrate import REPO_ROOT, Runner, StageFailed, fmt_seconds
 from s2t2_dist.recipes.paper_plan import (  # noqa: F401 (KINDS, TABLE1, PAPER_TABLE1: the plan's public names)
     KINDS,

@@ -14,7 +14,7 @@ from collections import OrderedDict
 
 
 def table(lines: list[dict]) -> str:
-    rows: "OrderedDict[str, dict]" = OrderedDict()
+    rows: OrderedDict[str, dict] = OrderedDict()
     for e in lines:
         r = rows.setdefault(e["fault"], {"n": 0, "lost": set(), "steps": []})
         r["n"] += int(e.get("count", 1))

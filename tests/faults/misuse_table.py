@@ -292,7 +292,7 @@ def generate(work: Path) -> str:
     out, err = proc.communicate(timeout=300)
     r = json.loads((run / "result.json").read_text())
     ck = sorted(p.name for p in (run / "checkpoints").iterdir())
-    stopped_at = "step_%08d" % r["step"]
+    stopped_at = f"step_{r['step']:08d}"
     rows.append(("translate", "Ctrl-C (SIGINT to the process group) during training",
                  [ln for ln in err.splitlines() if "interrupted" in ln][-1], proc.returncode,
                  # the step it stops at depends on timing: said without the number, so the table is reproducible

@@ -18,10 +18,12 @@ import sys
 import pytest
 from conftest import REPO, base_env, ledger, prepare_tiny, translate_args, write_tiny_fasta
 
-from s2t2_dist.config import ConfigError, load_config
+from s2t2_dist.config import load_config
+from s2t2_dist.errors import ConfigError
 from s2t2_dist.errors import ManifestError, ShardError
 from s2t2_dist.data.global_loader import GlobalTrainLoader
-from s2t2_dist.translator.pfile import PFileError, load_p, save_p
+from s2t2_dist.translator.pfile import load_p, save_p
+from s2t2_dist.errors import PFileError
 from s2t2_dist.stages.translate import TranslateConfig, run
 
 pytestmark = pytest.mark.faults

@@ -12,7 +12,8 @@ import pytest
 import torch
 from conftest import ledger
 
-from s2t2_dist.train.checkpoint import CheckpointError, Checkpointer
+from s2t2_dist.train.checkpoint import Checkpointer
+from s2t2_dist.errors import CheckpointError
 from s2t2_dist.train.loop import train
 from s2t2_dist.train.metrics import MetricsLogger
 from toy import make

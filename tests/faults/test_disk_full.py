@@ -21,7 +21,8 @@ from s2t2_dist.engines.torch_engine import TorchEngine
 from s2t2_dist.translator.pfile import load_p
 from s2t2_dist.stages.translate import TranslateConfig, run
 from s2t2_dist import faults
-from s2t2_dist.train.checkpoint import CheckpointError, Checkpointer
+from s2t2_dist.train.checkpoint import Checkpointer
+from s2t2_dist.errors import CheckpointError
 
 pytestmark = pytest.mark.faults
 

@@ -15,7 +15,8 @@ import pytest
 from conftest import base_env, translate_args
 
 from s2t2_dist.utils import rundir
-from s2t2_dist.utils.rundir import RunDirError, claim, release_all, verify
+from s2t2_dist.utils.rundir import claim, release_all, verify
+from s2t2_dist.errors import RunDirError
 from stage_fixtures import REPO
 
 pytestmark = pytest.mark.faults

@@ -13,7 +13,8 @@ from conftest import Job, ledger, translate_args
 
 from s2t2_dist.config import load_config
 from s2t2_dist.stages.translate import TranslateConfig, run
-from s2t2_dist.train.checkpoint import CheckpointError, Checkpointer
+from s2t2_dist.train.checkpoint import Checkpointer
+from s2t2_dist.errors import CheckpointError
 
 pytestmark = pytest.mark.faults
 
