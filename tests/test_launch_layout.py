@@ -17,8 +17,8 @@ from s2t2_dist.cluster import layout
 from s2t2_dist.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
-TRAINING = {"translate_olmo1b.yaml": "translate", "finetune_olmo1b.yaml": "finetune",
-            "finetune_olmo7b.yaml": "finetune"}
+TRAINING = {"translate_olmo1b.yaml": "translate", "translate_paper.yaml": "translate",
+            "finetune_olmo1b.yaml": "finetune", "finetune_olmo7b.yaml": "finetune"}
 STAGE_OF = {**TRAINING, "evaluate_olmo1b.yaml": "evaluate", "evaluate_transfer_7b.yaml": "evaluate",
             "prepare_demo.yaml": "prepare", "prepare_text.yaml": "prepare", "prepare_uniref50.yaml": "prepare"}
 
