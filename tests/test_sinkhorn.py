@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from s2t2_dist.ot.dykstra import TorchSteps, dykstra, newton_thresholds
+from s2t2_dist.ot.dykstra import SUM_BLOCK, TorchSteps, dykstra, newton_thresholds, sum64
 from s2t2_dist.ot.entropy import entropy
 from s2t2_dist.ot.sinkhorn import (
     SparseSinkhorn,
@@ -61,6 +61,23 @@ def test_newton_thresholds_are_the_projection_thresholds():
         torch.testing.assert_close(t, sort_thresholds(Z, s, dim), rtol=0, atol=1e-14)
         torch.testing.assert_close((Z - t.unsqueeze(dim)).clamp(min=0).sum(dim), s, rtol=0, atol=1e-13)
         assert float(t[0]) == float(Z.amax(dim)[0]) and torch.equal(cnt, (Z > t.unsqueeze(dim)).sum(dim))
+
+
+def test_float32_thresholds_and_counts_through_block_sums():
+    """float32 slices longer than SUM_BLOCK (block sums plus a tail): sum64 is the float64 sum to float32 rounding
+    (float64 input: the plain sum, bitwise), the thresholds are the sort's to float32 rounding, and the counts,
+    summed as float32 0/1 values, are exactly the supports' sizes."""
+    g = torch.Generator().manual_seed(1)
+    Z = torch.randn(5 * SUM_BLOCK + 7, 3 * SUM_BLOCK + 5, generator=g)
+    Z[:20] = 0.25  # ties
+    for dim in (0, 1):
+        ref = Z.double().sum(dim)
+        torch.testing.assert_close(sum64(Z, dim), ref, rtol=0, atol=1e-6 * float(Z.abs().sum(dim).max()))
+        assert torch.equal(sum64(Z.double(), dim), ref)
+        s = torch.rand(Z.shape[1 - dim], generator=g, dtype=torch.float64) * 3
+        t, cnt = newton_thresholds(Z, s, dim)
+        torch.testing.assert_close(t, sort_thresholds(Z.double(), s, dim), rtol=1e-6, atol=1e-6)
+        assert torch.equal(cnt, (Z > t.float().unsqueeze(dim)).sum(dim))
 
 
 def test_gradcheck_sparse_sinkhorn():
