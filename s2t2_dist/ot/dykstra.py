@@ -140,12 +140,13 @@ def projection_backward(g: Tensor, gc: Tensor | None, mask: Tensor, counts: Tens
                         reduce=None) -> Tensor:
     """``where(S, g - mean_S(g - gc), gc)`` per slice along ``dim`` (``gc`` None: 0), a new tensor. ``reduce``:
     applied to the per-slice sums first (the sharded rows' all-reduce)."""
-    h = torch.where(mask, g if gc is None else g - gc, 0)
+    h = (g * mask) if gc is None else (g - gc).mul_(mask)  # one matrix, reused below (allocations page-fault)
     sums = h.sum(dim)
     if reduce is not None:
         sums = reduce(sums)
     mean = sums / counts.clamp(min=1).to(sums.dtype)
-    return torch.where(mask, g - mean.unsqueeze(dim).to(g.dtype), 0 if gc is None else gc)
+    torch.sub(g, mean.unsqueeze(dim).to(g.dtype), out=h)
+    return h.mul_(mask) if gc is None else torch.where(mask, h, gc, out=h)
 
 
 class TorchSteps:
