@@ -1,7 +1,9 @@
 """Anatomy of the sparse FVT start (#37): for each init_weight, how many source rows each target column keeps after
-the weight floor, and how much of the column's mass is the blend's spread part (not the column's own FVT pieces).
-No model weights are read: tokenizers only, the start built as the translate stage builds it (`surface_prior`,
-source marginal "start", uniform nu) and floored as the sparse kind floors it (`floor_plan_reference`).
+the weight floor, and how much of the column's mass is the start's shared part (not the column's own FVT pieces).
+No model weights are read: tokenizers only, the start built as the translate stage builds it (`surface_prior`:
+source marginal "start", `ot.prior.shared_start`, uniform nu) and floored as the sparse kind floors it
+(`floor_plan_reference`). `--plain` builds the start of before #37 session 14 (the plain blend with mu nu^T, the
+shared part left to the floor) for comparison.
 
     python bench/start_anatomy.py --model ~/.cache/s2t2/source_lm/smollm2-135m-instruct-q4_1 \
         --tokenizer OUT/data/tokenizer --weights 0.5,0.8,0.9,0.95,1
@@ -17,11 +19,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def anatomy(model: str, tokenizer: str, weights: list[float], floor: float = 1.0) -> list[dict]:
+def anatomy(model: str, tokenizer: str, weights: list[float], floor: float = 1.0, plain: bool = False) -> list[dict]:
     from transformers import AutoTokenizer
 
     from s2t2_dist.data.tokenizers import load_tokenizer, source_token_ids
-    from s2t2_dist.ot.prior import fvt_plan, row_marginal
+    from s2t2_dist.ot.prior import blend_with_uniform, fvt_plan, row_marginal, shared_rows, shared_start
     from s2t2_dist.stages.translate import surface_decomposition
     from s2t2_dist.translator.floor import floor_plan_reference
 
@@ -37,12 +39,13 @@ def anatomy(model: str, tokenizer: str, weights: list[float], floor: float = 1.0
     built = torch.tensor([bool(p) for p in dec.pieces])
     out = []
     for w in weights:
-        P0 = w * F + (1 - w) * mu[:, None] * nu[None, :]
+        P0 = blend_with_uniform(F, mu, nu, w) if plain else shared_start(F, mu, nu, w, floor / v)
         P = floor_plan_reference(P0.clone(), P0, nu, floor)
         W = P / nu
         nnz = (P > 0).sum(0).double()
         spread = (W * ~own).sum(0)  # mass of the column outside its own FVT pieces
         out.append({"init_weight": w, "v": v, "u": u, "rows_with_mu_above_floor": int((mu * (1 - w) >= floor / v).sum()),
+                    "shared_rows": 0 if plain else int(shared_rows(mu, 1 - w, floor / v).sum()),
                     "col_nnz_built": float(nnz[built].mean()), "spread_mass_built": float(spread[built].mean()),
                     "mu_support": int((mu > 0).sum()), "mu_rows_used_by_pieces": int((F[:, built] > 0).any(1).sum())})
     return out
@@ -54,13 +57,14 @@ def main(argv=None) -> int:
     ap.add_argument("--tokenizer", required=True, help="the new (target) tokenizer directory")
     ap.add_argument("--weights", default="0.5,0.8,0.9,0.95,1")
     ap.add_argument("--floor", type=float, default=1.0, help="translator.floor (units of 1/v)")
+    ap.add_argument("--plain", action="store_true", help="the start before #37 session 14 (plain blend)")
     a = ap.parse_args(argv)
-    print("| init_weight | v | u | rows kept by the floor (mu (1 - w) >= floor / v) | non-zeros per built column | "
-          "spread mass per built column |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for r in anatomy(a.model, a.tokenizer, [float(x) for x in a.weights.split(",")], a.floor):
+    print("| init_weight | v | u | rows with mu (1 - w) >= floor / v | rows of the shared part | non-zeros per built "
+          "column | shared mass per built column |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for r in anatomy(a.model, a.tokenizer, [float(x) for x in a.weights.split(",")], a.floor, a.plain):
         print(f"| {r['init_weight']:g} | {r['v']} | {r['u']} | {r['rows_with_mu_above_floor']} | "
-              f"{r['col_nnz_built']:.1f} | {r['spread_mass_built']:.3f} |")
+              f"{r['shared_rows'] if not a.plain else '-'} | {r['col_nnz_built']:.1f} | {r['spread_mass_built']:.3f} |")
     return 0
 
 

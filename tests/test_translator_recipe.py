@@ -155,7 +155,10 @@ def test_a_registered_kind_trains_one_stage1_step_and_round_trips_its_p_file(dum
         "data.eval=", f"data.tokenizer={data}/tokenizer", "data.num_workers=0", "train.context_len=64",
         "train.batch_size=2", "train.micro_batch_size=2", "train.steps=1", "train.log_every=1",
         "train.ckpt_every=0", "train.eval_every=0", "translator.heatmap=[8,8]", f"translator.kind={dummy_kind}",
-        "translator.alpha=null"])  # (the shipped config gives the sparse kind's 0.3)
+        "translator.alpha=null",  # (the shipped config gives the sparse kind's 0.3)
+        # this kind's rows are free, so its P's row sums are the start's: the P file's check bounds their distance
+        # from mu (L1 <= 1), which the plain blend at 0.5 stays inside (at the shipped 0.8: 1.47)
+        "translator.init_weight=0.5"])
     summary = run(cfg, progress=False)
     assert summary["finished"] and summary["step"] == 1
     # its defaults came from its class: lr 0.1 x 1 (natural scale 1), no entropy, no floor, uniform marginal

@@ -8,6 +8,13 @@ token without a counterpart) gets the uniform column ``nu_j * mu``.
 
 The start of training is ``P0 = lam * P_fvt + (1 - lam) * mu nu^T``: lam = 1 is FVT itself, lam = 0 the paper's
 uniform start. Columns of P0 sum exactly to nu; rows do not sum to mu (the sparse Sinkhorn projects them).
+
+Under the start's own source marginal (the sparse kind's ``source_marginal: start``) the start is
+:func:`shared_start` instead: the ``1 - lam`` part (the "shared part", a mean of the most used pieces) goes only to
+the rows that the weight floor keeps, :func:`shared_rows`, renormalised there, so every built column keeps exactly
+``1 - lam`` of its weight in that part at any v. The plain blend leaves it to the floor, which drops
+``(1 - lam) mu_i`` below ``floor / v``: at v = 512 most of it (the shared part falls to ~0.18 of a column at lam 0.5),
+at v = 49,152 none (0.49 over every row mu uses; BENCHMARKS.md "#37 (session 13)" and "(session 14)").
 """
 from __future__ import annotations
 
@@ -17,7 +24,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["Decomposition", "decompose", "fvt_plan", "blend_with_uniform", "row_marginal"]
+__all__ = ["Decomposition", "decompose", "fvt_plan", "blend_with_uniform", "row_marginal", "shared_rows",
+           "shared_start"]
 
 
 @dataclass
@@ -116,3 +124,35 @@ def row_marginal(P: Tensor) -> Tensor:
     if float(r.sum()) <= 0 or bool((r < 0).any()):
         raise ValueError("row_marginal: P must be non-negative with positive total mass")
     return r / r.sum()
+
+
+def shared_rows(mu: Tensor, share: float, floor_w: float) -> Tensor:
+    """The source rows of the shared part (bool, v): the largest set of the most used rows (by ``mu``, ties taken
+    or left whole) on which ``share * mu_i / mu(rows) >= floor_w`` for every row, i.e. the rows whose weight in the
+    shared part stays at or above the floor (``floor_w``: the floor as a weight, ``floor / v``). Empty when even
+    the most used row falls below it (``share`` 0, or a flat ``mu`` with ``share < 1``...)."""
+    mu = mu.double().reshape(-1)
+    m, order = mu.sort(descending=True)
+    # mass of all rows with mu >= m_k, whole tie groups together (so a tie is never split by row order)
+    vals, inv = torch.unique(m, sorted=True, return_inverse=True)
+    above = torch.zeros_like(vals).index_add_(0, inv, m).flip(0).cumsum(0).flip(0)[inv]
+    # share * m_k - floor_w * above_k falls with k, so the rows that pass are a prefix of the sorted order
+    ok = (share * m >= floor_w * above) & (m > 0)
+    keep = torch.zeros(mu.numel(), dtype=torch.bool)
+    keep[order[ok]] = True
+    return keep
+
+
+def shared_start(P: Tensor, mu: Tensor, nu: Tensor, lam: float, floor_w: float) -> Tensor:
+    """``lam * P + (1 - lam) * s nu^T`` (float64), ``s`` = ``mu`` on :func:`shared_rows` (``1 - lam``,
+    ``floor_w``) renormalised to 1: each column gives exactly ``1 - lam`` of its mass to the shared part, whatever
+    v is, on rows the floor keeps. ``floor_w`` 0 keeps every row of ``mu`` (the plain blend). No row passes: ``P``
+    itself (what the floor makes of the blend then)."""
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"blend weight must be in [0, 1], got {lam}")
+    mu = mu.double().reshape(-1)
+    keep = shared_rows(mu, 1.0 - lam, floor_w)
+    if not bool(keep.any()):
+        return P.double().clone()
+    s = torch.where(keep, mu, torch.zeros_like(mu))
+    return blend_with_uniform(P, s / s.sum(), nu, lam)

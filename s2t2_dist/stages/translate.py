@@ -323,7 +323,8 @@ def start_translator(cfg: TranslateConfig, src_tok, src_ids: list[int], tgt, *, 
     if tc.fvt_start:
         uniform = (torch.full((v,), 1.0 / v, dtype=torch.float64), torch.full((u,), 1.0 / u, dtype=torch.float64))
         P0, dec, mu = surface_prior(cfg.model.path, src_tok, src_ids, tgt, *uniform, tc.init_weight,
-                                    trust_remote_code=cfg.model.trust_remote_code, marginal=resolved.source_marginal)
+                                    trust_remote_code=cfg.model.trust_remote_code, marginal=resolved.source_marginal,
+                                    floor=resolved.floor)
     translator = tc.build(v, u, resolved=resolved, mu=mu, group=group, device=device)
     if P0 is not None:
         translator.init_from_dense(P0)
@@ -351,16 +352,21 @@ def surface_decomposition(src_tok, src_ids: list[int], tgt):
 
 
 def surface_prior(model_path: str, src_tok, src_ids: list[int], tgt, mu, nu, weight: float, *,
-                  trust_remote_code: bool = False, marginal: str = "uniform"):
+                  trust_remote_code: bool = False, marginal: str = "uniform", floor: float = 0.0):
     """(P0, decomposition, mu): the FVT start P0 (v x u, float64) of `ot.prior` from both tokenizers' surface
-    strings, and the source marginal it is feasible for: the given ``mu`` ("uniform") or the FVT plan's row sums
-    ("start"), which the blend then uses (the decomposition: `surface_decomposition`)."""
-    from s2t2_dist.ot.prior import blend_with_uniform, fvt_plan, row_marginal
+    strings, and the source marginal it is feasible for. "uniform": the given ``mu`` and the plain blend
+    (`blend_with_uniform`; the projections move it). "start": the shared start (`shared_start`: a share
+    ``1 - weight`` of every column on the most used pieces that the weight floor ``floor`` (units of 1/v) keeps)
+    and its own row sums, so that it is its own plan (the decomposition: `surface_decomposition`)."""
+    from s2t2_dist.ot.prior import blend_with_uniform, fvt_plan, row_marginal, shared_start
 
     dec = surface_decomposition(model_path if src_tok is None else src_tok, src_ids, tgt)
     F = fvt_plan(dec, mu.cpu(), nu.cpu())
-    mu = row_marginal(F) if marginal == "start" else mu.cpu().double()
-    return blend_with_uniform(F, mu, nu.cpu(), weight), dec, mu
+    if marginal != "start":
+        mu = mu.cpu().double()
+        return blend_with_uniform(F, mu, nu.cpu(), weight), dec, mu
+    P0 = shared_start(F, row_marginal(F), nu.cpu(), weight, floor / F.shape[0])
+    return P0, dec, row_marginal(P0)
 
 
 def export_p(path: Path, task: TranslateTask, hashes: dict) -> Path | None:

@@ -76,8 +76,14 @@ class TranslatorConfig:
     #: every threshold), log P0 (softmax), P0 / nu (unconstrained). What each start gives: BENCHMARKS.md "#24
     #: (session 5)"
     init: Literal["uniform", "fvt"] = "fvt"
-    #: fvt only: the weight of the surface-string plan in the blend (1: FVT itself, 0: uniform)
-    init_weight: float = 0.5
+    #: fvt only: each target column's weight on its own surface-string pieces at the start (1: FVT itself, 0: no
+    #: FVT). The rest, 1 - init_weight, is the shared part: under source_marginal start (the sparse default) it is
+    #: spread over the most used pieces in proportion to mu, on the rows the floor keeps, so that every column
+    #: built from pieces keeps exactly 1 - init_weight there at any v (`ot.prior.shared_start`); under the
+    #: uniform marginal it is (1 - init_weight) mu nu^T, which the projections then move. 0.8 since #37 session 14
+    #: (before: 0.5 with the shared part left to the floor, ~0.18 of a column at v = 512 and 0.49 at v = 49,152; the
+    #: untrained SmolLM2 start on English scored best at 0.8 of 0.5-0.9): BENCHMARKS.md "#37 (session 14)"
+    init_weight: float = 0.8
     #: the source marginal mu (P's row sums). start: for a kind that allows it (sparse) with init fvt (and no
     #: init_p), the row sums of the FVT plan, each source token's share of the surface-string decomposition, so
     #: that the start is feasible and its zeros stay zeros (a sparse P); otherwise uniform. uniform: 1/v (the
