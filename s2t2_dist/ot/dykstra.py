@@ -87,9 +87,8 @@ def newton_thresholds(Z: Tensor, scale: Tensor, dim: int) -> tuple[Tensor, Tenso
         raise ValueError(f"a slice of {n} entries: the float32 support count is exact below 2**24")
     s = scale.to(torch.float64).expand(m)
     tau = torch.maximum(Z.amax(dim).double() - s, (sum64(Z, dim) - s) / max(n, 1))
-    cnt = torch.empty(m, dtype=torch.int64, device=Z.device)
     prev = torch.full((m,), n + 1, dtype=torch.int64, device=Z.device)
-    idx, Zs = None, Z  # the slices still stepped (None: all) and their entries
+    idx, Zs = None, Z  # the slices still stepped (None: all, always so in the first step) and their entries
     r = torch.empty_like(Z, memory_format=torch.contiguous_format)
     while True:
         t, sc, pv = (tau, s, prev) if idx is None else (tau[idx], s[idx], prev[idx])
