@@ -62,6 +62,32 @@ def test_step_split_and_memory_on_logging_steps(tmp_path, caplog):
     assert sum("MFU not reported" in line for line in lines) == 1
 
 
+def test_a_task_phase_before_the_micro_batches_is_timed(tmp_path, caplog):
+    """A task's before_step work (stage 1: the plan) is a phase of the split, not time outside every phase."""
+    import time
+
+    _, toy, _, _ = make(8)
+
+    class Planning(Task):
+        before_step_phase = "plan"
+
+        def before_step(self, steps_done, logging):
+            time.sleep(0.05)
+
+        def loss(self, batch):
+            return toy.loss(batch)
+
+    with caplog.at_level(logging.INFO, logger="s2t2.train"):
+        _toy_run(tmp_path, task=Planning())
+    node = EventAccumulator(str(tmp_path / "tb" / "node_000"))
+    node.Reload()
+    plan = node.Scalars("node/split_plan_s")
+    assert [e.step for e in plan] == [2, 4, 6, 8] and min(e.value for e in plan) >= 0.05
+    assert max(e.value for e in node.Scalars("node/split_data_s")) < 0.05  # the plan is not counted as data wait
+    lines = [r.getMessage() for r in caplog.records if r.name == "s2t2.train"]
+    assert "this step: plan " in lines[0]
+
+
 def test_profile_window_writes_a_trace(tmp_path):
     _toy_run(tmp_path, ["profile=[3,4]"])
     traces = list((tmp_path / "tb" / "profile").glob("rank00000*.pt.trace.json"))

@@ -103,6 +103,8 @@ class TranslateTask(Task):
         dt = self.E.dtype
         return E_new.to(dt), L_new.to(dt)
 
+    before_step_phase = "plan"
+
     def before_step(self, steps_done: int, logging: bool) -> None:
         """One plan per optimiser step: P, E', L' (and H) computed once for all the step's micro-batches
         (TokenTranslator.begin_step)."""

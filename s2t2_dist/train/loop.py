@@ -52,6 +52,10 @@ class Task:
         """Held-out metrics (collective)."""
         return {}
 
+    #: the name of the step-split phase (StepClock) that times :meth:`before_step`; "": it does no work worth a
+    #: phase (stage 1's "plan": the sparse Sinkhorn and the products over P, run once per step there)
+    before_step_phase: str = ""
+
     def before_step(self, steps_done: int, logging: bool) -> None:
         """Before the step's first micro-batch."""
 
@@ -233,8 +237,10 @@ def train(  # noqa: C901 - THE training loop: its branches are the step's phases
             st.quiet = not (st.logging or ckpt_step or reads_every_step)  # nothing is read back in this step
             for cb in cbs:
                 cb.pre_step(st)
-            task.before_step(st.step, st.logging)
             st.clock.start(timed=st.logging)
+            task.before_step(st.step, st.logging)
+            if task.before_step_phase:
+                st.clock.lap(task.before_step_phase)
             # The micro-batch losses are summed on the device: reading one (float()) would stall the host until
             # its forward has run, before the backward is even queued.
             loss_sum, extra = None, {}
