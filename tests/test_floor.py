@@ -59,3 +59,16 @@ def test_floor_after_the_solver_equals_reference():
     Pa.backward(up)
     Pb.backward(up)
     torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=1e-14)
+
+
+def test_first_row_of_max_is_argmax_with_ties_first():
+    from s2t2_dist.translator.floor import first_row_of_max
+
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        C = torch.randint(0, 4, (301, 17), generator=g).to(dtype)  # many ties in every column
+        C[:, 3] = 2.0  # a constant column: row 0
+        C[-1, 5] = 9.0  # the maximum on the last row
+        assert torch.equal(first_row_of_max(C, C.amax(0)), C.argmax(0)), dtype
+        R = torch.randn(1000, 33, generator=g, dtype=dtype)
+        assert torch.equal(first_row_of_max(R, R.amax(0)), R.argmax(0))

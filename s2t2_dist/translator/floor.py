@@ -21,7 +21,7 @@ from torch import Tensor
 
 from s2t2_dist.ot.marginals import safe_inv
 
-__all__ = ["NOISE_W", "floor_plan", "floor_plan_reference"]
+__all__ = ["NOISE_W", "first_row_of_max", "floor_plan", "floor_plan_reference"]
 
 #: P entries below NOISE_W * nu_j (weights W = P / nu below it) are rounding noise of the sparse projections
 NOISE_W = 1e-6
@@ -39,6 +39,17 @@ def floor_plan_reference(P: Tensor, C: Tensor, nu: Tensor, floor: float) -> Tens
     return torch.where(flat & best, nu, torch.where(flat, zero, P))
 
 
+def first_row_of_max(C: Tensor, c_max: Tensor) -> Tensor:
+    """``C.argmax(0)`` (the first row on ties) given ``c_max = C.amax(0)``, as two column reductions that are fast on
+    every device: on a CPU argmax over dim 0 is a slow strided scan (1.3 s at 49,152 x 512 where amax takes 0.04 s).
+    The rank ``v - i`` of a row is exact in float32 for v < 2^24."""
+    v = C.shape[0]
+    if v >= 2**24:
+        raise ValueError(f"first_row_of_max: {v} rows, the float32 rank is exact below 2^24 only")
+    rank = torch.arange(v, 0, -1, device=C.device, dtype=torch.float32).unsqueeze(1)  # v - i: largest for row 0
+    return v - torch.where(C == c_max, rank, 0.0).amax(0).long()
+
+
 class _FloorPlan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, P: Tensor, C: Tensor, nu: Tensor, floor: float):
@@ -51,11 +62,12 @@ class _FloorPlan(torch.autograd.Function):
         a = nu * safe_inv(s)
         # max and min of the rescaled column: the largest entry is always kept, and scaling by a_j >= 0 is monotone,
         # so these equal the reference's amax / amin of R bit for bit
-        flat = (mx * a - mn * a <= NOISE_W * nu) & (C.amax(0) > C.amin(0))
+        c_max = C.amax(0)
+        flat = (mx * a - mn * a <= NOISE_W * nu) & (c_max > C.amin(0))
         a = torch.where(flat, torch.zeros_like(a), a)  # a flat column: 0, then one-hot below
         out.mul_(a)
         cols = torch.arange(u, device=P.device)
-        best = C.argmax(0)  # (the first maximum on ties)
+        best = first_row_of_max(C, c_max)
         out[best, cols] = torch.where(flat, nu, out[best, cols])
         ctx.mark_dirty(out)
         # a flat column's entries pass no gradient: its coefficients are 0 (its one-hot entry is > 0)
