@@ -1,7 +1,7 @@
 """Anatomy of the sparse FVT start (#37): for each init_weight, how many source rows each target column keeps after
 the weight floor, and how much of the column's mass is the start's shared part (not the column's own FVT pieces).
 No model weights are read: tokenizers only, the start built as the translate stage builds it (`surface_prior`:
-source marginal "start", `ot.prior.shared_start`, uniform nu) and floored as the sparse kind floors it
+source marginal "start", `ot.prior.start_plan`, uniform nu) and floored as the sparse kind floors it
 (`floor_plan_reference`). `--plain` builds the start of before #37 session 14 (the plain blend with mu nu^T, the
 shared part left to the floor) for comparison.
 
@@ -20,26 +20,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def anatomy(model: str, tokenizer: str, weights: list[float], floor: float = 1.0, plain: bool = False) -> list[dict]:
-    from transformers import AutoTokenizer
 
-    from s2t2_dist.data.tokenizers import load_tokenizer, source_token_ids
-    from s2t2_dist.ot.prior import blend_with_uniform, fvt_plan, row_marginal, shared_rows, shared_start
+    from s2t2_dist.data.tokenizers import load_hf_tokenizer, load_tokenizer, source_token_ids
+    from s2t2_dist.ot.prior import blend_with_uniform, fvt_plan, row_marginal, shared_rows, start_plan
     from s2t2_dist.stages.translate import surface_decomposition
     from s2t2_dist.translator.floor import floor_plan_reference
 
-    src_tok = AutoTokenizer.from_pretrained(model)
+    src_tok = load_hf_tokenizer(model)
     src_ids = source_token_ids(src_tok, "all").tolist()
     tgt = load_tokenizer(tokenizer)
     v, u = len(src_ids), tgt.vocab_size
     dec = surface_decomposition(src_tok, src_ids, tgt)
     nu = torch.full((u,), 1.0 / u, dtype=torch.float64)
     F = fvt_plan(dec, torch.full((v,), 1.0 / v, dtype=torch.float64), nu)
-    mu = row_marginal(F)
-    own = F > 0
     built = torch.tensor([bool(p) for p in dec.pieces])
+    mu = row_marginal(F) if plain or not bool(built.any()) else row_marginal(F[:, built])  # as start_plan's
+    own = F > 0
     out = []
     for w in weights:
-        P0 = blend_with_uniform(F, mu, nu, w) if plain else shared_start(F, mu, nu, w, floor / v)
+        P0 = blend_with_uniform(F, mu, nu, w) if plain else start_plan(dec, nu, v, w, floor / v)
         P = floor_plan_reference(P0.clone(), P0, nu, floor)
         W = P / nu
         nnz = (P > 0).sum(0).double()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from s2t2_dist.ot.prior import (blend_with_uniform, decompose, fvt_plan, row_marginal, shared_rows,
-                                shared_start)
+                                shared_start, start_plan)
 from s2t2_dist.translator.floor import floor_plan_reference
 
 
@@ -95,3 +95,31 @@ def test_floor_zero_and_init_weight_one_are_the_plain_starts():
     mu = row_marginal(F)
     assert torch.equal(shared_start(F, mu, nu, 0.7, 0.0), blend_with_uniform(F, mu, nu, 0.7))
     assert torch.equal(shared_start(F, mu, nu, 1.0, 1 / 512), F)
+
+
+@pytest.mark.parametrize("w", [0.8, 1.0])
+def test_start_plan_puts_no_mass_on_rows_that_no_piece_uses(w):
+    """start_plan (the stage's start under source_marginal start): the column that no piece builds is the shared
+    part (w = 1, no shared part: the pieces' marginal), not FVT's uniform column over all v rows, so the start's
+    marginal lives on the 40 piece rows only, at any v; the built columns are shared_start's over the pieces'
+    marginal."""
+    for v in (512, 49152):
+        dec = _vocab(v)
+        u = len(dec.pieces)
+        nu = torch.full((u,), 1.0 / u, dtype=torch.float64)
+        P0 = start_plan(dec, nu, v, w, 1.0 / v)
+        built = torch.tensor([bool(p) for p in dec.pieces])
+        assert int((~built).sum()) == 1
+        mu = row_marginal(P0)
+        assert int((mu > 0).sum()) <= 40 and float(mu[40:].abs().sum()) == 0.0, (v, w)
+        assert torch.allclose(P0.sum(0), nu)
+        F = fvt_plan(dec, torch.full((v,), 1.0 / v, dtype=torch.float64), nu)
+        ref = shared_start(F, row_marginal(F[:, built]), nu, w, 1.0 / v)
+        assert torch.equal(P0[:, built], ref[:, built])
+        col = P0[:, ~built].squeeze(1) / nu[~built]
+        rows = shared_rows(row_marginal(F[:, built]), 1.0 - w, 1.0 / v)
+        expect = rows if bool(rows.any()) else row_marginal(F[:, built]) > 0
+        assert torch.equal(col > 0, expect), (v, w)
+        # the old composition: the unbuilt column's nu_j / v on every row reached the marginal
+        old = shared_start(F, row_marginal(F), nu, w, 1.0 / v)
+        assert int((row_marginal(old) > 0).sum()) == v

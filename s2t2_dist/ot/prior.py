@@ -15,6 +15,8 @@ the rows that the weight floor keeps, :func:`shared_rows`, renormalised there, s
 ``1 - lam`` of its weight in that part at any v. The plain blend leaves it to the floor, which drops
 ``(1 - lam) mu_i`` below ``floor / v``: at v = 512 most of it (the shared part falls to ~0.18 of a column at lam 0.5),
 at v = 49,152 none (0.49 over every row mu uses; BENCHMARKS.md "#37 (session 13)" and "(session 14)").
+:func:`start_plan` composes it from a decomposition; there a target token that no piece builds starts as the shared
+part alone, not as FVT's uniform column, so the start's marginal holds no mass on rows that nothing uses.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["Decomposition", "decompose", "fvt_plan", "blend_with_uniform", "row_marginal", "shared_rows",
-           "shared_start"]
+           "shared_start", "start_plan"]
 
 
 @dataclass
@@ -156,3 +158,24 @@ def shared_start(P: Tensor, mu: Tensor, nu: Tensor, lam: float, floor_w: float) 
         return P.double().clone()
     s = torch.where(keep, mu, torch.zeros_like(mu))
     return blend_with_uniform(P, s / s.sum(), nu, lam)
+
+
+def start_plan(dec: Decomposition, nu: Tensor, v: int, lam: float, floor_w: float) -> Tensor:
+    """The sparse kind's start under its own source marginal (float64, v x u; the marginal is its
+    :func:`row_marginal`): :func:`shared_start` of the FVT plan over the marginal of the pieces the built columns
+    use, and every column that no piece builds set to that shared part (``nu_j s``; with no shared part, the
+    pieces' marginal). FVT's uniform column there would put ``nu_j / v`` on every source row: at v = 49,152 that
+    is mass on ~48,700 rows that no column uses, which every row step of the projections then has to place and
+    the last column step drops (3.6% of the marginal with SmolLM2's English, 23 unbuilt columns). With no built
+    column at all: FVT's plan (uniform columns) blended as :func:`shared_start` does."""
+    nu = nu.double().reshape(-1)
+    F = fvt_plan(dec, torch.full((v,), 1.0 / v, dtype=torch.float64), nu)
+    built = torch.tensor([bool(p) for p in dec.pieces], dtype=torch.bool)
+    if not bool(built.any()):
+        return shared_start(F, row_marginal(F), nu, lam, floor_w)
+    mu = row_marginal(F[:, built])
+    P0 = shared_start(F, mu, nu, lam, floor_w)
+    keep = shared_rows(mu, 1.0 - lam, floor_w)
+    s = torch.where(keep, mu, torch.zeros_like(mu)) if bool(keep.any()) else mu
+    P0[:, ~built] = (s / s.sum()).unsqueeze(1) * nu[~built]
+    return P0

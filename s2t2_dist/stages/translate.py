@@ -357,17 +357,17 @@ def surface_prior(model_path: str, src_tok, src_ids: list[int], tgt, mu, nu, wei
                   trust_remote_code: bool = False, marginal: str = "uniform", floor: float = 0.0):
     """(P0, decomposition, mu): the FVT start P0 (v x u, float64) of `ot.prior` from both tokenizers' surface
     strings, and the source marginal it is feasible for. "uniform": the given ``mu`` and the plain blend
-    (`blend_with_uniform`; the projections move it). "start": the shared start (`shared_start`: a share
-    ``1 - weight`` of every column on the most used pieces that the weight floor ``floor`` (units of 1/v) keeps)
-    and its own row sums, so that it is its own plan (the decomposition: `surface_decomposition`)."""
-    from s2t2_dist.ot.prior import blend_with_uniform, fvt_plan, row_marginal, shared_start
+    (`blend_with_uniform`; the projections move it). "start": `start_plan` (a share ``1 - weight`` of every
+    column on the most used pieces that the weight floor ``floor`` (units of 1/v) keeps; a column no piece builds
+    is that shared part) and its own row sums, so that it is its own plan (the decomposition: `surface_decomposition`)."""
+    from s2t2_dist.ot.prior import blend_with_uniform, fvt_plan, row_marginal, start_plan
 
     dec = surface_decomposition(model_path if src_tok is None else src_tok, src_ids, tgt)
-    F = fvt_plan(dec, mu.cpu(), nu.cpu())
     if marginal != "start":
         mu = mu.cpu().double()
-        return blend_with_uniform(F, mu, nu.cpu(), weight), dec, mu
-    P0 = shared_start(F, row_marginal(F), nu.cpu(), weight, floor / F.shape[0])
+        return blend_with_uniform(fvt_plan(dec, mu, nu.cpu()), mu, nu.cpu(), weight), dec, mu
+    v = mu.numel()
+    P0 = start_plan(dec, nu.cpu(), v, weight, floor / v)
     return P0, dec, row_marginal(P0)
 
 
