@@ -13,18 +13,13 @@ from s2t2_dist.config import load_config
 from s2t2_dist.translator.pfile import load_p
 from s2t2_dist.errors import PFileError
 from s2t2_dist.stages.translate import TranslateConfig, run
-from stage_fixtures import NCCL_LIKE, REPO, prepare_small, run_cmd, tiny_olmo, torchrun
+from stage_fixtures import NCCL_LIKE, REPO, run_cmd, small_inputs, tiny_olmo, torchrun
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("translate_inputs")
-    from s2t2_dist.recipes.llama2c import save_hf
-
-    data = prepare_small(root / "data")
     # a real pretrained LM (stories260K, trained on English stories elsewhere): learning P must lower its loss
-    model = save_hf(root / "stories260k")
-    return data, model
+    return small_inputs(tmp_path_factory)
 
 
 def _overrides(data, model, run_dir, *extra):
