@@ -18,7 +18,10 @@ DONE = ".built"
 def run_root(tmp_path_factory) -> Path:
     """The directory every worker of this test run shares (the plain base temporary directory without xdist)."""
     base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    # an xdist worker's is <the run's>/popen-<worker id>; a pytest started by a test inherits PYTEST_XDIST_WORKER
+    # but not that directory, and keeps its own
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return base.parent if worker and base.name == f"popen-{worker}" else base
 
 
 def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
