@@ -1,6 +1,8 @@
 import functools
+import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -56,6 +58,24 @@ def pytest_xdist_make_scheduler(config, log):
 
     config.option.loadscopereorder = False
     return ModuleScheduling(config, log)
+
+
+#: S2T2_TEST_TIMELINE=FILE appends one JSON line per test (worker, test, start and end, seconds since the epoch):
+#: whether the two workers of `pytest -n 2` end together (`python tests/timeline.py FILE`)
+TIMELINE_ENV = "S2T2_TEST_TIMELINE"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    path = os.environ.get(TIMELINE_ENV)
+    start = time.time()
+    try:
+        return (yield)
+    finally:
+        if path:
+            with open(path, "a") as f:
+                f.write(json.dumps({"worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "test": item.nodeid,
+                                    "start": start, "end": time.time()}) + "\n")
 
 
 @pytest.fixture(scope="session")
