@@ -1,6 +1,8 @@
 import functools
+import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,18 +18,29 @@ sys.path.insert(0, str(REPO / "tests"))
 
 
 @functools.cache
+def _marks(module: str) -> str:
+    path = REPO / module
+    return path.read_text() if path.suffix == ".py" and path.is_file() else ""
+
+
 def _starts_a_slurm_cluster(module: str) -> bool:
     """A module marked `slurm` (its pytestmark) starts a local SLURM cluster."""
-    path = REPO / module
-    return path.suffix == ".py" and path.is_file() and "pytest.mark.slurm" in path.read_text()
+    return "pytest.mark.slurm" in _marks(module)
+
+
+def _runs_long(module: str) -> bool:
+    """A module with tests marked `slow`, `faults` or `slurm`: end-to-end runs of several processes."""
+    return any(f"pytest.mark.{m}" in _marks(module) for m in ("slow", "faults", "slurm"))
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: without the plugin (a plain `pytest`) never called
 def pytest_xdist_make_scheduler(config, log):
     """`pytest -n 2` (the README's test command): one worker runs a whole module, so a module-scoped fixture (a
     launch, a prepared dataset) is built once, and the modules that start a local SLURM cluster share one worker, so
-    two clusters never run at once. Modules are handed out in collection order (tests/faults/, the longest, first;
-    the many short modules last keep both workers busy to the end), not xdist's default of the most tests first."""
+    two clusters never run at once. The modules with end-to-end runs (marked slow, faults or slurm) are handed out
+    first, in collection order (tests/faults/ first), then the many short ones, so that both workers stay busy to
+    the end: a long module handed out last (test_translate_*.py sort late) leaves the other worker idle meanwhile.
+    Not xdist's default of the most tests first (the longest modules have few tests)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ModuleScheduling(LoadScopeScheduling):
@@ -35,8 +48,34 @@ def pytest_xdist_make_scheduler(config, log):
             module = nodeid.split("::", 1)[0]
             return "slurm" if _starts_a_slurm_cluster(module) else module
 
+        def _assign_work_unit(self, node) -> None:
+            if not getattr(self, "_long_first", False):  # once, before the first unit goes out (a stable sort)
+                units = sorted(self.workqueue.items(), key=lambda kv: not (kv[0] == "slurm" or _runs_long(kv[0])))
+                self.workqueue.clear()
+                self.workqueue.update(units)
+                self._long_first = True
+            super()._assign_work_unit(node)
+
     config.option.loadscopereorder = False
     return ModuleScheduling(config, log)
+
+
+#: S2T2_TEST_TIMELINE=FILE appends one JSON line per test (worker, test, start and end, seconds since the epoch):
+#: whether the two workers of `pytest -n 2` end together (`python tests/timeline.py FILE`)
+TIMELINE_ENV = "S2T2_TEST_TIMELINE"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    path = os.environ.get(TIMELINE_ENV)
+    start = time.time()
+    try:
+        return (yield)
+    finally:
+        if path:
+            with open(path, "a") as f:
+                f.write(json.dumps({"worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "test": item.nodeid,
+                                    "start": start, "end": time.time()}) + "\n")
 
 
 @pytest.fixture(scope="session")

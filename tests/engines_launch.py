@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +51,14 @@ def launch_torchrun(args: list[str], out: Path, nproc: int = 2, timeout: float =
            "--out", str(out), *args]
     _run(cmd, timeout, out.parent / f"{out.name}.log")
     return results(out, nproc)
+
+
+def side_by_side(*launches):
+    """Run independent launches (each a `launch_*` function and its arguments) at once: on 2 cores one launcher's
+    start-up (imports, rendezvous) overlaps the other's. Their results, in order; the first failure is raised."""
+    with ThreadPoolExecutor(len(launches)) as ex:
+        futures = [ex.submit(fn, *args) for fn, *args in launches]
+        return [f.result() for f in futures]
 
 
 def results(out: Path, nproc: int) -> list[dict]:

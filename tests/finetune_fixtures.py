@@ -155,7 +155,10 @@ def build_world(root: Path) -> World:
 def world(tmp_path_factory) -> World:
     if not FASTA.is_file():
         pytest.skip(f"real protein data not found at {FASTA}")
-    return build_world(tmp_path_factory.getbasetemp() / "ft_world")
+    from built_once import built_once  # (tests/ is on sys.path: tests/conftest.py)
+
+    # one world for the test run, shared by the xdist workers
+    return World(built_once(tmp_path_factory, "ft_world", build_world))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -35,6 +35,20 @@ def prepare_small(out: Path, vocab_size: int = 96, context_len: int = 64, source
     return out
 
 
+def small_inputs(tmp_path_factory) -> tuple[Path, Path]:
+    """prepare_small's shards (vocabulary 96, context 64) and the real pretrained stories260K: the stage test modules'
+    read-only inputs, built once per test run for all of them (tests/built_once.py)."""
+    from built_once import built_once
+    from s2t2_dist.recipes.llama2c import save_hf
+
+    def build(d: Path) -> None:
+        prepare_small(d / "data")
+        save_hf(d / "stories260k")
+
+    d = built_once(tmp_path_factory, "small_inputs", build)
+    return d / "data", d / "stories260k"
+
+
 def tiny_olmo(out: Path, name: str = "olmo-1b", **kw) -> Path:
     from s2t2_dist.recipes.tiny import save_tiny
 

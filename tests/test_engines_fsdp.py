@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from engines_launch import launch_torchrun
+from engines_launch import launch_torchrun, side_by_side
 
 pytestmark = pytest.mark.slow
 
@@ -19,9 +19,11 @@ STEPS, STOP = 6, 3
 def fsdp(tmp_path_factory):
     d = tmp_path_factory.mktemp("fsdp")
     common = ["--engine", "fsdp", "--steps", str(STEPS), "--tie", "0", "--act_ckpt"]
-    full = launch_torchrun([*common, "--run_dir", str(d / "full"), "--export", str(d / "export"), "--nan_check"],
-                           d / "out_full")
-    part = launch_torchrun([*common, "--run_dir", str(d / "resumed"), "--stop_after", str(STOP)], d / "out_part")
+    # the uninterrupted run and the first part of the interrupted one are independent: side by side
+    full, part = side_by_side(
+        (launch_torchrun, [*common, "--run_dir", str(d / "full"), "--export", str(d / "export"), "--nan_check"],
+         d / "out_full"),
+        (launch_torchrun, [*common, "--run_dir", str(d / "resumed"), "--stop_after", str(STOP)], d / "out_part"))
     rest = launch_torchrun([*common, "--run_dir", str(d / "resumed")], d / "out_rest")
     return {"dir": d, "full": full, "part": part, "rest": rest}
 

@@ -17,6 +17,7 @@ TESTS = Path(__file__).resolve().parent
 def test_interpreted(module, least):
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
         [str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]))
+    env.pop("S2T2_TEST_TIMELINE", None)  # (tests/conftest.py: this run's timeline is the outer pytest's)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-o", "addopts=",
                            str(TESTS / module)], env=env, capture_output=True, text=True, timeout=1500,
                           cwd=TESTS.parent)

@@ -202,10 +202,7 @@ def translate_inputs(tmp_path_factory):
     for mod in ("s2t2_dist.stages.translate", "s2t2_dist.translator", "s2t2_dist.recipes.llama2c"):
         pytest.importorskip(mod, reason="stage 1 code not in this tree")
     stage_fixtures = pytest.importorskip("stage_fixtures", reason="tests/stage_fixtures.py not in this tree")
-    from s2t2_dist.recipes.llama2c import save_hf
-
-    root = tmp_path_factory.mktemp("translate_inputs")
-    return stage_fixtures.prepare_small(root / "data"), save_hf(root / "stories260k")
+    return stage_fixtures.small_inputs(tmp_path_factory)
 
 
 def test_cluster_has_two_nodes_and_accounting(cluster, batch_jobs):

@@ -13,7 +13,7 @@ import pytest
 
 from s2t2_dist.config import load_config
 from s2t2_dist.stages.translate import TranslateConfig
-from stage_fixtures import REPO, prepare_small
+from stage_fixtures import REPO, small_inputs
 from distributed import run_distributed
 
 STEPS, LOG_EVERY, CKPT_EVERY, EVAL_EVERY = 8, 3, 4, 5
@@ -31,10 +31,7 @@ ORIGINS = (("s2t2_dist/distributed/stats_batch.py", "stats"), ("s2t2_dist/distri
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("syncs_inputs")
-    from s2t2_dist.recipes.llama2c import save_hf
-
-    return prepare_small(root / "data"), save_hf(root / "stories260k")
+    return small_inputs(tmp_path_factory)
 
 
 def _origin() -> str:

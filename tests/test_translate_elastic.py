@@ -14,6 +14,8 @@ from arch_fixtures import CTX, prepare_arch_data, save_model
 from distributed import run_distributed
 from stage_fixtures import REPO
 
+pytestmark = pytest.mark.slow
+
 STEPS, G = 6, 6
 
 

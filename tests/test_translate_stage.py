@@ -13,18 +13,13 @@ from s2t2_dist.config import load_config
 from s2t2_dist.translator.pfile import load_p
 from s2t2_dist.errors import PFileError
 from s2t2_dist.stages.translate import TranslateConfig, run
-from stage_fixtures import NCCL_LIKE, REPO, prepare_small, run_cmd, tiny_olmo, torchrun
+from stage_fixtures import NCCL_LIKE, REPO, run_cmd, small_inputs, tiny_olmo, torchrun
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("translate_inputs")
-    from s2t2_dist.recipes.llama2c import save_hf
-
-    data = prepare_small(root / "data")
     # a real pretrained LM (stories260K, trained on English stories elsewhere): learning P must lower its loss
-    model = save_hf(root / "stories260k")
-    return data, model
+    return small_inputs(tmp_path_factory)
 
 
 def _overrides(data, model, run_dir, *extra):
@@ -86,6 +81,7 @@ def test_translate_single_process_learns_and_exports(inputs, tmp_path):
         p.check_compatible(p.source_tokenizer_hash, "0" * 64)
 
 
+@pytest.mark.slow
 def test_translate_torchrun_two_ranks_resume_is_identical(inputs, tmp_path):
     """2 gloo ranks, C sharded by columns (u not divisible by 2 is handled by the translator): an interrupted
     run resumed from its checkpoint gives exactly the uninterrupted run's loss curve and P. The default process
@@ -112,6 +108,7 @@ def test_translate_torchrun_two_ranks_resume_is_identical(inputs, tmp_path):
     assert torch.equal(a.indices, b.indices) and torch.equal(a.values, b.values)
 
 
+@pytest.mark.slow
 def test_translate_frozen_lm_partitioned_with_fsdp_matches_replicated(inputs, tmp_path):
     """model.partition=fsdp shards the frozen LM's blocks over the 2 ranks; the learning is the same. Evaluation is
     on: the ranks' documents take different numbers of windows, and the lock-step scorer keeps the blocks'

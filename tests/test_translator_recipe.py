@@ -137,11 +137,9 @@ def dummy_kind():
 
 @pytest.fixture(scope="module")
 def tiny_inputs(tmp_path_factory):
-    from s2t2_dist.recipes.llama2c import save_hf
-    from stage_fixtures import prepare_small
+    from stage_fixtures import small_inputs
 
-    root = tmp_path_factory.mktemp("recipe_inputs")
-    return prepare_small(root / "data"), save_hf(root / "stories260k")
+    return small_inputs(tmp_path_factory)
 
 
 def test_a_registered_kind_trains_one_stage1_step_and_round_trips_its_p_file(dummy_kind, tiny_inputs, tmp_path):

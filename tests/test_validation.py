@@ -12,17 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stage_fixtures import REPO, prepare_small
+from stage_fixtures import REPO, prepare_small, small_inputs
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    from s2t2_dist.recipes.llama2c import save_hf
-
-    root = tmp_path_factory.mktemp("validation_inputs")
-    a = prepare_small(root / "a", vocab_size=96)
-    b = prepare_small(root / "b", vocab_size=80)
-    model = save_hf(root / "stories260k")
+    a, model = small_inputs(tmp_path_factory)  # (vocabulary 96)
+    b = prepare_small(tmp_path_factory.mktemp("validation_inputs") / "b", vocab_size=80)
     return a, b, model
 
 

@@ -19,6 +19,7 @@ TESTS = Path(__file__).resolve().parents[1]
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
+from built_once import built_once
 from stage_fixtures import REPO, protein_fasta
 from s2t2_dist import faults
 #: every injection made by the suite is appended here (one JSON line each) when set: docs/reliability.md counts
@@ -67,17 +68,20 @@ def prepare_tiny(out: Path, fasta: Path, shard_size: int = 16, context_len: int 
     return out
 
 
+# The session fixtures below are built once per test run and shared by the xdist workers (tests/built_once.py);
+# the tests only read them.
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("faults_data")
-    return prepare_tiny(root / "data", write_tiny_fasta(root / "tiny.fasta"))
+    root = built_once(tmp_path_factory, "faults_data",
+                      lambda d: prepare_tiny(d / "data", write_tiny_fasta(d / "tiny.fasta")))
+    return root / "data"
 
 
 @pytest.fixture(scope="session")
 def stories(tmp_path_factory) -> Path:
     from s2t2_dist.recipes.llama2c import save_hf
 
-    return save_hf(tmp_path_factory.mktemp("faults_model") / "stories260k")
+    return built_once(tmp_path_factory, "faults_model", lambda d: save_hf(d / "stories260k")) / "stories260k"
 
 
 def translate_args(data: Path, model: Path, run_dir: Path, *extra: str) -> list[str]:
@@ -193,17 +197,20 @@ def stage1_p(tiny_data, stories, tmp_path_factory) -> Path:
     from s2t2_dist.config import load_config
     from s2t2_dist.stages.translate import TranslateConfig, run
 
-    run_dir = tmp_path_factory.mktemp("stage1") / "run"
-    old = os.environ.get("S2T2_DEVICE")
-    os.environ["S2T2_DEVICE"] = "cpu"
-    try:
-        summary = run(load_config(TranslateConfig, None, translate_args(tiny_data, stories, run_dir, "train.steps=4")))
-    finally:
-        if old is None:
-            os.environ.pop("S2T2_DEVICE", None)
-        else:
-            os.environ["S2T2_DEVICE"] = old
-    return Path(summary["p_file"])
+    def build(root: Path) -> None:
+        old = os.environ.get("S2T2_DEVICE")
+        os.environ["S2T2_DEVICE"] = "cpu"
+        try:
+            summary = run(load_config(TranslateConfig, None,
+                                      translate_args(tiny_data, stories, root / "run", "train.steps=4")))
+        finally:
+            if old is None:
+                os.environ.pop("S2T2_DEVICE", None)
+            else:
+                os.environ["S2T2_DEVICE"] = old
+        (root / "p_file").write_text(summary["p_file"])
+
+    return Path((built_once(tmp_path_factory, "stage1", build) / "p_file").read_text())
 
 
 DS_ZERO3 = ["--ds_config", "configs/ds_zero3.json",
@@ -226,8 +233,9 @@ TRANSLATE_STEPS = 30
 @pytest.fixture(scope="session")
 def translate_reference(tiny_data, stories, tmp_path_factory):
     """The uninterrupted 2-rank stage-1 run everything interrupted is compared with: (run_dir, [history per rank])."""
-    root = tmp_path_factory.mktemp("translate_ref")
-    job = Job("translate.py", translate_args(tiny_data, stories, root / "run", f"train.steps={TRANSLATE_STEPS}"),
-              trace=root / "trace", log=root / "job.log")
-    job.expect(rc_ok=True)
-    return root / "run", [faults.effective_history(job.events(r)) for r in (0, 1)]
+    def build(root: Path) -> None:
+        Job("translate.py", translate_args(tiny_data, stories, root / "run", f"train.steps={TRANSLATE_STEPS}"),
+            trace=root / "trace", log=root / "job.log").expect(rc_ok=True)
+
+    root = built_once(tmp_path_factory, "translate_ref", build)
+    return root / "run", [faults.effective_history(faults.read_trace(root / "trace", r)) for r in (0, 1)]
