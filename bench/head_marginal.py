@@ -70,7 +70,6 @@ def main(argv=None) -> int:
     from s2t2_dist.ot.prior import fvt_plan
     from s2t2_dist.stages.translate import surface_decomposition
 
-    torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32).eval()
     src_tok, tgt = load_hf_tokenizer(args.model), load_tokenizer(args.tokenizer)
     src_ids = source_token_ids(src_tok, "all").tolist()

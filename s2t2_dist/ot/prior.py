@@ -145,19 +145,24 @@ def shared_rows(mu: Tensor, share: float, floor_w: float) -> Tensor:
     return keep
 
 
-def shared_start(P: Tensor, mu: Tensor, nu: Tensor, lam: float, floor_w: float) -> Tensor:
+def shared_start(P: Tensor, mu: Tensor, nu: Tensor, lam: float, floor_w: float,
+                 unbuilt: Tensor | None = None) -> Tensor:
     """``lam * P + (1 - lam) * s nu^T`` (float64), ``s`` = ``mu`` on :func:`shared_rows` (``1 - lam``,
     ``floor_w``) renormalised to 1: each column gives exactly ``1 - lam`` of its mass to the shared part, whatever
     v is, on rows the floor keeps. ``floor_w`` 0 keeps every row of ``mu`` (the plain blend). No row passes: ``P``
-    itself (what the floor makes of the blend then)."""
+    itself (what the floor makes of the blend then). ``unbuilt`` (bool, u): these columns are ``nu_j s`` alone
+    (with no shared row, ``s`` is ``mu`` renormalised)."""
     if not 0.0 <= lam <= 1.0:
         raise ValueError(f"blend weight must be in [0, 1], got {lam}")
     mu = mu.double().reshape(-1)
     keep = shared_rows(mu, 1.0 - lam, floor_w)
-    if not bool(keep.any()):
-        return P.double().clone()
-    s = torch.where(keep, mu, torch.zeros_like(mu))
-    return blend_with_uniform(P, s / s.sum(), nu, lam)
+    shared = bool(keep.any())
+    s = torch.where(keep, mu, torch.zeros_like(mu)) if shared else mu
+    s = s / s.sum()
+    out = blend_with_uniform(P, s, nu, lam) if shared else P.double().clone()
+    if unbuilt is not None:
+        out[:, unbuilt] = s.unsqueeze(1) * nu.double().reshape(-1)[unbuilt]
+    return out
 
 
 def start_plan(dec: Decomposition, nu: Tensor, v: int, lam: float, floor_w: float) -> Tensor:
@@ -173,9 +178,4 @@ def start_plan(dec: Decomposition, nu: Tensor, v: int, lam: float, floor_w: floa
     built = torch.tensor([bool(p) for p in dec.pieces], dtype=torch.bool)
     if not bool(built.any()):
         return shared_start(F, row_marginal(F), nu, lam, floor_w)
-    mu = row_marginal(F[:, built])
-    P0 = shared_start(F, mu, nu, lam, floor_w)
-    keep = shared_rows(mu, 1.0 - lam, floor_w)
-    s = torch.where(keep, mu, torch.zeros_like(mu)) if bool(keep.any()) else mu
-    P0[:, ~built] = (s / s.sum()).unsqueeze(1) * nu[~built]
-    return P0
+    return shared_start(F, row_marginal(F[:, built]), nu, lam, floor_w, unbuilt=~built)

@@ -218,7 +218,8 @@ class Memory(Callback):
 class StepSplit(Callback):
     """On logging steps: that step's time by phase (the task's before_step_phase if it names one, data wait,
     forward, backward, optimiser), the interval's MFU against the GPU's bf16 peak (train/flops.py; none on a CPU or
-    an unknown GPU: said once), one line on rank 0, the values in TensorBoard (node/split_*_s, train/mfu). Reads the Throughput callback's interval numbers."""
+    an unknown GPU: said once), one line on rank 0, the values in TensorBoard (node/split_*_s, train/mfu). Reads
+    the Throughput callback's interval numbers."""
 
     def __init__(self, throughput: Throughput, flops_per_token: float | None = None):
         self.throughput, self.fpt = throughput, flops_per_token
