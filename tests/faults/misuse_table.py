@@ -704,7 +704,7 @@ def round4_cases(work, case, rows, model, data, targs, ok) -> None:
     # ---- the run directory watched: lock and owner marker re-checked at each checkpoint
     long = [*ok_run, "train.steps=60", "train.ckpt_every=2"]
     for what, act in (("the run's lock file deleted while it runs", lambda r: (r / ".s2t2.lock").unlink()),
-                      ("the run directory removed while it runs", lambda r: shutil.rmtree(r)),
+                      ("the run directory removed while it runs", remove_at_once),
                       ("the owner marker replaced by another run's while it runs",
                        lambda r: (r / ".s2t2_run.json").write_text(json.dumps(
                            {"stage": "translate", "run_id": "0123456789ab", "created": "TIME"})))):
@@ -712,6 +712,15 @@ def round4_cases(work, case, rows, model, data, targs, ok) -> None:
         _live(rows, "translate", what, [*long, f"run_dir={run}"], run,
               lambda: (run / "checkpoints" / "step_00000002").is_dir(), lambda proc, a=act: a(run))
         rows[-1] = rows[-1][:4] + ("stopped before its next write" if rows[-1][3] == 2 else rows[-1][4],)
+
+
+def remove_at_once(path: Path) -> None:
+    """Remove a directory as one step the watched run can see: renamed away, then deleted. A plain rmtree deletes the
+    files first, so the run would see its lock file or marker gone before the directory, whichever rmtree reached
+    (all correct, but a different line from run to run)."""
+    gone = path.with_name(path.name + ".removed")
+    path.rename(gone)
+    shutil.rmtree(gone)
 
 
 def _text(path: Path, text: str) -> Path:

@@ -13,6 +13,7 @@ import time
 
 import pytest
 from conftest import base_env, translate_args
+from misuse_table import remove_at_once
 
 from s2t2_dist.utils import rundir
 from s2t2_dist.utils.rundir import claim, release_all, verify
@@ -74,7 +75,7 @@ def test_lock_file_deleted_mid_run_stops_it(tmp_path, tiny_data, stories):
 
 
 def test_run_dir_removed_mid_run_is_not_recreated(tmp_path, tiny_data, stories):
-    proc, err = _run_then(tmp_path, tiny_data, stories, lambda run: shutil.rmtree(run))
+    proc, err = _run_then(tmp_path, tiny_data, stories, remove_at_once)
     lines = [ln for ln in err.splitlines() if "error" in ln or "Traceback" in ln]
     assert proc.returncode == 2 and len(lines) == 1, err[-3000:]
     assert f"run_dir: {tmp_path / 'run'} was removed while this run was using it" in lines[0]
