@@ -84,13 +84,15 @@ def say(msg: str = "") -> None:
 def corpus(out: Path, model: Path, n_docs: int, max_tokens: int = 256, seed: int = 0) -> Path:
     """n_docs stories sampled from the source model (cut at its next BOS/EOS), one JSON line each."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from s2t2_dist.data.tokenizers import load_hf_tokenizer
 
     path = out / f"stories_{n_docs}_{max_tokens}_s{seed}.jsonl"
     if path.is_file():
         return path
     torch.set_num_threads(1)  # a 260K-parameter model: threads only contend
-    tok = AutoTokenizer.from_pretrained(str(model))
+    tok = load_hf_tokenizer(model)
     lm = AutoModelForCausalLM.from_pretrained(str(model)).eval()
     torch.manual_seed(seed)
     stop = {tok.bos_token_id, tok.eos_token_id}
@@ -225,16 +227,14 @@ class Bench:
     def fvt_p_file(self, regime: str) -> str:
         """The FVT plan itself (init_weight 1, no training) as a P file."""
         import torch
-        from transformers import AutoTokenizer
-
-        from s2t2_dist.data.tokenizers import load_tokenizer, source_token_ids, tokenizer_hash
+        from s2t2_dist.data.tokenizers import load_hf_tokenizer, load_tokenizer, source_token_ids, tokenizer_hash
         from s2t2_dist.translator.pfile import SparseP, save_p
         from s2t2_dist.stages.translate import surface_prior
 
         path = self.runs / regime / "fvt" / "P.safetensors"
         if path.is_file():
             return str(path)
-        src_tok = AutoTokenizer.from_pretrained(str(self.model))
+        src_tok = load_hf_tokenizer(self.model)
         src_ids = source_token_ids(src_tok, self.vocab[regime])
         tgt = load_tokenizer(self.data(regime=regime)["tokenizer"])
         v, u = src_ids.numel(), tgt.vocab_size
@@ -253,15 +253,13 @@ class Bench:
 
     def unbuilt(self, regime: str) -> list[int]:
         """Target columns of `regime` that no source piece builds (their surface decomposition is empty)."""
-        from transformers import AutoTokenizer
-
-        from s2t2_dist.data.tokenizers import load_tokenizer, source_token_ids
+        from s2t2_dist.data.tokenizers import load_hf_tokenizer, load_tokenizer, source_token_ids
         from s2t2_dist.stages.translate import surface_decomposition
 
         from s2t2_dist.stages.p_columns import unbuilt_columns
 
         if regime not in self._unbuilt:
-            src_tok = AutoTokenizer.from_pretrained(str(self.model))
+            src_tok = load_hf_tokenizer(self.model)
             dec = surface_decomposition(src_tok, source_token_ids(src_tok, self.vocab[regime]).tolist(),
                                         load_tokenizer(self.data(regime=regime)["tokenizer"]))
             self._unbuilt[regime] = unbuilt_columns(dec.pieces)

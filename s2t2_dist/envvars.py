@@ -64,6 +64,9 @@ VARS: dict[str, Var] = {v.name: v for v in (
         "fault injection for tests/faults (s2t2_dist/faults.py): ACTION:N[@RANK],...; unset in real runs"),
     Var("S2T2_FAULT_TRACE", "path", "",
         "tests/faults: directory every rank appends its JSON trace lines to (s2t2_dist/faults.py)"),
+    Var("S2T2_STEP_REPORT_DIR", "path", "",
+        "set by slurm/common.sh for each job step: rank 0 of a finished run writes `finished` there, so that a "
+        "time-limit warning arriving during the final export or after it does not requeue a finished run"),
     # read by slurm/common.sh and the slurm/*.sh scripts
     Var("S2T2_HOME", "path", "", "repository root holding slurm/ and launch/ (default: the folder sbatch ran "
         "from)", where="slurm"),

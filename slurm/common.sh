@@ -105,6 +105,11 @@ s2t2_srun() {
     if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then srun_opts+=("--cpus-per-task=$SLURM_CPUS_PER_TASK"); fi
     # shellcheck disable=SC2206
     local extra=(${S2T2_SRUN_ARGS:-})
+    # Rank 0 of a run that finished writes "finished" here (s2t2_dist/utils/stop.py): a warning that came during
+    # the final export or after the result must not requeue it. Rank 0 runs on the first node, as this shell does.
+    local report
+    report=$(mktemp -d "${TMPDIR:-/tmp}/s2t2-step-${SLURM_JOB_ID:-0}.XXXXXX") || return 1
+    export S2T2_STEP_REPORT_DIR=$report
     trap _s2t2_on_usr1 USR1
     trap _s2t2_on_term TERM
     s2t2_log "srun ${srun_opts[*]} ${extra[*]} ${_S2T2_STEP_DESC:-$*}"
@@ -121,8 +126,14 @@ s2t2_srun() {
     _S2T2_STEP_PID=
     s2t2_log "job step exited with code $rc"
     if [ "$_S2T2_STOP" = 1 ] && [ "$rc" = 0 ]; then
-        s2t2_requeue
+        if [ -e "$report/finished" ]; then
+            s2t2_log "the run finished (the warning came during its final export or after it); not requeued"
+        else
+            s2t2_requeue
+        fi
     fi
+    rm -rf "$report"
+    unset S2T2_STEP_REPORT_DIR
     trap - USR1 TERM
     return "$rc"
 }

@@ -20,7 +20,7 @@ stage's `main(argv)` in-process. Preemption and time limits:
   - on preemption (PreemptMode=REQUEUE), `scontrol requeue` or scancel, SLURM sends SIGTERM: the loop checkpoints
     and SLURM requeues (or cancels) the job itself.
 A task that stopped for a signal never returns a result (submitit would take the job for finished); the attempt
-that runs to the end does. The stage resumes by itself from the latest checkpoint in its run directory.
+that runs to the end does, also when the signal came during its final export or after its result was written. The stage resumes by itself from the latest checkpoint in its run directory.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from typing import Any
 from s2t2_dist.cli import COMMANDS
 from s2t2_dist.cluster.layout import SIGNAL_MARGIN_S, timeout_minutes
 from s2t2_dist.errors import ConfigError
+from s2t2_dist.utils import stop
 
 #: stage name -> module with `main(argv: list[str]) -> int`: the user's stages of `s2t2 <stage>` (cli.COMMANDS, the one
 #: registry) and the cluster probe
@@ -186,6 +187,8 @@ class StageJob:
             os.close(r)
             os.close(w)
         stops = seen & _STOP_SIGNALS
+        if stops and stop.finished():  # during the final export or after the result: nothing left to resume
+            return self._result(rc, rdv)
         if stops:
             names = ", ".join(signal.Signals(s).name for s in sorted(stops))
             print(f"s2t2 submit: {self.stage} stopped after {names} with a checkpoint; "

@@ -129,6 +129,7 @@ def run_stage(cfg, work: Callable[[Any, Runtime, Any], dict], *, preflight: Call
     (``found``: what pre-flight read, so that the run reads each input once) -> the result dict, written
     atomically by rank 0 to `result(rt)` and then shown by `report(rt, result)`, the logger closed, teardown."""
     import s2t2_dist.train.phases as phases
+    from s2t2_dist.utils import stop
     from s2t2_dist.utils.io import atomic_write_text
 
     envvars.setup_logging()
@@ -149,8 +150,12 @@ def run_stage(cfg, work: Callable[[Any, Runtime, Any], dict], *, preflight: Call
     if rt.env.is_main:
         from s2t2_dist.utils.rundir import verify
 
-        verify(rt.run_dir, before="writing its result")  # still this run's directory (lock and owner marker)
-        atomic_write_text(result(rt), json.dumps(out, indent=1))
+        with stop.deferred():  # the run's last output: a time-limit signal lets it complete
+            verify(rt.run_dir, before="writing its result")  # still this run's directory (lock and owner marker)
+            atomic_write_text(result(rt), json.dumps(out, indent=1))
+    if out.get("finished", True):  # not a training run stopped with a checkpoint: nothing is left to do
+        stop.finish()
+    if rt.env.is_main:
         if report is not None:
             report(rt, out)
     rt.logger.close()
@@ -202,11 +207,19 @@ def run_main(prog: str, fn: Callable[[], Any]) -> int:
         with stop.installed():  # SIGTERM/SIGUSR1 from the start, before any model is loaded (utils/stop.py)
             envvars.check()  # every S2T2_* variable, before any work: a bad one is a user error like a bad key
             rc = fn()
-        if stop.requested() is not None:  # arrived during the final export, which completed
+        done = not (isinstance(rc, dict) and rc.get("finished") is False)  # False: stopped with a checkpoint
+        if done:
+            stop.tell_launcher()
+        if stop.requested() is not None:  # remembered, not raised: during the final export or after the result
             import sys
 
-            print(f"{prog}: {stop.name(stop.requested())} arrived during the final export; the export completed "
-                  "and the run is finished", file=sys.stderr, flush=True)
+            sig = stop.name(stop.requested())
+            print(f"{prog}: {sig} " + ("arrived after the run's result was written; the run is finished"
+                                       if stop.arrived_late() else
+                                       "arrived during the final export; the export completed and the run is "
+                                       "finished" if done else
+                                       "arrived while the result was written; the run resumes from its last "
+                                       "checkpoint"), file=sys.stderr, flush=True)
     except KeyboardInterrupt:  # Ctrl-C outside the training loop (which checkpoints on the first one), or twice
         if envvars.traceback_wanted():
             raise

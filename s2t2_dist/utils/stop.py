@@ -10,7 +10,10 @@ any model is loaded) replaces them:
   requeues the job, which starts again from its last checkpoint;
 - inside `deferred()` (the final export) it is remembered and the export completes (it is atomic and short next to
   the signal's lead time); the stage then exits 0 as usual and says that it was signalled;
-- inside the training loop the loop's own handlers take over (checkpoint at the next step boundary, exit 0).
+- inside the training loop the loop's own handlers take over (checkpoint at the next step boundary, exit 0);
+- once the run's result is written (`finish()`) it is only remembered: nothing is left to stop, and a clean stop
+  there would make the launcher requeue a finished run. `tell_launcher()` then creates
+  S2T2_STEP_REPORT_DIR/finished, which slurm/common.sh reads before it requeues.
 
 SIGINT (Ctrl-C) keeps Python's KeyboardInterrupt outside the loop: run_main reports it as an interrupt (exit 130).
 """
@@ -24,7 +27,7 @@ import threading
 from collections.abc import Iterator
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-_state = {"requested": None, "deferred": 0}
+_state = {"requested": None, "deferred": 0, "finished": False, "late": False}
 
 
 class Stopped(BaseException):
@@ -41,6 +44,9 @@ def name(signum: int) -> str:
 
 def _handler(signum, frame) -> None:
     _state["requested"] = signum
+    if _state["finished"]:
+        _state["late"] = True  # after the result: run_main says so
+        return
     if _state["deferred"]:
         print(f"{name(signum)} received: stopping once the export in progress is complete", file=sys.stderr,
               flush=True)
@@ -74,7 +80,40 @@ def requested() -> int | None:
 
 
 def reset() -> None:
-    _state["requested"] = None
+    _state.update(requested=None, finished=False, late=False)
+
+
+def finish() -> None:
+    """The run's work is complete and its result written: a stop signal from now on is only remembered."""
+    _state["finished"] = True
+
+
+def finished() -> bool:
+    return _state["finished"]
+
+
+def arrived_late() -> bool:
+    """Whether the stop signal came after finish() (not during the final export)."""
+    return _state["late"]
+
+
+#: the file in S2T2_STEP_REPORT_DIR that says "this job step's run is finished"
+FINISHED = "finished"
+
+
+def tell_launcher() -> None:
+    """Rank 0 of a finished run: create S2T2_STEP_REPORT_DIR/finished when the launcher set it (slurm/common.sh,
+    one directory per job step), so that a time-limit warning that reached the batch shell during the final export
+    or after it does not requeue a run that has nothing left to do."""
+    from pathlib import Path
+
+    from s2t2_dist import envvars
+    from s2t2_dist.distributed.env import detect
+
+    d = envvars.get("S2T2_STEP_REPORT_DIR")
+    if d and detect().is_main:
+        Path(d).mkdir(parents=True, exist_ok=True)
+        (Path(d) / FINISHED).write_text("finished\n")
 
 
 @contextlib.contextmanager

@@ -154,3 +154,69 @@ def test_batch_script_requeues_a_step_stopped_before_its_first_step(tmp_path, ti
     assert "job step exited with code 0" in err and "scontrol requeue 7" in out, (out, err[-3000:])
     assert not (run / "result.json").exists()
     ledger("SIGUSR1 to the batch shell during model loading: clean stop, requeued")
+
+
+# The stand-in srun runs the step to its end, then sends the time-limit warning to the batch shell (its parent) and
+# waits until s2t2_srun's handler has forwarded it back: the shell has taken the warning before the step exits.
+LATE_SRUN = """#!/bin/bash
+while [ "${1#-}" != "$1" ]; do shift; done
+got=; trap 'got=1' USR1
+"$@"; rc=$?
+kill -USR1 "$PPID"
+while [ -z "$got" ]; do sleep 0.05; done
+exit "$rc"
+"""
+
+
+@pytest.mark.parametrize("case", ["finished", "stopped"])
+def test_batch_script_requeues_only_a_run_that_has_work_left(tmp_path, tiny_data, stories, case):
+    """The warning reaches the batch shell after the step's work: a finished run (result written) is not requeued
+    (before: requeued, and the next attempt exported and evaluated it again); a run that stopped with a checkpoint
+    is."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "srun").write_text(LATE_SRUN)
+    (bin_ / "scontrol").write_text('#!/bin/sh\necho "scontrol $*"\n')
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    run = tmp_path / "run"
+    steps = "train.steps=4" if case == "finished" else "train.steps=60"
+    args = " ".join(translate_args(tiny_data, stories, run, steps))
+    env = {k: v for k, v in base_env().items() if not k.startswith("SLURM_")}
+    env.update({"PATH": f"{bin_}:{env['PATH']}", "S2T2_HOME": str(REPO), "S2T2_PYTHON": sys.executable,
+                "SLURM_JOB_ID": "7", "TMPDIR": str(tmp_path)})
+    if case == "stopped":
+        env[faults.ENV] = "sigusr1_at_step:2"  # the loop checkpoints at step 2 and exits 0 with work left
+    shell = subprocess.run(["bash", "-c", f". slurm/common.sh; s2t2_srun -- {sys.executable} -m s2t2_dist.cli "
+                            f"translate {args}"], cwd=REPO, env=env, text=True, capture_output=True, timeout=600)
+    out, err = shell.stdout, shell.stderr
+    assert shell.returncode == 0 and "job step exited with code 0" in err, err[-3000:]
+    assert "SIGUSR1 (time limit close or preemption notice)" in err, err[-3000:]
+    if case == "finished":
+        assert (run / "result.json").is_file() and (run / "P.safetensors").is_file()
+        assert "scontrol" not in out, (out, err[-3000:])
+        assert "the run finished (the warning came during its final export or after it); not requeued" in err
+    else:
+        assert '"finished": false' in (run / "result.json").read_text()
+        assert "scontrol requeue 7" in out, (out, err[-3000:])
+    assert not list(tmp_path.glob("s2t2-step-*"))  # the report directory is removed
+    ledger(f"the time-limit warning after the step's work ({case}): {'requeued' if case == 'stopped' else 'not'}")
+
+
+def test_submitit_job_returns_its_result_when_the_signal_came_during_the_final_export(tmp_path, tiny_data, stories):
+    """`s2t2 submit`'s StageJob in a one-task SLURM environment: a stop signal during the final export lets the run
+    finish, and the job returns its result instead of exiting without one for submitit to resubmit."""
+    run = tmp_path / "run"
+    code = ("import json, sys\nfrom s2t2_dist.cluster.submit import StageJob\n"
+            "print('RESULT', json.dumps(StageJob('translate', sys.argv[1:])()))")
+    slurm = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1", "SLURM_NTASKS": "1",
+             "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_STEP_ID": "0",
+             "SLURM_JOB_NODELIST": "localhost", "MASTER_ADDR": "127.0.0.1", "SUBMITIT_EXECUTOR": "slurm"}
+    env = {k: v for k, v in base_env(**{faults.ENV: "sigusr1_in_export:4"}).items() if not k.startswith("SLURM_")}
+    p = subprocess.run([sys.executable, "-c", code, *translate_args(tiny_data, stories, run, "train.steps=4")],
+                       cwd=REPO, text=True, capture_output=True, env={**env, **slurm}, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "exits without a result" not in p.stderr, p.stderr[-3000:]
+    assert "SIGUSR1 arrived during the final export; the export completed and the run is finished" in p.stderr
+    assert 'RESULT {"stage": "translate", "rank": 0, "world_size": 1, "rc": 0}' in p.stdout, p.stdout[-2000:]
+    assert (run / "P.safetensors").is_file() and '"finished": true' in (run / "result.json").read_text()
