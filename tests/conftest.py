@@ -1,6 +1,7 @@
 import functools
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -17,20 +18,29 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 sys.path.insert(0, str(REPO / "tests"))
 
 
+#: a module's marks as the scheduler reads them (xdist's controller collects nothing): its `pytestmark = ...` line
+#: and its `@pytest.mark.NAME` decorators, not a mention in a comment or a string
+MARK_LINE = re.compile(r"^(?:pytestmark\s*=.*|\s*@)")
+MARK_NAME = re.compile(r"pytest\.mark\.(\w+)")
+
+
 @functools.cache
-def _marks(module: str) -> str:
+def _marks(module: str) -> frozenset[str]:
     path = REPO / module
-    return path.read_text() if path.suffix == ".py" and path.is_file() else ""
+    if not (path.suffix == ".py" and path.is_file()):
+        return frozenset()
+    return frozenset(m for line in path.read_text().splitlines() if MARK_LINE.match(line)
+                     for m in MARK_NAME.findall(line.split("#", 1)[0]))
 
 
 def _starts_a_slurm_cluster(module: str) -> bool:
     """A module marked `slurm` (its pytestmark) starts a local SLURM cluster."""
-    return "pytest.mark.slurm" in _marks(module)
+    return "slurm" in _marks(module)
 
 
 def _runs_long(module: str) -> bool:
     """A module with tests marked `slow`, `faults` or `slurm`: end-to-end runs of several processes."""
-    return any(f"pytest.mark.{m}" in _marks(module) for m in ("slow", "faults", "slurm"))
+    return bool(_marks(module) & {"slow", "faults", "slurm"})
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: without the plugin (a plain `pytest`) never called
