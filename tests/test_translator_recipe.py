@@ -186,3 +186,22 @@ def test_the_translator_does_not_import_the_file_format():
             continue
         names = {n.module for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom)}
         assert not any(m and m.endswith("pfile") for m in names), path
+
+
+def test_freeze_warning_reads_the_scale_of_the_source_marginal():
+    """The row projections act at mu_i: under an FVT start marginal on few rows (SmolLM2: ~487 of 49,152, where 0.025
+    / 487 learned best and did not freeze, BENCHMARKS.md "#37") the range starts at lr ~ 1/487, not 1/v."""
+    import torch
+
+    from s2t2_dist.translator.recipe import effective_rows
+
+    v = 49152
+    uniform = torch.full((v,), 1.0 / v, dtype=torch.float64)
+    few = torch.zeros(v, dtype=torch.float64)
+    few[:487] = 1.0 / 487
+    assert effective_rows(uniform) == pytest.approx(v) and effective_rows(few) == pytest.approx(487)
+    assert freeze_warning("sparse", v, 4.9e-5, uniform) == freeze_warning("sparse", v, 4.9e-5) != ""
+    assert "lr x v = 2.41" in freeze_warning("sparse", v, 4.9e-5, uniform)
+    assert freeze_warning("sparse", v, 4.9e-5, few) == ""
+    w = freeze_warning("sparse", v, 4e-3, few)
+    assert "lr x the source marginal's effective rows = 1.95 >= 1" in w and "~1/487 scale" in w

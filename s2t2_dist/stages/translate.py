@@ -95,7 +95,7 @@ class TranslateTask(Task):
         self.target_vocab, self.source_vocab = target_vocab, source_vocab
         self.eval_docs = eval_docs
         self.frozen_at = None
-        self.start_warning = self.resolved.freeze_warning()
+        self.start_warning = self.resolved.freeze_warning(translator.mu)
         self.lr = self.resolved.lr
 
     def embeddings(self):
@@ -276,7 +276,7 @@ def build(cfg: TranslateConfig, rt: Runtime, inputs: TranslateInputs | None = No
         log.info("translate: FVT start (weight %.3g, source marginal %s): %.1f%% of target bytes covered by source "
                  "tokens, %d target tokens without pieces, %d identical to a source token", tc.init_weight,
                  resolved.source_marginal, 100 * dec.coverage, dec.empty, dec.identical)
-    warning = resolved.freeze_warning()
+    warning = resolved.freeze_warning(translator.mu)
     if warning and env.is_main:
         log.warning("translate: %s", warning)
     lm = TranslatedLM(model, freeze_model=True, gradient_checkpointing=cfg.model.activation_checkpointing)

@@ -45,7 +45,8 @@ class Kind:
     #: the start is feasible and its zeros stay zeros
     start_marginal = False
     #: lr x v from which the plan's gradient dies within a few hundred steps (None: no such range;
-    #: bench/bench_planted.py); translator/recipe.py warns at start
+    #: bench/bench_planted.py, uniform mu); v is the rows mu spreads over (recipe.effective_rows) when the start's
+    #: marginal holds few; translator/recipe.py warns at start
     freeze_lr_x_v: float | None = None
 
     def __init__(self, tr):

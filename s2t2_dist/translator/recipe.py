@@ -50,11 +50,11 @@ class Resolved:
     def as_dict(self) -> dict:
         return {**dataclasses.asdict(self), "lr_x_v": self.lr_x_v}
 
-    def freeze_warning(self) -> str:
-        """:func:`freeze_warning` for this run ('' while lr or v is unknown)."""
+    def freeze_warning(self, mu=None) -> str:
+        """:func:`freeze_warning` for this run ('' while lr or v is unknown); ``mu``: the run's source marginal."""
         if self.lr is None or self.v is None:
             return ""
-        return freeze_warning(self.kind, self.v, self.lr)
+        return freeze_warning(self.kind, self.v, self.lr, mu)
 
 
 @dataclass
@@ -191,16 +191,32 @@ class TranslateOptimConfig(OptimConfig):
         OptimConfig.validate(dataclasses.replace(self, lr=1.0 if self.lr is None else self.lr))
 
 
-def freeze_warning(kind: str, v: int, lr: float) -> str:
-    """A one-line warning when ``lr`` (absolute) is in the range where the kind's plan freezes for this ``v``
-    (translator/kinds.py ``freeze_lr_x_v``: for the sparse plan, AdamW moves every entry of C by ~lr per step; past
-    the 1/v scale of the row projections every support collapses to one entry and sparsemax's Jacobian, hence the
-    gradient on C, is exactly zero); '' otherwise."""
+def effective_rows(mu) -> float:
+    """The number of source rows the marginal ``mu`` spreads its mass over, 1 / sum(mu_i^2): v for a uniform mu,
+    ~487 for SmolLM2's FVT start marginal at v = 49,152 (BENCHMARKS.md "#37"). The row projections act at the scale
+    of the mu_i of the rows that carry mass, 1 / this on average (mass-weighted)."""
+    import torch
+
+    m = torch.as_tensor(mu).double()
+    return float(1.0 / (m * m).sum())
+
+
+def freeze_warning(kind: str, v: int, lr: float, mu=None) -> str:
+    """A one-line warning when ``lr`` (absolute) is in the range where the kind's plan freezes (translator/kinds.py
+    ``freeze_lr_x_v``: for the sparse plan, AdamW moves every entry of C by ~lr per step; past the scale of the row
+    projections, mu_i, every support collapses to one entry and sparsemax's Jacobian, hence the gradient on C, is
+    exactly zero); '' otherwise. The scale is 1/v for a uniform ``mu`` (None) and 1/:func:`effective_rows` for the
+    start's marginal, which puts its mass on few rows: SmolLM2 learns best at lr x v = 2.4 and does not freeze."""
     k = _kind(kind)
-    if k.freeze_lr_x_v is None or lr * v < k.freeze_lr_x_v:
+    if k.freeze_lr_x_v is None:
+        return ""
+    rows = v if mu is None else effective_rows(mu)
+    uniform = abs(rows - v) <= 1e-6 * v
+    if lr * rows < k.freeze_lr_x_v:
         return ""
     auto = k.default_step * k.natural_scale(v)
-    return (f"lr {lr:.3g} is in the freezing range of the {kind} translator for v={v} source tokens (lr x v = "
-            f"{lr * v:.3g} >= {k.freeze_lr_x_v:g}): AdamW moves every entry of C by ~lr per step, far past the 1/v "
-            f"scale of the projections, and the gradient on C soon becomes exactly zero; lower optim.lr, or set it "
-            f"to null for the kind's default ({k.default_step:g} x 1/v = {auto:.3g} here)")
+    name, scale = ("v", "1/v") if uniform else ("the source marginal's effective rows", f"~1/{rows:.0f}")
+    return (f"lr {lr:.3g} is in the freezing range of the {kind} translator for v={v} source tokens (lr x {name} = "
+            f"{lr * rows:.3g} >= {k.freeze_lr_x_v:g}): AdamW moves every entry of C by ~lr per step, far past the "
+            f"{scale} scale of the projections, and the gradient on C soon becomes exactly zero; lower optim.lr, or "
+            f"set it to null for the kind's default ({k.default_step:g} x 1/v = {auto:.3g} here)")
