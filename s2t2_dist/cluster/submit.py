@@ -20,7 +20,8 @@ stage's `main(argv)` in-process. Preemption and time limits:
   - on preemption (PreemptMode=REQUEUE), `scontrol requeue` or scancel, SLURM sends SIGTERM: the loop checkpoints
     and SLURM requeues (or cancels) the job itself.
 A task that stopped for a signal never returns a result (submitit would take the job for finished); the attempt
-that runs to the end does, also when the signal came during its final export or after its result was written. The stage resumes by itself from the latest checkpoint in its run directory.
+that runs to the end does, also when the signal came during its final export or after its result was written. The
+stage resumes by itself from the latest checkpoint in its run directory.
 """
 
 from __future__ import annotations

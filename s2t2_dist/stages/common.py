@@ -155,9 +155,8 @@ def run_stage(cfg, work: Callable[[Any, Runtime, Any], dict], *, preflight: Call
             atomic_write_text(result(rt), json.dumps(out, indent=1))
     if out.get("finished", True):  # not a training run stopped with a checkpoint: nothing is left to do
         stop.finish()
-    if rt.env.is_main:
-        if report is not None:
-            report(rt, out)
+    if rt.env.is_main and report is not None:
+        report(rt, out)
     rt.logger.close()
     teardown()
     return out
@@ -207,7 +206,9 @@ def run_main(prog: str, fn: Callable[[], Any]) -> int:
         with stop.installed():  # SIGTERM/SIGUSR1 from the start, before any model is loaded (utils/stop.py)
             envvars.check()  # every S2T2_* variable, before any work: a bad one is a user error like a bad key
             rc = fn()
-        done = not (isinstance(rc, dict) and rc.get("finished") is False)  # False: stopped with a checkpoint
+        # run_stage judged it (a training run stopped with a checkpoint is not); a stage without it (prepare)
+        # returns when its work is done
+        done = stop.finished() or not isinstance(rc, dict)
         if done:
             stop.tell_launcher()
         if stop.requested() is not None:  # remembered, not raised: during the final export or after the result

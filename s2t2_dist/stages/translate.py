@@ -276,9 +276,6 @@ def build(cfg: TranslateConfig, rt: Runtime, inputs: TranslateInputs | None = No
         log.info("translate: FVT start (weight %.3g, source marginal %s): %.1f%% of target bytes covered by source "
                  "tokens, %d target tokens without pieces, %d identical to a source token", tc.init_weight,
                  resolved.source_marginal, 100 * dec.coverage, dec.empty, dec.identical)
-    warning = resolved.freeze_warning(translator.mu)
-    if warning and env.is_main:
-        log.warning("translate: %s", warning)
     lm = TranslatedLM(model, freeze_model=True, gradient_checkpointing=cfg.model.activation_checkpointing)
     if cfg.model.activation_checkpointing:
         checkpoint_frozen_blocks(model)
@@ -301,6 +298,8 @@ def build(cfg: TranslateConfig, rt: Runtime, inputs: TranslateInputs | None = No
     task = TranslateTask(lm, translator, E, L, src_ids, cfg, rt,
                          [tgt.tokenizer.id_to_token(i) or str(i) for i in range(u)],
                          _vocab_strings(src_tok, src_ids.tolist()), eval_docs, resolved)
+    if task.start_warning and env.is_main:
+        log.warning("translate: %s", task.start_warning)
     task.lm_param_fraction = local / total
     task.p_start = p_sparsity(task.stats)  # collective when sharded: every rank
     # the target columns no source piece builds (FVT gives them dense columns): P's density without them too

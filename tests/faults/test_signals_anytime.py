@@ -126,24 +126,29 @@ def test_disk_full_while_writing_the_p_file_names_it(tmp_path, tiny_data, storie
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
+def _batch_shell(tmp_path, srun: str, args: str, **env_extra) -> tuple[list[str], dict]:
+    """slurm/common.sh's `s2t2_srun` running `s2t2 translate ARGS`, with the stand-in `srun` script given and an
+    `scontrol` that prints its arguments: the bash command and its environment."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "srun").write_text(srun)
+    (bin_ / "scontrol").write_text('#!/bin/sh\necho "scontrol $*"\n')
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    env = {k: v for k, v in base_env().items() if not k.startswith("SLURM_")}
+    env.update({"PATH": f"{bin_}:{env['PATH']}", "S2T2_HOME": str(REPO), "S2T2_PYTHON": sys.executable,
+                "SLURM_JOB_ID": "7", **env_extra})
+    return ["bash", "-c", f". slurm/common.sh; s2t2_srun -- {sys.executable} -m s2t2_dist.cli translate {args}"], env
+
+
 def test_batch_script_requeues_a_step_stopped_before_its_first_step(tmp_path, tiny_data, stories):
     """slurm/common.sh end to end with stand-ins for srun and scontrol: the time-limit warning (SIGUSR1 to the batch
     shell) arrives while the stage loads its model; s2t2_srun forwards it, the stage stops cleanly (exit 0) and the
     shell requeues the job (before: the stage died with exit 138 and the job chain ended)."""
-    bin_ = tmp_path / "bin"
-    bin_.mkdir()
-    (bin_ / "srun").write_text('#!/bin/bash\nwhile [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n')
-    (bin_ / "scontrol").write_text('#!/bin/sh\necho "scontrol $*"\n')
-    for f in bin_.iterdir():
-        f.chmod(0o755)
     run = tmp_path / "run"
-    args = " ".join(translate_args(tiny_data, stories, run, "train.steps=4"))
-    env = {k: v for k, v in base_env().items() if not k.startswith("SLURM_")}
-    env.update({"PATH": f"{bin_}:{env['PATH']}", "S2T2_HOME": str(REPO), "S2T2_PYTHON": sys.executable,
-                "SLURM_JOB_ID": "7"})
-    shell = subprocess.Popen(["bash", "-c", f". slurm/common.sh; s2t2_srun -- {sys.executable} -m s2t2_dist.cli "
-                              f"translate {args}"], cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE)
+    cmd, env = _batch_shell(tmp_path, '#!/bin/bash\nwhile [ "${1#-}" != "$1" ]; do shift; done\nexec "$@"\n',
+                            " ".join(translate_args(tiny_data, stories, run, "train.steps=4")))
+    shell = subprocess.Popen(cmd, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 300
     while not (run / ".s2t2.lock").exists():
         assert shell.poll() is None and time.monotonic() < deadline, shell.communicate()
@@ -172,19 +177,10 @@ def test_batch_script_does_not_requeue_a_finished_run(tmp_path, tiny_data, stori
     """The warning reaches the batch shell after the step's work: the run is finished (result written), so it is not
     requeued (before: requeued, and the next attempt exported and evaluated it again). A step stopped with work left
     is requeued: the test above (before its first step) and tests/test_slurm_cluster.py (at the time limit)."""
-    bin_ = tmp_path / "bin"
-    bin_.mkdir()
-    (bin_ / "srun").write_text(LATE_SRUN)
-    (bin_ / "scontrol").write_text('#!/bin/sh\necho "scontrol $*"\n')
-    for f in bin_.iterdir():
-        f.chmod(0o755)
     run = tmp_path / "run"
-    args = " ".join(translate_args(tiny_data, stories, run, "train.steps=4"))
-    env = {k: v for k, v in base_env().items() if not k.startswith("SLURM_")}
-    env.update({"PATH": f"{bin_}:{env['PATH']}", "S2T2_HOME": str(REPO), "S2T2_PYTHON": sys.executable,
-                "SLURM_JOB_ID": "7", "TMPDIR": str(tmp_path)})
-    shell = subprocess.run(["bash", "-c", f". slurm/common.sh; s2t2_srun -- {sys.executable} -m s2t2_dist.cli "
-                            f"translate {args}"], cwd=REPO, env=env, text=True, capture_output=True, timeout=600)
+    cmd, env = _batch_shell(tmp_path, LATE_SRUN, " ".join(translate_args(tiny_data, stories, run, "train.steps=4")),
+                            TMPDIR=str(tmp_path))
+    shell = subprocess.run(cmd, cwd=REPO, env=env, text=True, capture_output=True, timeout=600)
     out, err = shell.stdout, shell.stderr
     assert shell.returncode == 0 and "job step exited with code 0" in err, err[-3000:]
     assert "SIGUSR1 (time limit close or preemption notice)" in err, err[-3000:]
