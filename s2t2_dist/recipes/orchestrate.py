@@ -161,23 +161,30 @@ class Runner:
         info_path = run_dir / RUN_INFO
         cmd = self.command(stage, argv)
         printable = " ".join(shlex.quote(c) for c in cmd)
-        if result_path.is_file() and info_path.is_file():
+        same = False
+        if info_path.is_file():
             try:
                 same = json.loads(info_path.read_text()).get("identity") == identity
+            except ValueError:
+                same = False
+        if same and result_path.is_file():
+            try:
                 result = json.loads(result_path.read_text())
             except ValueError:
-                same, result = False, {}
-            if same and result.get("finished", True):
+                result = {"finished": False}
+            if result.get("finished", True):
                 secs = float(json.loads(info_path.read_text()).get("seconds") or 0.0)
                 run = StageRun(stage, name, run_dir, result, secs, True, printable)
                 self.history.append(run)
                 return run
-        if run_dir.exists():
-            shutil.rmtree(run_dir)  # another configuration (or a broken run) was here: start afresh
-        run_dir.mkdir(parents=True, exist_ok=True)
         from s2t2_dist.utils.io import atomic_write_json
 
-        atomic_write_json(info_path, {"identity": identity, "command": printable})
+        if not same:
+            if run_dir.exists():
+                shutil.rmtree(run_dir)  # another configuration was here: start afresh
+            run_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(info_path, {"identity": identity, "command": printable})
+        # else: the same run was interrupted; the stage resumes from its latest checkpoint in run_dir
         t0 = time.time()
         log = None
         if self.ranks == 1 and self.in_process:

@@ -44,6 +44,41 @@ class SourceRecipe:
 
 
 @dataclass
+class PLrSweep:
+    """Step sizes (absolute AdamW lr) tried for each translator kind; each grid holds the kind's automatic step
+    (sparse 0.025/v, softmax 0.1, unconstrained 2.5/v; v = 235 at single_byte) and the paper's 1e-3."""
+
+    sparse: list[float] = field(default_factory=lambda: [1e-4, 3e-4, 1e-3])
+    softmax: list[float] = field(default_factory=lambda: [1e-3, 1e-2, 1e-1])
+    unconstrained: list[float] = field(default_factory=lambda: [1e-3, 1e-2, 1e-1])
+
+
+@dataclass
+class RealLMOptions:
+    """Keys of the real-LM scale (smollm2)."""
+
+    #: source tokens: single_byte (the paper's "bytes"), single_char, all, or a file of ids
+    source_vocab: str = "single_byte"
+    #: precision of the training runs (held-out scores are always fp32)
+    precision: str = "bf16"
+    #: parallel single-thread processes running the arms
+    lanes: int = 2
+    #: fraction of the unique sequences held out (by a hash of the sequence)
+    heldout_fraction: float = 0.1
+    #: the S2T2 P-only curve on seed 0: its steps (0: none) and how often it is scored on the validation split
+    curve_steps: int = 1000
+    eval_every: int = 100
+    #: start of the dense baselines (Plain P, Sinkhorn P): paper (C = 1/v, uniform mu) or shipped (the FVT start)
+    baseline_start: str = "paper"
+    p_lr_sweep: PLrSweep = field(default_factory=PLrSweep)
+    #: finetuning steps tried (one for every finetuning row: the best mean validation BpB of FT new tok. and FT
+    #: orig. tok., the rows that do not depend on a P)
+    ft_lr_sweep: list[float] = field(default_factory=lambda: [1e-4, 3e-4])
+    #: checkpoint cadence of every arm (a killed lane resumes from here)
+    ckpt_every: int = 50
+
+
+@dataclass
 class ReproduceConfig:
     scale: str = "tiny"
     seeds: list[int] = field(default_factory=lambda: [0])
@@ -70,6 +105,8 @@ class ReproduceConfig:
     log_every: int = 2
     small: SourceRecipe = field(default_factory=SourceRecipe)
     large: SourceRecipe = field(default_factory=SourceRecipe)
+    #: the real-LM scale's keys
+    lm: RealLMOptions = field(default_factory=RealLMOptions)
 
     def validate(self) -> None:
         if not self.seeds:
@@ -100,11 +137,14 @@ def preset(scale: str) -> ReproduceConfig:
             small=SourceRecipe(n_layers=2, d_model=64, n_heads=4, context_len=128, batch_size=8, steps=300),
             # more width and more steps: the transfer needs a target model that is better on English
             large=SourceRecipe(n_layers=2, d_model=128, n_heads=4, context_len=128, batch_size=8, steps=600))
+    if scale == "smollm2":  # a real pretrained LM on a CPU: ~2 hours per seed at bf16 in two lanes (2 cores)
+        return ReproduceConfig(scale="smollm2", seeds=[0, 1, 2], vocab_size=512, context_len=256, batch_size=4,
+                               p_steps=200, ft_steps=200, eval_max_docs=0, log_every=10, ft_weight_decay=0.01)
     if scale == "paper":  # the paper's settings (printed as SLURM submissions, never run here)
         return ReproduceConfig(scale="paper", seeds=[0], vocab_size=512, context_len=512, batch_size=16,
                                p_steps=2000, ft_steps=2000, p_lr=1e-3, ft_lr=2e-5, transfer_p_lr=2e-5,
                                alphas=[0.0, 0.01, 0.1, 1.0], eval_max_docs=2000, log_every=10)
-    raise ConfigError(f"scale: {scale!r} is not one of tiny, small, paper")
+    raise ConfigError(f"scale: {scale!r} is not one of tiny, small, smollm2, paper")
 
 
 def alpha_tag(a: float) -> str:

@@ -1,0 +1,443 @@
+"""`s2t2 reproduce --scale smollm2`: the paper's Table 1 with a real pretrained LM (SmolLM2-135M-Instruct) on real
+proteins, in the paper's setting: single-character source tokens, a new 512-token BPE, P-only and + CFT rows, the
+two finetuning baselines, every row scored on the same held-out sequences and bytes.
+
+Phases (each arm a real `translate` / `finetune` / `evaluate` run in its own run directory under OUT/runs):
+  select   seed 0, on a validation split carved from the training data (never the held-out one):
+           the S2T2 P-only curve (`curve_steps`, validation BpB every `eval_every` steps); every P kind at each
+           step size of its grid (`p_lr_sweep.*`, `p_steps` steps); the finetuning step (`ft_lr_sweep`) on the two
+           rows that do not depend on a P (FT new tok., FT orig. tok.), so the baselines get their best step.
+  table    every seed: Plain P, Sinkhorn P, S2T2 (each at its chosen step), each P-only and + CFT; FT orig. tok.;
+           FT new tok.; the training-free FVT start; each scored on the held-out split. The seed-0 runs of the
+           chosen steps are the selection's runs (same arguments, reused).
+Arms run in `lanes` parallel processes (`OMP_NUM_THREADS` = cores / lanes). A rerun skips finished arms (their run
+directory, or their small result record in OUT/record, which can be kept across machines) and resumes interrupted
+ones from their latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from s2t2_dist.recipes.orchestrate import REPO_ROOT, Runner, StageFailed, fmt_seconds
+from s2t2_dist.recipes.paper_plan import Job, ReproduceConfig
+
+#: translator kind per P column of Table 1
+P_COLUMNS = {"plain_p": "unconstrained", "sinkhorn_p": "softmax", "s2t2": "sparse"}
+#: the validation split's hash seed inside the training split (the held-out split uses protein_corpus.HELDOUT_SEED)
+VALIDATION_SEED = 1
+VALIDATION_FRACTION = 0.1
+
+
+def _lr_tag(lr: float) -> str:
+    return f"lr{lr:g}"
+
+
+@dataclass
+class LmPaths:
+    out: Path
+    model: str  # the source model directory (s2t2 source-lm smollm2)
+    data: Path  # prepare output: tokenizer/, shards/{new,source}/{train,eval} (eval = the validation split)
+    heldout_new: str  # held-out eval shards, new BPE
+    heldout_source: str  # held-out eval shards, the source model's tokenizer
+
+    @property
+    def runs(self) -> Path:
+        return self.out / "runs"
+
+
+class LmPlan:
+    """The jobs of the real-LM reproduction: built from the config, the paths and the selections made so far."""
+
+    def __init__(self, cfg: ReproduceConfig, paths: LmPaths):
+        self.cfg, self.p = cfg, paths
+
+    # -- single jobs -----------------------------------------------------------------------------------------
+    def _common(self, seed: int) -> list[str]:
+        c = self.cfg
+        return [f"train.batch_size={c.batch_size}", f"train.micro_batch_size={c.batch_size}",
+                f"train.context_len={c.context_len}", f"train.log_every={c.log_every}", f"train.seed={seed}",
+                f"train.precision={c.lm.precision}", f"train.ckpt_every={c.lm.ckpt_every}", "data.num_workers=0",
+                f"train.eval_max_docs={c.eval_max_docs}"]
+
+    def translate(self, name: str, kind: str, lr: float | None, seed: int, steps: int, *, start: str,
+                  alpha: float | None = None, eval_every: int = 0) -> Job:
+        """Stage 1 on the validation split. start "shipped": the project's recipe (FVT start, its marginal, the
+        kind's alpha and floor); "paper": C = 1/v, uniform mu, alpha 0, no floor."""
+        d, rd = self.p.data, str(self.p.runs / name)
+        ov = [f"run_dir={rd}", f"model.path={self.p.model}", f"model.source_vocab={self.cfg.lm.source_vocab}",
+              f"data.train={d}/shards/new/train", f"data.eval={d}/shards/new/eval", f"data.tokenizer={d}/tokenizer",
+              f"translator.kind={kind}", f"optim.lr={'null' if lr is None else lr}", f"train.steps={steps}",
+              f"train.eval_every={eval_every}", *self._common(seed)]
+        if start == "paper":
+            ov += ["translator.init=uniform", "translator.source_marginal=uniform", "translator.floor=0",
+                   "translator.alpha=0"]
+        elif alpha is not None:
+            ov += [f"translator.alpha={alpha}"]
+        return Job(name, "translate", "configs/translate_olmo1b.yaml", ov, rd, f"{rd}/result.json",
+                   consumes=[str(d)], produces=[f"{rd}/P.safetensors"])
+
+    def finetune(self, name: str, kind: str, lr: float, seed: int, p_file: str = "") -> Job:
+        d, rd = self.p.data, str(self.p.runs / name)
+        split = "source" if kind == "orig_tok" else "new"
+        tok = self.p.model if kind == "orig_tok" else f"{d}/tokenizer"
+        ov = [f"run_dir={rd}", f"model.path={self.p.model}", f"init.kind={kind}", f"init.p_file={p_file}",
+              f"data.train={d}/shards/{split}/train", f"data.eval={d}/shards/{split}/eval", f"data.tokenizer={tok}",
+              "engine.kind=plain", f"optim.lr={lr}", f"optim.weight_decay={self.cfg.ft_weight_decay}",
+              f"train.steps={self.cfg.ft_steps}", "train.eval_every=0", "train.keep_checkpoints=1",
+              *self._common(seed)]
+        return Job(name, "finetune", "configs/finetune_olmo1b.yaml", ov, rd, f"{rd}/result.json",
+                   consumes=[str(d)] + ([p_file] if p_file else []), produces=[f"{rd}/final"])
+
+    def evaluate(self, name: str, model: str, kind: str, p_file: str = "", role: tuple | None = None,
+                 source_tokens: bool = False) -> Job:
+        """Held-out score (fp32) of a model, or of the source model read through a P file. `source_tokens`: the
+        model speaks the source model's tokenizer (FT orig. tok.); else the new BPE (an export carries it)."""
+        rd = str(self.p.runs / name)
+        own = kind in ("orig_tok", "as_is")  # the model directory's own tokenizer
+        ov = [f"run_dir={rd}", f"output={rd}/eval.json", f"model.path={model}", f"init.kind={kind}",
+              f"init.p_file={p_file}", f"eval.name={name.replace('/', '_')}",
+              f"data.eval={self.p.heldout_source if source_tokens else self.p.heldout_new}",
+              f"data.tokenizer={'' if own else str(self.p.data / 'tokenizer')}",
+              f"eval.context_len={self.cfg.context_len}", f"eval.max_docs={self.cfg.eval_max_docs}", "engine.kind=plain",
+              "eval.batch_size=8", "eval.precision=fp32"]
+        cons = [str(self.p.data)] + ([p_file] if p_file else []) + ([model] if model.startswith(str(self.p.out))
+                                                                     else [])
+        return Job(name, "evaluate", "configs/evaluate_olmo1b.yaml", ov, rd, f"{rd}/eval.json", consumes=cons,
+                   role=role)
+
+    # -- phases -----------------------------------------------------------------------------------------------
+    def p_start(self, kind: str) -> str:
+        return "shipped" if kind == "sparse" else self.cfg.lm.baseline_start
+
+    def p_arm(self, kind: str, lr: float, seed: int) -> Job:
+        return self.translate(f"seed{seed}/translate_{kind}_{_lr_tag(lr)}", kind, lr, seed, self.cfg.p_steps,
+                              start=self.p_start(kind))
+
+    def ft_arm(self, kind: str, lr: float, seed: int, p_file: str = "", tag: str = "") -> Job:
+        return self.finetune(f"seed{seed}/ft_{tag or kind}_{_lr_tag(lr)}", kind, lr, seed, p_file)
+
+    def curve(self) -> Job:
+        c = self.cfg
+        return self.translate(f"seed{c.seeds[0]}/curve_s2t2", "sparse", None, c.seeds[0], c.lm.curve_steps,
+                              start="shipped", eval_every=c.lm.eval_every)
+
+    def select_jobs(self) -> list[Job]:
+        c, s0 = self.cfg, self.cfg.seeds[0]
+        jobs = [self.curve()] if c.lm.curve_steps else []
+        grids = asdict(c.lm.p_lr_sweep)
+        for kind in ("sparse", "softmax", "unconstrained"):
+            jobs += [self.p_arm(kind, lr, s0) for lr in grids[kind]]
+        for lr in c.lm.ft_lr_sweep:
+            jobs += [self.ft_arm("new_tok_truncate", lr, s0, tag="new_tok"), self.ft_arm("orig_tok", lr, s0)]
+        return jobs
+
+    def table_jobs(self, p_lrs: dict[str, float], ft_lr: float) -> list[Job]:
+        jobs: list[Job] = []
+        d = self.p.data
+        fvt = self.translate("refs/translate_fvt", "sparse", None, self.cfg.seeds[0], 0, start="shipped",
+                             alpha=None)
+        fvt.overrides += ["translator.init=fvt", "translator.init_weight=1"]
+        jobs += [fvt, self.evaluate("refs/eval_fvt", self.p.model, "translated", fvt.produces[0],
+                                    role=("table1", "fvt", None))]
+        for seed in self.cfg.seeds:
+            s = f"seed{seed}"
+            for col, kind in P_COLUMNS.items():
+                t = self.p_arm(kind, p_lrs[kind], seed)
+                pf = t.produces[0]
+                ft = self.ft_arm("translated", ft_lr, seed, pf, tag=f"{col}_cft")
+                jobs += [t, self.evaluate(f"{s}/eval_{col}", self.p.model, "translated", pf,
+                                          role=("table1", col, seed)),
+                         ft, self.evaluate(f"{s}/eval_{col}_cft", ft.produces[0], "as_is",
+                                           role=("table1", f"{col}_cft", seed))]
+            for kind, col in (("orig_tok", "ft_orig_tok"), ("new_tok_truncate", "ft_new_tok")):
+                ft = self.ft_arm(kind, ft_lr, seed, tag="new_tok" if kind == "new_tok_truncate" else "")
+                jobs += [ft, self.evaluate(f"{s}/eval_{col}", ft.produces[0], "as_is", role=("table1", col, seed),
+                                           source_tokens=kind == "orig_tok")]
+        del d
+        return jobs
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# selection (validation split, seed 0)
+
+
+def validation_bpb(job: Job) -> float | None:
+    """The validation BpB a translate or finetune run reported at its end (its data.eval is the validation split)."""
+    r = read_result(job)
+    m = (r or {}).get("eval") or {}
+    return m.get("bpb")
+
+
+def select(plan: LmPlan) -> dict:
+    """Each P kind's step and the one finetuning step, by validation BpB (None where a run is missing)."""
+    c, s0 = plan.cfg, plan.cfg.seeds[0]
+    out: dict = {"criterion": "validation BpB at the end of the run (seed 0; the validation split of the training "
+                              "data)", "p": {}, "ft": {}}
+    grids = asdict(c.lm.p_lr_sweep)
+    chosen: dict = {}
+    for kind in ("sparse", "softmax", "unconstrained"):
+        scores = {f"{lr:g}": validation_bpb(plan.p_arm(kind, lr, s0)) for lr in grids[kind]}
+        out["p"][kind] = scores
+        done = {k: v for k, v in scores.items() if v is not None}
+        chosen[kind] = float(min(done, key=done.get)) if len(done) == len(scores) else None
+    ft_scores = {}
+    for lr in c.lm.ft_lr_sweep:
+        a = validation_bpb(plan.ft_arm("new_tok_truncate", lr, s0, tag="new_tok"))
+        b = validation_bpb(plan.ft_arm("orig_tok", lr, s0))
+        ft_scores[f"{lr:g}"] = {"ft_new_tok": a, "ft_orig_tok": b,
+                                "mean": None if a is None or b is None else (a + b) / 2}
+    out["ft"] = ft_scores
+    done = {k: v["mean"] for k, v in ft_scores.items() if v["mean"] is not None}
+    out["chosen"] = {"p_lr": chosen, "ft_lr": float(min(done, key=done.get)) if len(done) == len(ft_scores)
+                     else None}
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# results kept small: OUT/record/<job name>.json holds what later phases and the report read of a finished job
+
+
+def record_path(job: Job) -> Path:
+    return Path(job.run_dir).parents[len(Path(job.name).parts)] / "record" / f"{job.name}.json"
+
+
+def read_result(job: Job) -> dict | None:
+    for p in (Path(job.result), record_path(job)):
+        if p.is_file():
+            try:
+                r = json.loads(p.read_text())
+            except ValueError:
+                continue
+            if r.get("finished", True):
+                return r
+    return None
+
+
+def write_record(job: Job) -> None:
+    from s2t2_dist.utils.io import atomic_write_json
+
+    r = json.loads(Path(job.result).read_text())
+    if job.stage in ("translate", "finetune"):
+        r["curve"] = _eval_curve(Path(job.run_dir))
+    rp = record_path(job)
+    rp.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(rp, r)
+
+
+def _eval_curve(run_dir: Path) -> list:
+    from s2t2_dist.recipes.orchestrate import tb_scalars
+
+    pts = {}
+    for tag in ("eval/bpb", "train/loss"):
+        try:
+            pts[tag] = tb_scalars(run_dir / "tb" / "global", tag)
+        except (OSError, ValueError):
+            pts[tag] = []
+    return [{"tag": t, "points": [[int(s), float(v)] for s, v in p]} for t, p in pts.items()]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# lanes
+
+
+class Lanes:
+    """Runs jobs in `n` parallel subprocess lanes, each job once its inputs exist; skips recorded jobs whose outputs
+    nobody still needs."""
+
+    def __init__(self, n: int, runner_factory, say=print):
+        self.n, self.runner_factory, self.say = n, runner_factory, say
+        self.history: list = []
+
+    @staticmethod
+    def needed(jobs: list[Job]) -> list[Job]:
+        """Jobs to run: not recorded, or recorded but an unrecorded consumer reads an output that is missing."""
+        need: list[Job] = []
+        wanted: set[str] = set()
+        for j in reversed(jobs):
+            missing_outputs = any(p in wanted and not Path(p).exists() for p in j.produces)
+            if read_result(j) is None or missing_outputs:
+                need.append(j)
+                wanted.update(j.consumes)
+        return list(reversed(need))
+
+    def run(self, jobs: list[Job], t0: float) -> list[str]:
+        todo = self.needed(jobs)
+        # the same job (a selection run reused by the table) only once
+        seen, queue = set(), []
+        for j in todo:
+            if j.name not in seen:
+                seen.add(j.name)
+                queue.append(j)
+        producers = {p: j.name for j in queue for p in j.produces}
+        done: set[str] = set()
+        failed: list[str] = []
+        running: set[str] = set()
+        lock = threading.Condition()
+        total = len(queue)
+        started = time.time()
+
+        def ready(j: Job) -> bool:
+            return all(producers.get(c) in (None, j.name) or producers[c] in done for c in j.consumes)
+
+        def lane(k: int) -> None:
+            runner = self.runner_factory(k)
+            while True:
+                with lock:
+                    while True:
+                        if not queue:
+                            return
+                        blocked_by_failure = [j for j in queue if any(producers.get(c) in failed
+                                                                      for c in j.consumes)]
+                        for j in blocked_by_failure:
+                            queue.remove(j)
+                            failed.append(j.name)
+                        nxt = next((j for j in queue if ready(j)), None)
+                        if nxt is not None:
+                            queue.remove(nxt)
+                            running.add(nxt.name)
+                            break
+                        if not running:
+                            return
+                        lock.wait(timeout=5)
+                n_done = len(done) + len(failed)
+                eta = ""
+                if done:
+                    rate = (time.time() - started) / len(done)
+                    eta = f", about {fmt_seconds(rate * (total - n_done) / self.n)} left"
+                self.say(f"[lane {k}] [{n_done + len(running)}/{total}] {nxt.name}: {nxt.stage}"
+                         f"   (t = {fmt_seconds(time.time() - t0)}{eta})")
+                try:
+                    r = runner.run(nxt.stage, ["--config", str(REPO_ROOT / nxt.config), *nxt.overrides],
+                                   nxt.run_dir, nxt.name.replace("/", "_"), result_file=nxt.result)
+                    write_record(nxt)
+                    self.history.append(r)
+                    ok = True
+                except StageFailed as e:
+                    self.say(f"[lane {k}] {nxt.name} FAILED: {str(e).splitlines()[0]}")
+                    ok = False
+                with lock:
+                    running.discard(nxt.name)
+                    (done.add if ok else failed.append)(nxt.name)
+                    lock.notify_all()
+
+        threads = [threading.Thread(target=lane, args=(k,), daemon=True) for k in range(self.n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return failed
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# data and references
+
+
+def prepare_lm_data(out: Path, cfg: ReproduceConfig, model: str, progress: bool = False) -> tuple[LmPaths, dict]:
+    from s2t2_dist.data.config import DataConfig
+    from s2t2_dist.data.pipeline import prepare
+    from s2t2_dist.data.raw_eval import tokenize_files
+    from s2t2_dist.recipes.protein_corpus import build_corpus
+
+    data = out / "data"
+    corpus = build_corpus(data / "corpus", heldout_fraction=cfg.lm.heldout_fraction)
+    dc = DataConfig(inputs=[str(data / "corpus" / "trainval.fasta")], format="fasta", domain="protein",
+                    extra_residue_policy="keep", eval_fraction=VALIDATION_FRACTION, split_by="text",
+                    seed=VALIDATION_SEED, vocab_size=cfg.vocab_size, tokenizer_max_records=None,
+                    source_tokenizer=model, context_len=cfg.context_len, shard_size=256, num_workers=0,
+                    output_dir=str(data / "prepared"))
+    summary = prepare(dc, progress=progress)
+    held = str(data / "corpus" / "heldout.fasta")
+    cache = data / "heldout_shards"
+    new = tokenize_files([held], str(data / "prepared" / "tokenizer"), cache_dir=cache, format="fasta",
+                         on_bad_record="error", progress=progress)
+    src = tokenize_files([held], model, cache_dir=cache, format="fasta", on_bad_record="error", progress=progress)
+    paths = LmPaths(out=out, model=model, data=data / "prepared", heldout_new=new["eval_dir"],
+                    heldout_source=src["eval_dir"])
+    return paths, {"corpus": corpus, "prepare": _prepare_summary(summary),
+                   "heldout_records": {"new": new["records"], "source": src["records"]}}
+
+
+def _prepare_summary(summary: dict) -> dict:
+    sp = summary.get("split") or {}
+    comp = ((summary.get("tokenizer") or {}).get("compression") or {}).get("tokenizers", {})
+    return {"train_records": sp.get("train_records"), "validation_records": sp.get("eval_records"),
+            "train_chars": sp.get("train_chars"), "validation_chars": sp.get("eval_chars"),
+            "bytes_per_token": {k: v.get("bytes_per_token") for k, v in comp.items()}}
+
+
+def residue_unigram(train_split_dir: Path, heldout_fasta: Path) -> dict:
+    """Bits per byte of the train split's residue frequencies (add-one smoothed) on the held-out sequences: a model
+    that knows only how common each amino acid is (one byte per residue)."""
+    import math
+    from collections import Counter
+
+    from s2t2_dist.data.fasta import read_fasta
+
+    counts: Counter = Counter()
+    for part in sorted(Path(train_split_dir).glob("*.jsonl")):
+        with open(part) as f:
+            for line in f:
+                counts.update(json.loads(line)["text"])
+    held: Counter = Counter()
+    for rec in read_fasta(heldout_fasta):
+        held.update(rec.text.upper())
+    alphabet = set(counts) | set(held)
+    total = sum(counts.values()) + len(alphabet)
+    n_bytes = sum(held.values())
+    nll = -sum(n * math.log((counts[a] + 1) / total) for a, n in held.items())
+    return {"bpb": nll / (math.log(2) * n_bytes), "letters": len(alphabet), "bytes": n_bytes}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# entry
+
+
+def run_smollm2(cfg: ReproduceConfig, out: Path, *, cache: Path | None = None, echo: bool = False,
+                phase: str = "all", say=print) -> dict:
+    from s2t2_dist.config import save_config
+    from s2t2_dist.recipes.orchestrate import unigram_reference
+    from s2t2_dist.recipes.smollm2 import smollm2
+    from s2t2_dist.utils.io import atomic_write_json
+
+    t0 = time.time()
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out / "reproduce_config.yaml")
+    say(f"S2T2 reproduction, scale {cfg.scale} -> {out}\n  seeds {cfg.seeds}, P {cfg.p_steps} steps, finetuning "
+        f"{cfg.ft_steps} steps, batch {cfg.batch_size} x {cfg.context_len}, source {cfg.lm.source_vocab}, "
+        f"{cfg.lm.lanes} lane(s), {cfg.lm.precision}")
+    model = str(smollm2(cache, log=lambda m: say("  " + m)))
+    paths, data_info = prepare_lm_data(out, cfg, model)
+    say(f"[data] {data_info['corpus']['unique']} unique sequences: "
+        f"{data_info['prepare']['train_records']} train, {data_info['prepare']['validation_records']} validation, "
+        f"{data_info['corpus']['heldout']['sequences']} held out")
+    refs = {"unigram_bpe": unigram_reference(paths.data / "shards" / "new" / "train", paths.heldout_new),
+            "residue_unigram": residue_unigram(paths.data / "splits" / "train",
+                                               out / "data" / "corpus" / "heldout.fasta")}
+    atomic_write_json(out / "references.json", {**refs, "data": data_info})
+    plan = LmPlan(cfg, paths)
+    threads = max(1, (os.cpu_count() or 1) // cfg.lm.lanes)
+
+    def runner(k: int) -> Runner:
+        return Runner(ranks=1, in_process=False, log_dir=out / "logs", echo=echo,
+                      env={"OMP_NUM_THREADS": str(threads), "S2T2_LOG_LEVEL": "INFO"})
+
+    lanes = Lanes(cfg.lm.lanes, runner, say=say)
+    failed = lanes.run(plan.select_jobs(), t0)
+    sel = select(plan)
+    atomic_write_json(out / "selection.json", sel)
+    say("[select] " + json.dumps(sel["chosen"]))
+    if phase == "select" or failed:
+        return {"selection": sel, "failed": failed}
+    p_lrs, ft_lr = sel["chosen"]["p_lr"], sel["chosen"]["ft_lr"]
+    if ft_lr is None or any(v is None for v in p_lrs.values()):
+        return {"selection": sel, "failed": failed}
+    jobs = plan.table_jobs(p_lrs, ft_lr)
+    failed = lanes.run(jobs, t0)
+    atomic_write_json(out / "plan.json", [asdict(j) for j in jobs])
+    return {"selection": sel, "failed": failed, "jobs": jobs, "references": refs, "data": data_info}
