@@ -5,6 +5,7 @@ presets, and the Job/Setting records."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from s2t2_dist.errors import ConfigError
 
@@ -57,10 +58,12 @@ class PLrSweep:
 class RealLMOptions:
     """Keys of the real-LM scale (smollm2)."""
 
+    #: the source model: empty for SmolLM2-135M-Instruct (`s2t2 source-lm smollm2`), or a Hugging Face directory
+    model: str = ""
     #: source tokens: single_byte (the paper's "bytes"), single_char, all, or a file of ids
     source_vocab: str = "single_byte"
     #: precision of the training runs (held-out scores are always fp32)
-    precision: str = "bf16"
+    precision: Literal["bf16", "fp32"] = "bf16"
     #: parallel single-thread processes running the arms
     lanes: int = 2
     #: fraction of the unique sequences held out (by a hash of the sequence)
@@ -69,13 +72,26 @@ class RealLMOptions:
     curve_steps: int = 1000
     eval_every: int = 100
     #: start of the dense baselines (Plain P, Sinkhorn P): paper (C = 1/v, uniform mu) or shipped (the FVT start)
-    baseline_start: str = "paper"
+    baseline_start: Literal["paper", "shipped"] = "paper"
     p_lr_sweep: PLrSweep = field(default_factory=PLrSweep)
     #: finetuning steps tried (one for every finetuning row: the best mean validation BpB of FT new tok. and FT
     #: orig. tok., the rows that do not depend on a P)
     ft_lr_sweep: list[float] = field(default_factory=lambda: [1e-4, 3e-4])
     #: checkpoint cadence of every arm (a killed lane resumes from here)
     ckpt_every: int = 50
+
+    def validate(self) -> None:
+        for key in ("lanes", "eval_every"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)}")
+        for key in ("curve_steps", "ckpt_every"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{key}: must be >= 0, got {getattr(self, key)}")
+        if not 0 < self.heldout_fraction < 1:
+            raise ConfigError(f"heldout_fraction: must be in (0, 1), got {self.heldout_fraction}")
+        grids = [self.p_lr_sweep.sparse, self.p_lr_sweep.softmax, self.p_lr_sweep.unconstrained, self.ft_lr_sweep]
+        if any(not g or min(g) <= 0 for g in grids):
+            raise ConfigError("p_lr_sweep.*, ft_lr_sweep: non-empty lists of learning rates > 0")
 
 
 @dataclass

@@ -469,8 +469,11 @@ def parse(argv):
     ap = argparse.ArgumentParser(prog="s2t2 reproduce", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scale", choices=["tiny", "small", "smollm2", "paper"], default="tiny")
-    ap.add_argument("--phase", choices=["select", "all"], default="all",
-                    help="smollm2: stop after the selection runs (seed 0, validation split), or run the table too")
+    ap.add_argument("--phase", choices=["select", "all", "report"], default="all",
+                    help="smollm2: stop after the selection runs (seed 0, validation split), run the table too, or "
+                         "run nothing and write the outputs from the finished arms")
+    ap.add_argument("--record", action="append", default=[], metavar="DIR",
+                    help="smollm2: a directory of finished arms' records (OUT/record of another run) to reuse")
     ap.add_argument("--out", default=None, help="output directory (default runs/reproduce_SCALE)")
     ap.add_argument("--ranks", type=int, default=1, help="ranks per stage run (1: in this process; N: torchrun)")
     ap.add_argument("--cache", default=None, help="cache of the pretrained source LMs (default OUT/source_lm)")
@@ -527,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         from s2t2_dist.recipes.reproduce_lm import run_smollm2
 
         res = run_smollm2(cfg, out, cache=Path(args.cache).resolve() if args.cache else None,
-                          echo=not args.quiet, phase=args.phase)
+                          echo=not args.quiet, phase=args.phase, records=[Path(r) for r in args.record])
         return 1 if res.get("failed") else 0
     try:
         run_local(cfg, out, ranks=args.ranks, cache=Path(args.cache).resolve() if args.cache else None,

@@ -203,12 +203,17 @@ def select(plan: LmPlan) -> dict:
 # results kept small: OUT/record/<job name>.json holds what later phases and the report read of a finished job
 
 
+#: further directories of arm records to reuse, read-only (`--record`: records kept from another machine)
+EXTRA_RECORDS: list[Path] = []
+
+
 def record_path(job: Job) -> Path:
     return Path(job.run_dir).parents[len(Path(job.name).parts)] / "record" / f"{job.name}.json"
 
 
 def read_result(job: Job) -> dict | None:
-    for p in (Path(job.result), record_path(job)):
+    # the record first: it is the result plus what the report reads from the run directory (the curve)
+    for p in (record_path(job), *(d / f"{job.name}.json" for d in EXTRA_RECORDS), Path(job.result)):
         if p.is_file():
             try:
                 r = json.loads(p.read_text())
@@ -233,7 +238,9 @@ def write_record(job: Job) -> None:
 def _eval_curve(run_dir: Path) -> list:
     from s2t2_dist.recipes.orchestrate import tb_scalars
 
-    pts = {}
+    pts: dict = {}
+    if not (run_dir / "tb" / "global").is_dir():
+        return []
     for tag in ("eval/bpb", "train/loss"):
         try:
             pts[tag] = tb_scalars(run_dir / "tb" / "global", tag)
@@ -312,6 +319,7 @@ class Lanes:
                     eta = f", about {fmt_seconds(rate * (total - n_done) / self.n)} left"
                 self.say(f"[lane {k}] [{n_done + len(running)}/{total}] {nxt.name}: {nxt.stage}"
                          f"   (t = {fmt_seconds(time.time() - t0)}{eta})")
+                ok = False
                 try:
                     r = runner.run(nxt.stage, ["--config", str(REPO_ROOT / nxt.config), *nxt.overrides],
                                    nxt.run_dir, nxt.name.replace("/", "_"), result_file=nxt.result)
@@ -320,11 +328,11 @@ class Lanes:
                     ok = True
                 except StageFailed as e:
                     self.say(f"[lane {k}] {nxt.name} FAILED: {str(e).splitlines()[0]}")
-                    ok = False
-                with lock:
-                    running.discard(nxt.name)
-                    (done.add if ok else failed.append)(nxt.name)
-                    lock.notify_all()
+                finally:  # whatever happened, the job leaves `running`: the other lanes never wait on it
+                    with lock:
+                        running.discard(nxt.name)
+                        (done.add if ok else failed.append)(nxt.name)
+                        lock.notify_all()
 
         threads = [threading.Thread(target=lane, args=(k,), daemon=True) for k in range(self.n)]
         for t in threads:
@@ -399,19 +407,23 @@ def residue_unigram(train_split_dir: Path, heldout_fasta: Path) -> dict:
 
 
 def run_smollm2(cfg: ReproduceConfig, out: Path, *, cache: Path | None = None, echo: bool = False,
-                phase: str = "all", say=print) -> dict:
+                phase: str = "all", records: list[Path] | None = None, say=print) -> dict:
+    """Run the phases up to `phase` (select | all; report: run nothing) and write the outputs from every finished
+    arm."""
     from s2t2_dist.config import save_config
     from s2t2_dist.recipes.orchestrate import unigram_reference
+    from s2t2_dist.recipes.reproduce_lm_report import write_outputs
     from s2t2_dist.recipes.smollm2 import smollm2
     from s2t2_dist.utils.io import atomic_write_json
 
     t0 = time.time()
+    EXTRA_RECORDS[:] = [Path(r) for r in records or []]
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "reproduce_config.yaml")
     say(f"S2T2 reproduction, scale {cfg.scale} -> {out}\n  seeds {cfg.seeds}, P {cfg.p_steps} steps, finetuning "
         f"{cfg.ft_steps} steps, batch {cfg.batch_size} x {cfg.context_len}, source {cfg.lm.source_vocab}, "
         f"{cfg.lm.lanes} lane(s), {cfg.lm.precision}")
-    model = str(smollm2(cache, log=lambda m: say("  " + m)))
+    model = cfg.lm.model or str(smollm2(cache, log=lambda m: say("  " + m)))
     paths, data_info = prepare_lm_data(out, cfg, model)
     say(f"[data] {data_info['corpus']['unique']} unique sequences: "
         f"{data_info['prepare']['train_records']} train, {data_info['prepare']['validation_records']} validation, "
@@ -424,20 +436,26 @@ def run_smollm2(cfg: ReproduceConfig, out: Path, *, cache: Path | None = None, e
     threads = max(1, (os.cpu_count() or 1) // cfg.lm.lanes)
 
     def runner(k: int) -> Runner:
-        return Runner(ranks=1, in_process=False, log_dir=out / "logs", echo=echo,
+        # one lane runs the stages in this process (no start-up per arm); lanes are processes of their own
+        return Runner(ranks=1, in_process=cfg.lm.lanes == 1, log_dir=out / "logs", echo=echo,
                       env={"OMP_NUM_THREADS": str(threads), "S2T2_LOG_LEVEL": "INFO"})
 
     lanes = Lanes(cfg.lm.lanes, runner, say=say)
-    failed = lanes.run(plan.select_jobs(), t0)
+    failed: list[str] = []
+    if phase != "report":
+        failed = lanes.run(plan.select_jobs(), t0)
     sel = select(plan)
     atomic_write_json(out / "selection.json", sel)
     say("[select] " + json.dumps(sel["chosen"]))
-    if phase == "select" or failed:
-        return {"selection": sel, "failed": failed}
     p_lrs, ft_lr = sel["chosen"]["p_lr"], sel["chosen"]["ft_lr"]
-    if ft_lr is None or any(v is None for v in p_lrs.values()):
-        return {"selection": sel, "failed": failed}
-    jobs = plan.table_jobs(p_lrs, ft_lr)
-    failed = lanes.run(jobs, t0)
-    atomic_write_json(out / "plan.json", [asdict(j) for j in jobs])
-    return {"selection": sel, "failed": failed, "jobs": jobs, "references": refs, "data": data_info}
+    ready = ft_lr is not None and all(v is not None for v in p_lrs.values())
+    jobs = plan.table_jobs(p_lrs, ft_lr) if ready else []
+    if ready and phase == "all" and not failed:
+        failed = lanes.run(jobs, t0)
+    from s2t2_dist.recipes.reproduce_lm_report import collect
+
+    results = collect(plan, jobs, sel, refs, extra={"config": asdict(cfg), "data": data_info, "failed": failed,
+                                                    "seconds": round(time.time() - t0, 1)})
+    for k, p in write_outputs(results, out).items():
+        say(f"  {k:<8} {p}")
+    return results

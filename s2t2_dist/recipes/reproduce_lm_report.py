@@ -1,0 +1,240 @@
+"""The real-LM reproduction's outputs: results.json, table1.md, report.md and plots, from the arms' records.
+
+Everything here reads finished arms only (`reproduce_lm.read_result`); a missing arm is listed, never guessed. The
+checks are the claims the reproduction tests, each on every seed (paired by seed)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+from s2t2_dist.recipes.paper_plan import PAPER_TABLE1, TABLE1
+
+#: rows of the table, in order: key -> label (Table 1's columns, then the training-free references)
+ROWS = {**TABLE1, "fvt": "FVT start (no training)"}
+#: the paired claims: (better, worse, margin in BpB)
+def label(key: str) -> str:
+    return f"{ROWS[key.removesuffix('_cft')]} + CFT" if key.endswith("_cft") else ROWS[key]
+
+
+ORDERING = [("s2t2", "sinkhorn_p", 0.0), ("s2t2", "plain_p", 0.0), ("s2t2_cft", "ft_new_tok", 0.02),
+            ("s2t2_cft", "plain_p_cft", 0.02), ("s2t2_cft", "sinkhorn_p_cft", 0.02)]
+
+
+def _stats(xs: list[float]) -> dict:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    if not xs:
+        return {"n": 0}
+    return {"n": len(xs), "mean": statistics.fmean(xs), "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+            "min": min(xs), "max": max(xs)}
+
+
+def collect(plan, jobs, selection: dict, references: dict, extra: dict | None = None) -> dict:
+    from s2t2_dist.recipes.reproduce_lm import read_result
+
+    rows: dict[str, dict] = {}
+    missing = []
+    for j in jobs:
+        if j.stage != "evaluate" or not j.role:
+            continue
+        _, key, seed = j.role
+        r = read_result(j)
+        if r is None:
+            missing.append(j.name)
+            continue
+        m = r["metrics"]
+        row = rows.setdefault(key, {"seeds": {}})
+        row["seeds"]["all" if seed is None else str(seed)] = {
+            "bpb": m["bpb"], "perplexity": m["perplexity"], "nll_per_token": m["nll_per_token"],
+            "tokens": m["tokens"], "bytes": m["bytes"], "docs": m["docs"], "run": j.name}
+        rows[key]["random_guess_bpb"] = m.get("random_guess_bpb")
+    for key, row in rows.items():
+        vals = list(row["seeds"].values())
+        row["bpb"] = _stats([v["bpb"] for v in vals])
+        row["perplexity"] = _stats([v["perplexity"] for v in vals])
+    results = {"scale": plan.cfg.scale, "rows": rows, "missing": missing, "selection": selection,
+               "references": references, "paper": {k: {"perplexity": a, "bpb": b}
+                                                   for k, (a, b) in PAPER_TABLE1.items()}}
+    results["curve"] = _curve(plan)
+    results["same_bytes"] = _same_bytes(rows)
+    results.update(extra or {})
+    results["checks"] = checks(results)
+    return results
+
+
+def _curve(plan) -> list[list[float]]:
+    from s2t2_dist.recipes.reproduce_lm import read_result
+
+    if not plan.cfg.lm.curve_steps:
+        return []
+    r = read_result(plan.curve()) or {}
+    pts: dict[int, float] = {}
+    for series in r.get("curve") or []:
+        if series["tag"] == "eval/bpb":
+            for s, v in series["points"]:
+                pts[int(s)] = float(v)
+    return [[s, pts[s]] for s in sorted(pts)]
+
+
+def _same_bytes(rows: dict) -> dict:
+    """Every row scored on the same held-out documents and bytes (the table is void otherwise)."""
+    seen = {(v["bytes"], v["docs"]) for r in rows.values() for v in r["seeds"].values()}
+    return {"ok": len(seen) <= 1, "bytes_docs": sorted(seen)}
+
+
+def _seed_values(results: dict, key: str) -> dict[str, float]:
+    row = results["rows"].get(key) or {}
+    return {s: v["bpb"] for s, v in (row.get("seeds") or {}).items()}
+
+
+def checks(results: dict) -> list[dict]:
+    out = []
+    refs = results["references"]
+    residue = refs["residue_unigram"]["bpb"]
+
+    def add(claim, ok, detail):
+        out.append({"claim": claim, "holds": ok, "detail": detail})
+
+    add("every row scored on the same held-out documents and bytes", results["same_bytes"]["ok"],
+        f"{results['same_bytes']['bytes_docs']}")
+    ft_rows = [k for k in ("plain_p_cft", "sinkhorn_p_cft", "s2t2_cft", "ft_orig_tok", "ft_new_tok")
+               if (results["rows"].get(k) or {}).get("bpb", {}).get("n")]
+    best = min(ft_rows, key=lambda k: results["rows"][k]["bpb"]["mean"]) if ft_rows else None
+    add("valid run: a finetuned row below the residue unigram",
+        None if best is None else results["rows"][best]["bpb"]["mean"] < residue,
+        "no finetuned row yet" if best is None else
+        f"best {best} {results['rows'][best]['bpb']['mean']:.4f} vs residue unigram {residue:.4f}")
+    s2 = results["rows"].get("s2t2", {}).get("bpb", {})
+    add("S2T2 P-only below the residue unigram", None if not s2.get("n") else s2["mean"] < residue,
+        "missing" if not s2.get("n") else f"{s2['mean']:.4f} vs {residue:.4f}")
+    for better, worse, margin in ORDERING:
+        a, b = _seed_values(results, better), _seed_values(results, worse)
+        paired = sorted(set(a) & set(b))
+        wins = [s for s in paired if a[s] < b[s] - margin]
+        diffs = ", ".join(f"seed {s}: {a[s] - b[s]:+.4f}" for s in paired)
+        add(f"{label(better)} below {label(worse)} by >= {margin} BpB on every seed",
+            None if not paired else len(wins) == len(paired), f"{len(wins)}/{len(paired)} seeds; {diffs}")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# text
+
+
+def _f(x, nd=4) -> str:
+    return "-" if x is None or not isinstance(x, (int, float)) or not math.isfinite(x) else f"{x:.{nd}f}"
+
+
+def table1_markdown(results: dict) -> str:
+    refs = results["references"]
+    seeds = sorted({s for r in results["rows"].values() for s in r["seeds"] if s != "all"})
+    head = ["row", "BpB (mean +- sd)", *[f"seed {s}" for s in seeds], "perplexity (mean)", "paper BpB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for key in ROWS:
+        r = results["rows"].get(key)
+        if not r:
+            continue
+        b = r["bpb"]
+        lab = label(key)
+        per = [_f(r["seeds"].get(s, {}).get("bpb")) for s in seeds]
+        if "all" in r["seeds"]:
+            per = [_f(r["seeds"]["all"]["bpb"])] * len(seeds)
+        paper = results["paper"].get(key, {}).get("bpb")
+        lines.append(f"| {lab} | {_f(b.get('mean'))} +- {_f(b.get('sd'), 3)} | " + " | ".join(per)
+                     + f" | {_f(r['perplexity'].get('mean'), 1)} | {_f(paper, 2)} |")
+    rg = next((r.get("random_guess_bpb") for r in results["rows"].values() if r.get("random_guess_bpb")), None)
+    lines += ["", f"References on the same held-out bytes: residue unigram {_f(refs['residue_unigram']['bpb'])} BpB, "
+              f"512-BPE token unigram {_f(refs['unigram_bpe']['bpb'])}, random guess (log2 u per token) {_f(rg)}."]
+    return "\n".join(lines) + "\n"
+
+
+def selection_markdown(sel: dict) -> str:
+    lines = ["| P kind | " + " | ".join(["step (lr)", "validation BpB"]) + " |", "|---|---|---|"]
+    for kind, scores in sel["p"].items():
+        for lr, v in scores.items():
+            mark = " (chosen)" if sel["chosen"]["p_lr"].get(kind) is not None and \
+                float(lr) == sel["chosen"]["p_lr"][kind] else ""
+            lines.append(f"| {kind} | {lr}{mark} | {_f(v)} |")
+    lines += ["", "| finetuning lr | FT new tok. | FT orig. tok. | mean |", "|---|---|---|---|"]
+    for lr, v in sel["ft"].items():
+        mark = " (chosen)" if sel["chosen"]["ft_lr"] is not None and float(lr) == sel["chosen"]["ft_lr"] else ""
+        lines.append(f"| {lr}{mark} | {_f(v['ft_new_tok'])} | {_f(v['ft_orig_tok'])} | {_f(v['mean'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def report_markdown(results: dict, plots: dict[str, Path], out: Path) -> str:
+    cfg = results.get("config", {})
+    parts = [f"# S2T2 with a real pretrained LM (scale {results['scale']})", ""]
+    parts += [f"Config: `{out / 'reproduce_config.yaml'}`. Seeds {cfg.get('seeds')}, P {cfg.get('p_steps')} steps, "
+              f"finetuning {cfg.get('ft_steps')} steps, batch {cfg.get('batch_size')} x {cfg.get('context_len')}.", ""]
+    parts += ["## Table 1 (held-out split)", "", table1_markdown(results)]
+    parts += ["## Claims", ""] + [f"- {'HOLDS' if c['holds'] else 'open' if c['holds'] is None else 'FAILS'}: "
+                                  f"{c['claim']} ({c['detail']})" for c in results["checks"]] + [""]
+    parts += ["## Selection (seed 0, validation split)", "", selection_markdown(results["selection"])]
+    if results["curve"]:
+        parts += ["## S2T2 P-only curve (validation BpB)", "",
+                  " ".join(f"{s}: {_f(v)}" for s, v in results["curve"]), ""]
+    if results["missing"]:
+        parts += ["## Not yet run", "", ", ".join(results["missing"]), ""]
+    for name, p in plots.items():
+        parts.append(f"![{name}]({p.relative_to(out)})")
+    return "\n".join(parts) + "\n"
+
+
+def plots(results: dict, out: Path) -> dict[str, Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = {}
+    d = out / "plots"
+    d.mkdir(parents=True, exist_ok=True)
+    refs = results["references"]
+    keys = [k for k in ROWS if k in results["rows"]]
+    if keys:
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        for i, k in enumerate(keys):
+            vals = [v["bpb"] for v in results["rows"][k]["seeds"].values()]
+            ax.scatter([i] * len(vals), vals, color="C0", s=18, zorder=3)
+            ax.bar(i, statistics.fmean(vals), color="C1" if k.startswith("s2t2") else "C7", alpha=0.6)
+        for val, lab, ls in ((refs["residue_unigram"]["bpb"], "residue unigram", "--"),
+                             (refs["unigram_bpe"]["bpb"], "512-BPE unigram", ":")):
+            ax.axhline(val, color="k", ls=ls, lw=1, label=lab)
+        ax.set_xticks(range(len(keys)))
+        ax.set_xticklabels([label(k) for k in keys], rotation=30, ha="right", fontsize=8)
+        lo = min(min(v["bpb"] for v in results["rows"][k]["seeds"].values()) for k in keys)
+        ax.set_ylim(lo - 0.15, max(refs["residue_unigram"]["bpb"], refs["unigram_bpe"]["bpb"]) + 0.6)
+        ax.set_ylabel("held-out bits per byte (dots: seeds)")
+        ax.set_title("Table 1 with SmolLM2-135M on proteins")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths["table1"] = d / "table1.png"
+        fig.savefig(paths["table1"], dpi=120)
+        plt.close(fig)
+    if results["curve"]:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        xs, ys = zip(*results["curve"])
+        ax.plot(xs, ys, marker="o", label="S2T2 P-only (validation)")
+        ax.axhline(refs["residue_unigram"]["bpb"], color="k", ls="--", lw=1, label="residue unigram (held out)")
+        ax.axhline(refs["unigram_bpe"]["bpb"], color="k", ls=":", lw=1, label="512-BPE unigram (held out)")
+        ax.set_xlabel("step (4 x 256 tokens)")
+        ax.set_ylabel("bits per byte")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths["curve"] = d / "curve.png"
+        fig.savefig(paths["curve"], dpi=120)
+        plt.close(fig)
+    return paths
+
+
+def write_outputs(results: dict, out: Path) -> dict[str, Path]:
+    from s2t2_dist.utils.io import atomic_write_json, atomic_write_text
+
+    pl = plots(results, out)
+    paths = {"results": out / "results.json", "table1": out / "table1.md", "report": out / "report.md", **pl}
+    atomic_write_json(paths["results"], results)
+    atomic_write_text(paths["table1"], table1_markdown(results))
+    atomic_write_text(paths["report"], report_markdown(results, pl, out))
+    return paths
