@@ -10,7 +10,8 @@ import pytest
 
 from s2t2_dist.recipes.paper_plan import Job, preset
 from s2t2_dist.recipes.protein_corpus import build_corpus, unique_sequences, source_files
-from s2t2_dist.recipes.reproduce_lm import Lanes, LmPaths, LmPlan, read_result, select, write_record
+from s2t2_dist.recipes.arm_records import read_result, write_record
+from s2t2_dist.recipes.reproduce_lm import Lanes, LmPaths, LmPlan, select
 from s2t2_dist.recipes.reproduce_lm_report import checks
 from s2t2_dist.recipes.orchestrate import StageFailed
 from stage_fixtures import run_cmd, tiny_olmo
@@ -99,21 +100,31 @@ def _record(job: Job, bpb: float) -> None:
 
 
 def test_selection_takes_the_lowest_validation_bpb_and_waits_for_every_run(tmp_path):
-    plan = _plan(tmp_path, ft_lr_sweep=[1e-4, 3e-4])
-    scores = {1e-4: 4.5, 3e-4: 4.3, 1e-3: 4.4}
-    for lr, v in scores.items():
-        _record(plan.p_arm("sparse", lr, 0), v)
+    plan = _plan(tmp_path, ft_lr_sweep=[1e-4, 3e-4], baseline_starts=["paper", "shipped"])
+    for arm, v in zip(plan.candidates("s2t2"), (4.5, 4.3, 4.4)):
+        _record(plan.p_arm(arm, 0), v)
+    # Sinkhorn P: its best step from the shipped start beats every step from the paper's
+    sink = plan.candidates("sinkhorn_p")
+    assert {a.start for a in sink} == {"paper", "shipped"} and len(sink) == 6
+    for k, arm in enumerate(sink):
+        _record(plan.p_arm(arm, 0), 4.0 if (arm.start, arm.lr) == ("shipped", 0.01) else 4.6 - k * 0.01)
     for lr, (new, orig) in {1e-4: (4.0, 4.2), 3e-4: (4.1, 4.0)}.items():
         _record(plan.ft_arm("new_tok_truncate", lr, 0, tag="new_tok"), new)
         _record(plan.ft_arm("orig_tok", lr, 0), orig)
     sel = select(plan)
-    assert sel["chosen"]["p_lr"]["sparse"] == 3e-4
-    assert sel["chosen"]["p_lr"]["softmax"] is None  # not run: nothing is chosen from a partial grid
+    assert sel["chosen"]["p"]["s2t2"]["lr"] == 3e-4 and sel["chosen"]["p"]["s2t2"]["alpha"] is None
+    assert sel["chosen"]["p"]["sinkhorn_p"] == {"kind": "softmax", "start": "shipped", "alpha": None, "lr": 0.01}
+    assert sel["chosen"]["p"]["plain_p"] is None  # not run: nothing is chosen from a partial grid
     assert sel["chosen"]["ft_lr"] == 3e-4  # mean 4.05 against 4.10
+    # names: the shipped start is S2T2's own, the paper's the baselines'; the other start and alpha 0 are tagged
+    names = {j.name for j in plan.select_jobs()}
+    assert {"seed0/translate_sparse_lr0.0003", "seed0/translate_softmax_lr0.1", "seed0/translate_softmax_fvt_lr0.1",
+            "seed0/translate_sparse_a0_lr0.001", "seed0/curve_s2t2"} <= names
     # the table's seed-0 arms at the chosen steps are the selection's runs
-    table = plan.table_jobs({"sparse": 3e-4, "softmax": 0.1, "unconstrained": 0.01}, 3e-4)
-    names = {j.name for j in table}
-    assert plan.p_arm("sparse", 3e-4, 0).name in names and "seed0/ft_new_tok_lr0.0003" in names
+    chosen = {c: plan.candidates(c)[0] for c in plan.columns()}
+    table = {j.name for j in plan.table_jobs(chosen, 3e-4)}
+    assert plan.p_arm(chosen["s2t2"], 0).name in table and "seed0/ft_new_tok_lr0.0003" in table
+    assert "seed2/ft_s2t2_cft_lr0.0003" in table and not any("s2t2_a0_cft" in n for n in table)
 
 
 def _results(rows: dict, residue=4.2) -> dict:
@@ -144,17 +155,18 @@ def test_smollm2_scale_end_to_end_on_a_tiny_model(tmp_path):
     out = tmp_path / "out"
     args = [sys.executable, "-m", "s2t2_dist.cli", "reproduce", "--scale", "smollm2", "--out", str(out), "--quiet",
             "seeds=[0]", "p_steps=2", "ft_steps=2", "eval_max_docs=3", "log_every=1", f"lm.model={model}",
-            "lm.lanes=1", "lm.curve_steps=2", "lm.eval_every=1", "lm.p_lr_sweep.sparse=[1e-4,1e-3]",
-            "lm.p_lr_sweep.softmax=[0.1]", "lm.p_lr_sweep.unconstrained=[0.01]", "lm.ft_lr_sweep=[1e-4]"]
+            "lm.lanes=1", "lm.curve_steps=2", "lm.eval_every=1", "lm.p_lr_sweep.sparse=[1e-4]",
+            "lm.p_lr_sweep.softmax=[0.1]", "lm.p_lr_sweep.unconstrained=[0.01]", "lm.ft_lr_sweep=[1e-4]",
+            "lm.baseline_starts=[paper]"]
     run_cmd(args, timeout=900)
     r = json.loads((out / "results.json").read_text())
     assert r["missing"] == [] and r["failed"] == []
     for key in ("plain_p", "plain_p_cft", "sinkhorn_p", "sinkhorn_p_cft", "s2t2", "s2t2_cft", "ft_orig_tok",
-                "ft_new_tok", "fvt"):
+                "ft_new_tok", "s2t2_a0", "fvt"):
         assert r["rows"][key]["bpb"]["n"] == 1, key
     assert r["same_bytes"]["ok"] and r["same_bytes"]["bytes_docs"][0][1] == 3
-    sparse = r["selection"]["p"]["sparse"]
-    assert r["selection"]["chosen"]["p_lr"]["sparse"] == float(min(sparse, key=sparse.get))
+    s2t2 = r["selection"]["p"]["s2t2"]
+    assert r["selection"]["chosen_label"]["s2t2"] == min(s2t2, key=s2t2.get)
     assert len(r["curve"]) >= 2 and r["references"]["residue_unigram"]["bpb"] > 3.5
     assert (out / "plots" / "table1.png").read_bytes()[:4] == b"\x89PNG" and (out / "table1.md").is_file()
     # a rerun reuses every finished arm; the records alone suffice once the run directories are gone

@@ -71,8 +71,10 @@ class RealLMOptions:
     #: the S2T2 P-only curve on seed 0: its steps (0: none) and how often it is scored on the validation split
     curve_steps: int = 1000
     eval_every: int = 100
-    #: start of the dense baselines (Plain P, Sinkhorn P): paper (C = 1/v, uniform mu) or shipped (the FVT start)
-    baseline_start: Literal["paper", "shipped"] = "paper"
+    #: starts the dense baselines (Plain P, Sinkhorn P) are selected from: paper (C = 1/v, uniform mu), shipped (FVT)
+    baseline_starts: list[str] = field(default_factory=lambda: ["paper", "shipped"])
+    #: also a P-only row of S2T2 at the paper's entropy weight alpha = 0 (its own step from the sparse grid)
+    s2t2_alpha0: bool = True
     p_lr_sweep: PLrSweep = field(default_factory=PLrSweep)
     #: finetuning steps tried (one for every finetuning row: the best mean validation BpB of FT new tok. and FT
     #: orig. tok., the rows that do not depend on a P)
@@ -89,6 +91,8 @@ class RealLMOptions:
                 raise ConfigError(f"{key}: must be >= 0, got {getattr(self, key)}")
         if not 0 < self.heldout_fraction < 1:
             raise ConfigError(f"heldout_fraction: must be in (0, 1), got {self.heldout_fraction}")
+        if not self.baseline_starts or set(self.baseline_starts) - {"paper", "shipped"}:
+            raise ConfigError(f"baseline_starts: a non-empty list of paper, shipped; got {self.baseline_starts}")
         grids = [self.p_lr_sweep.sparse, self.p_lr_sweep.softmax, self.p_lr_sweep.unconstrained, self.ft_lr_sweep]
         if any(not g or min(g) <= 0 for g in grids):
             raise ConfigError("p_lr_sweep.*, ft_lr_sweep: non-empty lists of learning rates > 0")

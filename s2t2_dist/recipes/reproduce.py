@@ -1,8 +1,10 @@
-"""`s2t2 reproduce --scale tiny|small|paper`: the paper's Table 1 and its transfer experiment (Figure 2).
+"""`s2t2 reproduce --scale tiny|small|smollm2|paper`: the paper's Table 1 and its transfer experiment (Figure 2).
 
     s2t2 reproduce --scale tiny                    # CI-sized: minutes on a CPU
     s2t2 reproduce --scale small --out runs/small  # ~3.5 min on 2 idle CPU cores; results: BENCHMARKS.md
     s2t2 reproduce --scale small seeds=[0,1] p_steps=200 alphas=[0,0.1]     # any key of ReproduceConfig
+    s2t2 reproduce --scale smollm2 --out runs/smollm2 --quiet   # Table 1 with a real pretrained LM (SmolLM2-135M)
+                                                   # on real proteins: hours on a CPU, resumable; recipes/reproduce_lm.py
     s2t2 reproduce --scale paper                   # PRINTS the SLURM submissions (OLMo-1B/7B, UniRef50)
     s2t2 reproduce --scale paper --collect runs/paper   # afterwards: the same table/plots from the cluster's runs
 

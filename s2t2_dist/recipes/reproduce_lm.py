@@ -24,11 +24,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from s2t2_dist.recipes.arm_records import EXTRA_RECORDS, read_result, write_record
 from s2t2_dist.recipes.orchestrate import REPO_ROOT, Runner, StageFailed, fmt_seconds
 from s2t2_dist.recipes.paper_plan import Job, ReproduceConfig
 
-#: translator kind per P column of Table 1
-P_COLUMNS = {"plain_p": "unconstrained", "sinkhorn_p": "softmax", "s2t2": "sparse"}
+#: translator kind per P column of Table 1 (s2t2_a0: S2T2 at the paper's entropy weight 0, a P-only row)
+P_COLUMNS = {"plain_p": "unconstrained", "sinkhorn_p": "softmax", "s2t2": "sparse", "s2t2_a0": "sparse"}
 #: the validation split's hash seed inside the training split (the held-out split uses protein_corpus.HELDOUT_SEED)
 VALIDATION_SEED = 1
 VALIDATION_FRACTION = 0.1
@@ -36,6 +37,20 @@ VALIDATION_FRACTION = 0.1
 
 def _lr_tag(lr: float) -> str:
     return f"lr{lr:g}"
+
+
+@dataclass
+class Arm:
+    """One way of learning a P: the translator kind, its start (shipped: the FVT start and its marginal; paper:
+    C = 1/v, uniform mu, alpha 0, no floor), its entropy weight (None: the kind's) and its step."""
+
+    kind: str
+    start: str
+    alpha: float | None
+    lr: float
+
+    def label(self) -> str:
+        return f"{self.start} start" + ("" if self.alpha is None else f", alpha {self.alpha:g}") + f", lr {self.lr:g}"
 
 
 @dataclass
@@ -112,12 +127,24 @@ class LmPlan:
                    role=role)
 
     # -- phases -----------------------------------------------------------------------------------------------
-    def p_start(self, kind: str) -> str:
-        return "shipped" if kind == "sparse" else self.cfg.lm.baseline_start
+    def candidates(self, col: str) -> list[Arm]:
+        """Every (start, alpha, step) a P column is selected from: S2T2 from the shipped start (its alpha, or the
+        paper's 0), the dense baselines from each of `lm.baseline_starts`."""
+        kind = P_COLUMNS[col]
+        grid = getattr(self.cfg.lm.p_lr_sweep, kind)
+        if kind == "sparse":
+            return [Arm(kind, "shipped", 0.0 if col == "s2t2_a0" else None, lr) for lr in grid]
+        return [Arm(kind, start, None, lr) for start in self.cfg.lm.baseline_starts for lr in grid]
 
-    def p_arm(self, kind: str, lr: float, seed: int) -> Job:
-        return self.translate(f"seed{seed}/translate_{kind}_{_lr_tag(lr)}", kind, lr, seed, self.cfg.p_steps,
-                              start=self.p_start(kind))
+    def columns(self) -> list[str]:
+        return [c for c in P_COLUMNS if c != "s2t2_a0" or self.cfg.lm.s2t2_alpha0]
+
+    def p_arm(self, arm: Arm, seed: int) -> Job:
+        # the shipped start is the sparse kind's own, the paper's the baselines' first: those names carry no tag
+        tag = ("_fvt" if arm.start == "shipped" and arm.kind != "sparse" else "") + \
+            ("_a0" if arm.alpha == 0 else "")
+        return self.translate(f"seed{seed}/translate_{arm.kind}{tag}_{_lr_tag(arm.lr)}", arm.kind, arm.lr, seed,
+                              self.cfg.p_steps, start=arm.start, alpha=arm.alpha)
 
     def ft_arm(self, kind: str, lr: float, seed: int, p_file: str = "", tag: str = "") -> Job:
         return self.finetune(f"seed{seed}/ft_{tag or kind}_{_lr_tag(lr)}", kind, lr, seed, p_file)
@@ -130,36 +157,35 @@ class LmPlan:
     def select_jobs(self) -> list[Job]:
         c, s0 = self.cfg, self.cfg.seeds[0]
         jobs = [self.curve()] if c.lm.curve_steps else []
-        grids = asdict(c.lm.p_lr_sweep)
-        for kind in ("sparse", "softmax", "unconstrained"):
-            jobs += [self.p_arm(kind, lr, s0) for lr in grids[kind]]
+        for col in self.columns():
+            jobs += [self.p_arm(a, s0) for a in self.candidates(col)]
         for lr in c.lm.ft_lr_sweep:
             jobs += [self.ft_arm("new_tok_truncate", lr, s0, tag="new_tok"), self.ft_arm("orig_tok", lr, s0)]
-        return jobs
+        # the order of first use: the arms of the S2T2 start first, the baselines' other start last
+        return sorted(jobs, key=lambda j: "_fvt_" in j.name)
 
-    def table_jobs(self, p_lrs: dict[str, float], ft_lr: float) -> list[Job]:
+    def table_jobs(self, chosen: dict[str, Arm], ft_lr: float) -> list[Job]:
         jobs: list[Job] = []
-        d = self.p.data
-        fvt = self.translate("refs/translate_fvt", "sparse", None, self.cfg.seeds[0], 0, start="shipped",
-                             alpha=None)
+        fvt = self.translate("refs/translate_fvt", "sparse", None, self.cfg.seeds[0], 0, start="shipped")
         fvt.overrides += ["translator.init=fvt", "translator.init_weight=1"]
         jobs += [fvt, self.evaluate("refs/eval_fvt", self.p.model, "translated", fvt.produces[0],
                                     role=("table1", "fvt", None))]
         for seed in self.cfg.seeds:
             s = f"seed{seed}"
-            for col, kind in P_COLUMNS.items():
-                t = self.p_arm(kind, p_lrs[kind], seed)
+            for col in self.columns():
+                t = self.p_arm(chosen[col], seed)
                 pf = t.produces[0]
-                ft = self.ft_arm("translated", ft_lr, seed, pf, tag=f"{col}_cft")
                 jobs += [t, self.evaluate(f"{s}/eval_{col}", self.p.model, "translated", pf,
-                                          role=("table1", col, seed)),
-                         ft, self.evaluate(f"{s}/eval_{col}_cft", ft.produces[0], "as_is",
+                                          role=("table1", col, seed))]
+                if col == "s2t2_a0":  # a P-only row beside S2T2's: the paper's entropy weight
+                    continue
+                ft = self.ft_arm("translated", ft_lr, seed, pf, tag=f"{col}_cft")
+                jobs += [ft, self.evaluate(f"{s}/eval_{col}_cft", ft.produces[0], "as_is",
                                            role=("table1", f"{col}_cft", seed))]
             for kind, col in (("orig_tok", "ft_orig_tok"), ("new_tok_truncate", "ft_new_tok")):
                 ft = self.ft_arm(kind, ft_lr, seed, tag="new_tok" if kind == "new_tok_truncate" else "")
                 jobs += [ft, self.evaluate(f"{s}/eval_{col}", ft.produces[0], "as_is", role=("table1", col, seed),
                                            source_tokens=kind == "orig_tok")]
-        del d
         return jobs
 
 
@@ -175,17 +201,19 @@ def validation_bpb(job: Job) -> float | None:
 
 
 def select(plan: LmPlan) -> dict:
-    """Each P kind's step and the one finetuning step, by validation BpB (None where a run is missing)."""
+    """Each P column's (start, alpha, step) and the one finetuning step, by validation BpB; a column is chosen only
+    once every candidate has run (None until then)."""
     c, s0 = plan.cfg, plan.cfg.seeds[0]
     out: dict = {"criterion": "validation BpB at the end of the run (seed 0; the validation split of the training "
                               "data)", "p": {}, "ft": {}}
-    grids = asdict(c.lm.p_lr_sweep)
     chosen: dict = {}
-    for kind in ("sparse", "softmax", "unconstrained"):
-        scores = {f"{lr:g}": validation_bpb(plan.p_arm(kind, lr, s0)) for lr in grids[kind]}
-        out["p"][kind] = scores
-        done = {k: v for k, v in scores.items() if v is not None}
-        chosen[kind] = float(min(done, key=done.get)) if len(done) == len(scores) else None
+    for col in plan.columns():
+        scores = {a.label(): (a, validation_bpb(plan.p_arm(a, s0))) for a in plan.candidates(col)}
+        out["p"][col] = {k: v for k, (_, v) in scores.items()}
+        done = [(v, a) for a, v in scores.values() if v is not None]
+        chosen[col] = asdict(min(done, key=lambda t: t[0])[1]) if len(done) == len(scores) else None
+        if chosen[col]:
+            out.setdefault("chosen_label", {})[col] = Arm(**chosen[col]).label()
     ft_scores = {}
     for lr in c.lm.ft_lr_sweep:
         a = validation_bpb(plan.ft_arm("new_tok_truncate", lr, s0, tag="new_tok"))
@@ -193,60 +221,10 @@ def select(plan: LmPlan) -> dict:
         ft_scores[f"{lr:g}"] = {"ft_new_tok": a, "ft_orig_tok": b,
                                 "mean": None if a is None or b is None else (a + b) / 2}
     out["ft"] = ft_scores
-    done = {k: v["mean"] for k, v in ft_scores.items() if v["mean"] is not None}
-    out["chosen"] = {"p_lr": chosen, "ft_lr": float(min(done, key=done.get)) if len(done) == len(ft_scores)
+    done_ft = {k: v["mean"] for k, v in ft_scores.items() if v["mean"] is not None}
+    out["chosen"] = {"p": chosen, "ft_lr": float(min(done_ft, key=done_ft.get)) if len(done_ft) == len(ft_scores)
                      else None}
     return out
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# results kept small: OUT/record/<job name>.json holds what later phases and the report read of a finished job
-
-
-#: further directories of arm records to reuse, read-only (`--record`: records kept from another machine)
-EXTRA_RECORDS: list[Path] = []
-
-
-def record_path(job: Job) -> Path:
-    return Path(job.run_dir).parents[len(Path(job.name).parts)] / "record" / f"{job.name}.json"
-
-
-def read_result(job: Job) -> dict | None:
-    # the record first: it is the result plus what the report reads from the run directory (the curve)
-    for p in (record_path(job), *(d / f"{job.name}.json" for d in EXTRA_RECORDS), Path(job.result)):
-        if p.is_file():
-            try:
-                r = json.loads(p.read_text())
-            except ValueError:
-                continue
-            if r.get("finished", True):
-                return r
-    return None
-
-
-def write_record(job: Job) -> None:
-    from s2t2_dist.utils.io import atomic_write_json
-
-    r = json.loads(Path(job.result).read_text())
-    if job.stage in ("translate", "finetune"):
-        r["curve"] = _eval_curve(Path(job.run_dir))
-    rp = record_path(job)
-    rp.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(rp, r)
-
-
-def _eval_curve(run_dir: Path) -> list:
-    from s2t2_dist.recipes.orchestrate import tb_scalars
-
-    pts: dict = {}
-    if not (run_dir / "tb" / "global").is_dir():
-        return []
-    for tag in ("eval/bpb", "train/loss"):
-        try:
-            pts[tag] = tb_scalars(run_dir / "tb" / "global", tag)
-        except (OSError, ValueError):
-            pts[tag] = []
-    return [{"tag": t, "points": [[int(s), float(v)] for s, v in p]} for t, p in pts.items()]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -379,27 +357,45 @@ def _prepare_summary(summary: dict) -> dict:
             "bytes_per_token": {k: v.get("bytes_per_token") for k, v in comp.items()}}
 
 
-def residue_unigram(train_split_dir: Path, heldout_fasta: Path) -> dict:
-    """Bits per byte of the train split's residue frequencies (add-one smoothed) on the held-out sequences: a model
-    that knows only how common each amino acid is (one byte per residue)."""
+def _split_texts(split_dir: Path) -> list[str]:
+    out = []
+    for part in sorted(Path(split_dir).glob("*.jsonl")):
+        with open(part) as f:
+            out += [json.loads(line)["text"] for line in f]
+    return out
+
+
+def residue_unigram(train_texts: list[str], scored_texts: list[str]) -> dict:
+    """Bits per byte of the train split's residue frequencies (add-one smoothed) on other sequences: a model that
+    knows only how common each amino acid is (one byte per residue)."""
     import math
     from collections import Counter
 
-    from s2t2_dist.data.fasta import read_fasta
-
     counts: Counter = Counter()
-    for part in sorted(Path(train_split_dir).glob("*.jsonl")):
-        with open(part) as f:
-            for line in f:
-                counts.update(json.loads(line)["text"])
-    held: Counter = Counter()
-    for rec in read_fasta(heldout_fasta):
-        held.update(rec.text.upper())
-    alphabet = set(counts) | set(held)
+    for t in train_texts:
+        counts.update(t)
+    scored: Counter = Counter()
+    for t in scored_texts:
+        scored.update(t.upper())
+    alphabet = set(counts) | set(scored)
     total = sum(counts.values()) + len(alphabet)
-    n_bytes = sum(held.values())
-    nll = -sum(n * math.log((counts[a] + 1) / total) for a, n in held.items())
+    n_bytes = sum(scored.values())
+    nll = -sum(n * math.log((counts[a] + 1) / total) for a, n in scored.items())
     return {"bpb": nll / (math.log(2) * n_bytes), "letters": len(alphabet), "bytes": n_bytes}
+
+
+def references(paths: LmPaths) -> dict:
+    """The training-free lines, on the held-out split (the table's) and on the validation split (the curve's)."""
+    from s2t2_dist.data.fasta import read_fasta
+    from s2t2_dist.recipes.orchestrate import unigram_reference
+
+    train = _split_texts(paths.data / "splits" / "train")
+    held = [r.text for r in read_fasta(paths.out / "data" / "corpus" / "heldout.fasta")]
+    new = paths.data / "shards" / "new"
+    return {"unigram_bpe": unigram_reference(new / "train", paths.heldout_new),
+            "residue_unigram": residue_unigram(train, held),
+            "validation": {"unigram_bpe": unigram_reference(new / "train", new / "eval"),
+                           "residue_unigram": residue_unigram(train, _split_texts(paths.data / "splits" / "eval"))}}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -411,7 +407,6 @@ def run_smollm2(cfg: ReproduceConfig, out: Path, *, cache: Path | None = None, e
     """Run the phases up to `phase` (select | all; report: run nothing) and write the outputs from every finished
     arm."""
     from s2t2_dist.config import save_config
-    from s2t2_dist.recipes.orchestrate import unigram_reference
     from s2t2_dist.recipes.reproduce_lm_report import write_outputs
     from s2t2_dist.recipes.smollm2 import smollm2
     from s2t2_dist.utils.io import atomic_write_json
@@ -428,9 +423,7 @@ def run_smollm2(cfg: ReproduceConfig, out: Path, *, cache: Path | None = None, e
     say(f"[data] {data_info['corpus']['unique']} unique sequences: "
         f"{data_info['prepare']['train_records']} train, {data_info['prepare']['validation_records']} validation, "
         f"{data_info['corpus']['heldout']['sequences']} held out")
-    refs = {"unigram_bpe": unigram_reference(paths.data / "shards" / "new" / "train", paths.heldout_new),
-            "residue_unigram": residue_unigram(paths.data / "splits" / "train",
-                                               out / "data" / "corpus" / "heldout.fasta")}
+    refs = references(paths)
     atomic_write_json(out / "references.json", {**refs, "data": data_info})
     plan = LmPlan(cfg, paths)
     threads = max(1, (os.cpu_count() or 1) // cfg.lm.lanes)
@@ -447,9 +440,9 @@ def run_smollm2(cfg: ReproduceConfig, out: Path, *, cache: Path | None = None, e
     sel = select(plan)
     atomic_write_json(out / "selection.json", sel)
     say("[select] " + json.dumps(sel["chosen"]))
-    p_lrs, ft_lr = sel["chosen"]["p_lr"], sel["chosen"]["ft_lr"]
-    ready = ft_lr is not None and all(v is not None for v in p_lrs.values())
-    jobs = plan.table_jobs(p_lrs, ft_lr) if ready else []
+    chosen, ft_lr = sel["chosen"]["p"], sel["chosen"]["ft_lr"]
+    ready = ft_lr is not None and all(v is not None for v in chosen.values())
+    jobs = plan.table_jobs({k: Arm(**v) for k, v in chosen.items()}, ft_lr) if ready else []
     if ready and phase == "all" and not failed:
         failed = lanes.run(jobs, t0)
     from s2t2_dist.recipes.reproduce_lm_report import collect

@@ -12,7 +12,7 @@ from pathlib import Path
 from s2t2_dist.recipes.paper_plan import PAPER_TABLE1, TABLE1
 
 #: rows of the table, in order: key -> label (Table 1's columns, then the training-free references)
-ROWS = {**TABLE1, "fvt": "FVT start (no training)"}
+ROWS = {**TABLE1, "s2t2_a0": "S2T2, alpha 0 (paper)", "fvt": "FVT start (no training)"}
 #: the paired claims: (better, worse, margin in BpB)
 def label(key: str) -> str:
     return f"{ROWS[key.removesuffix('_cft')]} + CFT" if key.endswith("_cft") else ROWS[key]
@@ -31,7 +31,7 @@ def _stats(xs: list[float]) -> dict:
 
 
 def collect(plan, jobs, selection: dict, references: dict, extra: dict | None = None) -> dict:
-    from s2t2_dist.recipes.reproduce_lm import read_result
+    from s2t2_dist.recipes.arm_records import read_result
 
     rows: dict[str, dict] = {}
     missing = []
@@ -64,7 +64,7 @@ def collect(plan, jobs, selection: dict, references: dict, extra: dict | None = 
 
 
 def _curve(plan) -> list[list[float]]:
-    from s2t2_dist.recipes.reproduce_lm import read_result
+    from s2t2_dist.recipes.arm_records import read_result
 
     if not plan.cfg.lm.curve_steps:
         return []
@@ -150,15 +150,15 @@ def table1_markdown(results: dict) -> str:
 
 
 def selection_markdown(sel: dict) -> str:
-    lines = ["| P kind | " + " | ".join(["step (lr)", "validation BpB"]) + " |", "|---|---|---|"]
-    for kind, scores in sel["p"].items():
-        for lr, v in scores.items():
-            mark = " (chosen)" if sel["chosen"]["p_lr"].get(kind) is not None and \
-                float(lr) == sel["chosen"]["p_lr"][kind] else ""
-            lines.append(f"| {kind} | {lr}{mark} | {_f(v)} |")
+    lines = ["| P column | candidate | validation BpB |", "|---|---|---|"]
+    for col, scores in sel["p"].items():
+        ch = (sel.get("chosen_label") or {}).get(col)
+        for cand, v in scores.items():
+            mark = " **(chosen)**" if cand == ch else ""
+            lines.append(f"| {label(col)} | {cand}{mark} | {_f(v)} |")
     lines += ["", "| finetuning lr | FT new tok. | FT orig. tok. | mean |", "|---|---|---|---|"]
     for lr, v in sel["ft"].items():
-        mark = " (chosen)" if sel["chosen"]["ft_lr"] is not None and float(lr) == sel["chosen"]["ft_lr"] else ""
+        mark = " **(chosen)**" if sel["chosen"]["ft_lr"] is not None and float(lr) == sel["chosen"]["ft_lr"] else ""
         lines.append(f"| {lr}{mark} | {_f(v['ft_new_tok'])} | {_f(v['ft_orig_tok'])} | {_f(v['mean'])} |")
     return "\n".join(lines) + "\n"
 
@@ -173,8 +173,11 @@ def report_markdown(results: dict, plots: dict[str, Path], out: Path) -> str:
                                   f"{c['claim']} ({c['detail']})" for c in results["checks"]] + [""]
     parts += ["## Selection (seed 0, validation split)", "", selection_markdown(results["selection"])]
     if results["curve"]:
-        parts += ["## S2T2 P-only curve (validation BpB)", "",
-                  " ".join(f"{s}: {_f(v)}" for s, v in results["curve"]), ""]
+        val = results["references"].get("validation") or {}
+        parts += ["## S2T2 P-only curve (validation BpB, seed 0)", "",
+                  " ".join(f"{s}: {_f(v)}" for s, v in results["curve"]), "",
+                  f"On the validation split: residue unigram {_f((val.get('residue_unigram') or {}).get('bpb'))}, "
+                  f"512-BPE unigram {_f((val.get('unigram_bpe') or {}).get('bpb'))}.", ""]
     if results["missing"]:
         parts += ["## Not yet run", "", ", ".join(results["missing"]), ""]
     for name, p in plots.items():
@@ -216,9 +219,11 @@ def plots(results: dict, out: Path) -> dict[str, Path]:
     if results["curve"]:
         fig, ax = plt.subplots(figsize=(6, 4))
         xs, ys = zip(*results["curve"])
-        ax.plot(xs, ys, marker="o", label="S2T2 P-only (validation)")
-        ax.axhline(refs["residue_unigram"]["bpb"], color="k", ls="--", lw=1, label="residue unigram (held out)")
-        ax.axhline(refs["unigram_bpe"]["bpb"], color="k", ls=":", lw=1, label="512-BPE unigram (held out)")
+        val = refs.get("validation") or refs
+        ax.plot(xs, ys, marker="o", label="S2T2 P-only")
+        ax.axhline(val["residue_unigram"]["bpb"], color="k", ls="--", lw=1, label="residue unigram")
+        ax.axhline(val["unigram_bpe"]["bpb"], color="k", ls=":", lw=1, label="512-BPE unigram")
+        ax.set_title("validation split, seed 0")
         ax.set_xlabel("step (4 x 256 tokens)")
         ax.set_ylabel("bits per byte")
         ax.legend(fontsize=8)
