@@ -49,7 +49,7 @@ class PLrSweep:
     """Step sizes (absolute AdamW lr) tried for each translator kind; each grid holds the kind's automatic step
     (sparse 0.025/v, softmax 0.1, unconstrained 2.5/v; v = 235 at single_byte) and the paper's 1e-3."""
 
-    sparse: list[float] = field(default_factory=lambda: [1e-4, 3e-4, 1e-3])
+    sparse: list[float] = field(default_factory=lambda: [3e-5, 1e-4, 3e-4, 1e-3])
     softmax: list[float] = field(default_factory=lambda: [1e-3, 1e-2, 1e-1])
     unconstrained: list[float] = field(default_factory=lambda: [1e-3, 1e-2, 1e-1])
 

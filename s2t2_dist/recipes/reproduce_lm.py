@@ -214,6 +214,9 @@ def select(plan: LmPlan) -> dict:
         chosen[col] = asdict(min(done, key=lambda t: t[0])[1]) if len(done) == len(scores) else None
         if chosen[col]:
             out.setdefault("chosen_label", {})[col] = Arm(**chosen[col]).label()
+            grid = getattr(c.lm.p_lr_sweep, chosen[col]["kind"])
+            if chosen[col]["lr"] in (min(grid), max(grid)):  # the optimum may lie outside: widen the grid
+                out.setdefault("at_grid_edge", []).append(col)
     ft_scores = {}
     for lr in c.lm.ft_lr_sweep:
         a = validation_bpb(plan.ft_arm("new_tok_truncate", lr, s0, tag="new_tok"))

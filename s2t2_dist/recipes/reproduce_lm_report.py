@@ -156,6 +156,9 @@ def selection_markdown(sel: dict) -> str:
         for cand, v in scores.items():
             mark = " **(chosen)**" if cand == ch else ""
             lines.append(f"| {label(col)} | {cand}{mark} | {_f(v)} |")
+    if sel.get("at_grid_edge"):
+        lines += ["", "Chosen at an end of its grid (the best step may lie beyond it): "
+                  + ", ".join(label(c) for c in sel["at_grid_edge"]) + "."]
     lines += ["", "| finetuning lr | FT new tok. | FT orig. tok. | mean |", "|---|---|---|---|"]
     for lr, v in sel["ft"].items():
         mark = " **(chosen)**" if sel["chosen"]["ft_lr"] is not None and float(lr) == sel["chosen"]["ft_lr"] else ""
