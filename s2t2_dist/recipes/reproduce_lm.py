@@ -209,6 +209,12 @@ def select(plan: LmPlan) -> dict:
     chosen: dict = {}
     for col in plan.columns():
         scores = {a.label(): (a, validation_bpb(plan.p_arm(a, s0))) for a in plan.candidates(col)}
+        for a in plan.candidates(col):  # how sparse each P ended, and how much of C still learned
+            r = read_result(plan.p_arm(a, s0)) or {}
+            if r:
+                out.setdefault("p_end", {}).setdefault(col, {})[a.label()] = {
+                    "sources_per_target": ((r.get("P") or {}).get("end") or {}).get("col_nnz_mean"),
+                    "live_grad_frac": (r.get("gradient_on_C") or {}).get("live_grad_frac_at_end")}
         out["p"][col] = {k: v for k, (_, v) in scores.items()}
         done = [(v, a) for a, v in scores.values() if v is not None]
         chosen[col] = asdict(min(done, key=lambda t: t[0])[1]) if len(done) == len(scores) else None

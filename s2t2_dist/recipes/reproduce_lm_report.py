@@ -150,12 +150,16 @@ def table1_markdown(results: dict) -> str:
 
 
 def selection_markdown(sel: dict) -> str:
-    lines = ["| P column | candidate | validation BpB |", "|---|---|---|"]
+    lines = ["| P column | candidate | validation BpB | sources per target token (end) | C with a gradient |",
+             "|---|---|---|---|---|"]
     for col, scores in sel["p"].items():
         ch = (sel.get("chosen_label") or {}).get(col)
         for cand, v in scores.items():
             mark = " **(chosen)**" if cand == ch else ""
-            lines.append(f"| {label(col)} | {cand}{mark} | {_f(v)} |")
+            end = ((sel.get("p_end") or {}).get(col) or {}).get(cand) or {}
+            live = end.get("live_grad_frac")
+            lines.append(f"| {label(col)} | {cand}{mark} | {_f(v)} | {_f(end.get('sources_per_target'), 2)} | "
+                         f"{'-' if live is None else f'{100 * live:.2f}%'} |")
     if sel.get("at_grid_edge"):
         lines += ["", "Chosen at an end of its grid (the best step may lie beyond it): "
                   + ", ".join(label(c) for c in sel["at_grid_edge"]) + "."]
@@ -174,9 +178,11 @@ def report_markdown(results: dict, plots: dict[str, Path], out: Path) -> str:
     parts += ["## Table 1 (held-out split)", "", table1_markdown(results)]
     parts += ["## Claims", ""] + [f"- {'HOLDS' if c['holds'] else 'open' if c['holds'] is None else 'FAILS'}: "
                                   f"{c['claim']} ({c['detail']})" for c in results["checks"]] + [""]
-    parts += ["## Selection (seed 0, validation split)", "", selection_markdown(results["selection"])]
+    val = results["references"].get("validation") or {}
+    parts += ["## Selection (seed 0, validation split)", "", selection_markdown(results["selection"]),
+              f"Validation split: residue unigram {_f((val.get('residue_unigram') or {}).get('bpb'))}, 512-BPE "
+              f"unigram {_f((val.get('unigram_bpe') or {}).get('bpb'))} BpB.", ""]
     if results["curve"]:
-        val = results["references"].get("validation") or {}
         parts += ["## S2T2 P-only curve (validation BpB, seed 0)", "",
                   " ".join(f"{s}: {_f(v)}" for s, v in results["curve"]), "",
                   f"On the validation split: residue unigram {_f((val.get('residue_unigram') or {}).get('bpb'))}, "
