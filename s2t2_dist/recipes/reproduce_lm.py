@@ -459,5 +459,5 @@ def run_smollm2(cfg: ReproduceConfig, out: Path, *, cache: Path | None = None, e
     results = collect(plan, jobs, sel, refs, extra={"config": asdict(cfg), "data": data_info, "failed": failed,
                                                     "seconds": round(time.time() - t0, 1)})
     for k, p in write_outputs(results, out).items():
-        say(f"  {k:<8} {p}")
+        say(f"  {k:<12} {p}")
     return results

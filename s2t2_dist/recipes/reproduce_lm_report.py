@@ -247,8 +247,9 @@ def write_outputs(results: dict, out: Path) -> dict[str, Path]:
     from s2t2_dist.utils.io import atomic_write_json, atomic_write_text
 
     pl = plots(results, out)
-    paths = {"results": out / "results.json", "table1": out / "table1.md", "report": out / "report.md", **pl}
+    paths = {"results": out / "results.json", "table": out / "table1.md", "report": out / "report.md",
+             **{f"plot {k}": p for k, p in pl.items()}}
     atomic_write_json(paths["results"], results)
-    atomic_write_text(paths["table1"], table1_markdown(results))
+    atomic_write_text(paths["table"], table1_markdown(results))
     atomic_write_text(paths["report"], report_markdown(results, pl, out))
     return paths
