@@ -124,7 +124,10 @@ def test_selection_takes_the_lowest_validation_bpb_and_waits_for_every_run(tmp_p
     chosen = {c: plan.candidates(c)[0] for c in plan.columns()}
     table = {j.name for j in plan.table_jobs(chosen, 3e-4)}
     assert plan.p_arm(chosen["s2t2"], 0).name in table and "seed0/ft_new_tok_lr0.0003" in table
-    assert "seed2/ft_s2t2_cft_lr0.0003" in table and not any("s2t2_a0_cft" in n for n in table)
+    arm = plan.p_arm(chosen["s2t2"], 2).name.split("/translate_")[1]  # sparse_lr3e-05
+    assert {f"seed2/ft_cft_{arm}_lr0.0003", f"seed2/eval_cft_{arm}_lr0.0003", f"seed2/eval_{arm}",
+            "seed2/eval_new_tok_lr0.0003", "seed2/eval_orig_tok_lr0.0003"} <= table
+    assert not any("cft_sparse_a0" in n for n in table)  # the alpha-0 row is P-only
 
 
 def _results(rows: dict, residue=4.2) -> dict:
@@ -173,7 +176,7 @@ def test_smollm2_scale_end_to_end_on_a_tiny_model(tmp_path):
     # a rerun reuses every finished arm; the records alone suffice once the run directories are gone
     import shutil
 
-    shutil.rmtree(out / "runs" / "seed0" / "eval_s2t2")
+    shutil.rmtree(out / "runs" / "seed0" / "eval_sparse_lr0.0001")
     proc = run_cmd(args, timeout=300)
     assert "] seed0/" not in proc.stdout, proc.stdout
     assert json.loads((out / "results.json").read_text())["rows"] == r["rows"]

@@ -170,22 +170,24 @@ class LmPlan:
         fvt.overrides += ["translator.init=fvt", "translator.init_weight=1"]
         jobs += [fvt, self.evaluate("refs/eval_fvt", self.p.model, "translated", fvt.produces[0],
                                     role=("table1", "fvt", None))]
+        # every name spells the whole arm (its P's start, alpha and step; the finetuning step), so a record can
+        # never stand for another choice than the one it was made with
         for seed in self.cfg.seeds:
             s = f"seed{seed}"
             for col in self.columns():
                 t = self.p_arm(chosen[col], seed)
-                pf = t.produces[0]
-                jobs += [t, self.evaluate(f"{s}/eval_{col}", self.p.model, "translated", pf,
+                pf, arm = t.produces[0], t.name.split("/translate_", 1)[1]
+                jobs += [t, self.evaluate(f"{s}/eval_{arm}", self.p.model, "translated", pf,
                                           role=("table1", col, seed))]
                 if col == "s2t2_a0":  # a P-only row beside S2T2's: the paper's entropy weight
                     continue
-                ft = self.ft_arm("translated", ft_lr, seed, pf, tag=f"{col}_cft")
-                jobs += [ft, self.evaluate(f"{s}/eval_{col}_cft", ft.produces[0], "as_is",
+                ft = self.ft_arm("translated", ft_lr, seed, pf, tag=f"cft_{arm}")
+                jobs += [ft, self.evaluate(f"{s}/eval_{ft.name.split('/ft_', 1)[1]}", ft.produces[0], "as_is",
                                            role=("table1", f"{col}_cft", seed))]
             for kind, col in (("orig_tok", "ft_orig_tok"), ("new_tok_truncate", "ft_new_tok")):
                 ft = self.ft_arm(kind, ft_lr, seed, tag="new_tok" if kind == "new_tok_truncate" else "")
-                jobs += [ft, self.evaluate(f"{s}/eval_{col}", ft.produces[0], "as_is", role=("table1", col, seed),
-                                           source_tokens=kind == "orig_tok")]
+                jobs += [ft, self.evaluate(f"{s}/eval_{ft.name.split('/ft_', 1)[1]}", ft.produces[0], "as_is",
+                                           role=("table1", col, seed), source_tokens=kind == "orig_tok")]
         return jobs
 
 
