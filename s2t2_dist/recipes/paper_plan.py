@@ -49,8 +49,11 @@ class PLrSweep:
     """Step sizes (absolute AdamW lr) tried for each translator kind; each grid holds the kind's automatic step
     (sparse 0.025/v, softmax 0.1, unconstrained 2.5/v; v = 235 at single_byte) and the paper's 1e-3."""
 
+    #: S2T2's steps (its automatic step is 0.025/v: 1.06e-4 at v = 235)
     sparse: list[float] = field(default_factory=lambda: [3e-5, 1e-4, 3e-4, 1e-3])
+    #: Sinkhorn P's steps (automatic: 0.1)
     softmax: list[float] = field(default_factory=lambda: [1e-3, 1e-2, 1e-1])
+    #: Plain P's steps (automatic: 2.5/v)
     unconstrained: list[float] = field(default_factory=lambda: [1e-3, 1e-2, 1e-1])
 
 
@@ -75,6 +78,7 @@ class RealLMOptions:
     baseline_starts: list[str] = field(default_factory=lambda: ["paper", "shipped"])
     #: also a P-only row of S2T2 at the paper's entropy weight alpha = 0 (its own step from the sparse grid)
     s2t2_alpha0: bool = True
+    #: the step sizes each P column is selected from (validation split, seed 0)
     p_lr_sweep: PLrSweep = field(default_factory=PLrSweep)
     #: finetuning steps tried (one for every finetuning row: the best mean validation BpB of FT new tok. and FT
     #: orig. tok., the rows that do not depend on a P)
@@ -100,7 +104,9 @@ class RealLMOptions:
 
 @dataclass
 class ReproduceConfig:
+    #: the preset (--scale)
     scale: str = "tiny"
+    #: paired seeds: every row runs each
     seeds: list[int] = field(default_factory=lambda: [0])
     #: target BPE vocabulary (paper: 512 with OLMo's 50k rows; locally <= the byte LMs' 264 rows)
     vocab_size: int = 256
@@ -123,7 +129,9 @@ class ReproduceConfig:
     #: held-out documents scored (0: all)
     eval_max_docs: int = 0
     log_every: int = 2
+    #: local scales: the small source LM (Table 1, P learned for the transfer)
     small: SourceRecipe = field(default_factory=SourceRecipe)
+    #: local scales: the larger source LM the transfer applies P to
     large: SourceRecipe = field(default_factory=SourceRecipe)
     #: the real-LM scale's keys
     lm: RealLMOptions = field(default_factory=RealLMOptions)

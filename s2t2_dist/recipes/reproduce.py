@@ -468,9 +468,10 @@ def _one_line(j: Job, r: dict) -> str:
 
 
 def parse(argv):
-    ap = argparse.ArgumentParser(prog="s2t2 reproduce", description=__doc__.splitlines()[0],
+    ap = argparse.ArgumentParser(prog="s2t2 reproduce", description=__doc__.splitlines()[0], epilog=_epilog(),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scale", choices=["tiny", "small", "smollm2", "paper"], default="tiny")
+    ap.add_argument("--scale", choices=["tiny", "small", "smollm2", "paper"], default="tiny",
+                    help="the preset (default tiny): see the scales below")
     ap.add_argument("--phase", choices=["select", "all", "report"], default="all",
                     help="smollm2: stop after the selection runs (seed 0, validation split), run the table too, or "
                          "run nothing and write the outputs from the finished arms")
@@ -485,6 +486,29 @@ def parse(argv):
     ap.add_argument("overrides", nargs="*", help="ReproduceConfig keys, e.g. seeds=[0,1] p_steps=50 alphas=[0,0.1]")
     args = ap.parse_args(argv)
     return args, with_overrides(preset(args.scale), args.overrides)
+
+
+SCALES = {
+    "tiny": "two byte-level English LMs pretrained here, the shipped protein sample: minutes on a CPU (CI)",
+    "small": "the same at 3 seeds x 200 steps with a P step sweep: ~3.5 min on 2 idle CPU cores",
+    "smollm2": "SmolLM2-135M-Instruct on every shipped protein set: a selection on seed 0 (~4-5 h on 2 cores), "
+               "then ~2 h a seed; resumable (--record)",
+    "paper": "prints the SLURM submissions (OLMo-1B / OLMo-7B on UniRef50); --collect reads their results",
+}
+
+
+def _epilog() -> str:
+    from s2t2_dist.config_docs import config_rows
+
+    lines = ["scales:"] + [f"  {k:<8} {v}" for k, v in SCALES.items()]
+    lines += ["", "keys (dotted key=value after the options; each scale presets its own values, e.g. "
+              "`s2t2 reproduce --scale smollm2 seeds=[0]`; defaults shown are the tiny preset's):"]
+    for r in config_rows(ReproduceConfig, default_obj=preset("tiny")):
+        if r.type == "section":
+            lines.append(f"  [{r.key}] {r.doc}")
+        else:
+            lines.append(f"  {r.key}: {r.type} = {r.default}" + (f"  # {r.doc}" if r.doc else ""))
+    return "\n".join(lines)
 
 
 def with_overrides(cfg: ReproduceConfig, overrides: list[str]) -> ReproduceConfig:
