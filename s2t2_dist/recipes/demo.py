@@ -162,7 +162,7 @@ def run(args) -> dict:
         ph.start("source", "source LM: stories260K (real, pretrained on TinyStories) -> Hugging Face format")
         model = stories260k(cache)
         # the shipped defaults (FVT start, alpha 0.3, floor 1) at lr 0.01/v = 2e-5 for stories260K's v = 512 source
-        # tokens: on these proteins the best measured stage 1 (BENCHMARKS.md #16, measured on the earlier split by id)
+        # tokens: on these proteins the best measured stage 1 (docs/translator.md, "Step size"; on the split by id)
         recipe, p_lr = ("paper", args.p_lr) if args.p_lr else ("default", 0.01 / 512)
         results["source_lm"] = {"path": str(model), "kind": "stories260K: llama2.c's 260K-parameter Llama, vocabulary 512"}
     else:

@@ -40,9 +40,8 @@ class ModelConfig(ModelPathConfig):
     """The `model:` section (path, trust_remote_code: ModelPathConfig, shared with finetune and evaluate) and what
     stage 1 adds: source tokens, activation checkpointing and partitioning."""
 
-    #: source tokens P translates from: all (every real token), single_byte (tokens of exactly one byte: the
-    #: paper's "bytes", 243 on OLMo), single_char (tokens of one character: 1,004 on OLMo, 876 multi-byte, so NOT
-    #: bytes), or a file of ids
+    #: source tokens P translates from: all (every real token), single_byte (one byte: the paper's "bytes"),
+    #: single_char (one character, often several bytes), or a file of ids (docs/translator.md)
     source_vocab: str = "all"
     #: recompute each block's activations in backward (less memory, about a third more compute)
     activation_checkpointing: bool = False

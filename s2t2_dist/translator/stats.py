@@ -305,11 +305,11 @@ def p_sparsity(stats: PStats, batch=None):
 
 def sparsity_warning(start: dict, end: dict) -> str:
     """'' unless the learned P has no fewer non-zeros per column than its start and no lower column entropy, and
-    more than 5% non-zeros (the #24 target: a sparse start that stays as sparse is what the shipped recipe does)."""
+    more than 5% non-zeros (a sparse start that stays as sparse is what the shipped recipe does)."""
     if end["col_nnz_mean"] < start["col_nnz_mean"] or end["col_entropy_mean"] < start["col_entropy_mean"] - 1e-6:
         return ""
     if end["density"] <= 0.05:
         return ""
     return (f"the learned P is no sparser than its start ({end['col_nnz_mean']:.1f} non-zeros per target token, "
             f"start {start['col_nnz_mean']:.1f}; column entropy {end['col_entropy_mean']:.2f} nats, start "
-            f"{start['col_entropy_mean']:.2f}): raise translator.alpha (BENCHMARKS.md #24)")
+            f"{start['col_entropy_mean']:.2f}): raise translator.alpha (docs/translator.md)")
