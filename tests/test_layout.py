@@ -12,7 +12,7 @@ PKG = Path(__file__).resolve().parents[1] / "s2t2_dist"
 
 
 def test_public_ot_api():
-    from s2t2_dist.ot import SparseSinkhorn, softmax_sinkhorn, sparse_sinkhorn
+    from s2t2_dist.ot import SparseSinkhorn, softmax_sinkhorn, sparse_sinkhorn, sparsemax
 
     one_row = SparseSinkhorn(torch.tensor([1.0]), torch.tensor([0.5, 0.5]))(torch.tensor([[3.0, 1.0]]), 1)
     assert torch.allclose(one_row, torch.tensor([[0.5, 0.5]]))  # one row: its columns hold nu
@@ -22,6 +22,7 @@ def test_public_ot_api():
     for plan in (sparse_sinkhorn(C, mu, nu, n_iter=50), softmax_sinkhorn(C, mu, nu, n_iter=50)):
         assert plan.shape == (6, 4) and (plan >= 0).all()
         assert torch.allclose(plan.sum(0), nu, atol=1e-9) and torch.allclose(plan.sum(1), mu, atol=1e-3)  # columns last: exact
+    assert torch.equal(sparsemax(torch.tensor([[3.0, 1.0, 0.0]]), 2.0), torch.tensor([[2.0, 0.0, 0.0]]))  # Algorithm 2
 
 
 def _package_imports(path: Path) -> set[str]:
