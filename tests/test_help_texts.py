@@ -131,3 +131,13 @@ def test_a_keys_help_is_at_most_two_lines(stage):
     long_help = [f"{r.key}: {len(r.doc)} characters" for r in config_rows(cls) if len(r.doc) > HELP_MAX_CHARS]
     assert not long_blocks and not long_help, "move the rationale to docs/: " + "; ".join(long_blocks + long_help)
     assert any(r.doc for r in config_rows(cls))  # the walk found the help it checks
+
+
+def test_source_lm_help_gives_its_whole_first_paragraph(capsys):
+    from s2t2_dist.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["source-lm", "--help"])
+    out = capsys.readouterr().out
+    assert "once, and print its path (for `model.path=` of translate / finetune / evaluate)." in out
+    assert "stories260k" in out and "smollm2" in out  # the names, below the options

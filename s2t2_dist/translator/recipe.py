@@ -157,6 +157,8 @@ class TranslatorConfig:
         r = self.resolve(None, lr)
         out = r.as_dict()
         del out["v"], out["lr_x_v"]
+        out["lr_from"] = {"auto": "auto (optim.lr null, so the default step of the kind)",
+                          "given": "given (optim.lr, absolute)"}[r.lr_from]
         if r.lr is None:
             kind = _kind(self.kind)
             out["lr"] = (f"{kind.default_step:g} x {kind.scale_name} (the default step of the {self.kind} kind x "
