@@ -30,7 +30,7 @@ each P only (frozen LM) and after `--ft-steps` of finetuning the whole model (`f
 parallel (`--only ROWS --tag T`, same --out) and a final plain invocation collects them.
   protein the demo's stage 1: the source LM on the shipped protein sample (context 128), against its unigram line
           and the source model with its own tokenizer (original tokenizer).
-P's non-zeros are also given over the target columns some source piece builds ("built": stages/p_columns.py).
+P's non-zeros are also given over the target columns some source piece builds ("built": translator/stats.py, column_split).
 `--score-start` also scores each translate row's start untrained (`train.steps=0`, runs NAME_start): column "start".
 The FVT-start rows leave translator.init_weight to the shipped default and record the value each run resolved;
 `--row NAME=s2t2_fvt:init_weight=0.9` tries another (#37: the start at v = 49,152, bench/start_anatomy.py).
@@ -229,7 +229,7 @@ class Bench:
         import torch
         from s2t2_dist.data.tokenizers import load_hf_tokenizer, load_tokenizer, source_token_ids, tokenizer_hash
         from s2t2_dist.translator.pfile import SparseP, save_p
-        from s2t2_dist.stages.translate import surface_prior
+        from s2t2_dist.translator.start import surface_prior
 
         path = self.runs / regime / "fvt" / "P.safetensors"
         if path.is_file():
@@ -254,9 +254,9 @@ class Bench:
     def unbuilt(self, regime: str) -> list[int]:
         """Target columns of `regime` that no source piece builds (their surface decomposition is empty)."""
         from s2t2_dist.data.tokenizers import load_hf_tokenizer, load_tokenizer, source_token_ids
-        from s2t2_dist.stages.translate import surface_decomposition
+        from s2t2_dist.translator.start import surface_decomposition
 
-        from s2t2_dist.stages.p_columns import unbuilt_columns
+        from s2t2_dist.translator.stats import unbuilt_columns
 
         if regime not in self._unbuilt:
             src_tok = load_hf_tokenizer(self.model)
@@ -399,7 +399,7 @@ def sparsity(p_file: str, unbuilt: list[int] | None = None) -> dict:
     """Non-zeros per target column, density and mass-based sparsity (W = P / nu) of a P file; with `unbuilt`
     (target columns no source piece builds) also the density over the other columns."""
     from s2t2_dist.translator.pfile import load_p
-    from s2t2_dist.stages.p_columns import column_split
+    from s2t2_dist.translator.stats import column_split
 
     p = load_p(p_file)
     st = p.stats()

@@ -68,7 +68,7 @@ def main(argv=None) -> int:
                                            source_token_ids, token_bytes)
     from s2t2_dist.eval.scoring import evaluate_documents
     from s2t2_dist.ot.prior import fvt_plan
-    from s2t2_dist.stages.translate import surface_decomposition
+    from s2t2_dist.translator.start import surface_decomposition
 
     model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32).eval()
     src_tok, tgt = load_hf_tokenizer(args.model), load_tokenizer(args.tokenizer)

@@ -296,7 +296,7 @@ def target_tokenizer(out: Path) -> Path:
 
 def shipped_translator(model_dir: str, src_tok, src_ids, tok_dir: Path, floor: float, steps: int = 2, device=None):
     """The stage's sparse translator as configs/translate_olmo1b.yaml starts it at these source ids
-    (``stages.translate.start_translator``: FVT start at its weight, source marginal "start", ``floor``), moved by
+    (``translator.start.start_translator``: FVT start at its weight, source marginal "start", ``floor``), moved by
     ``steps`` steps of the config's optimiser at its resolved lr against random cotangents: C's entries with a
     gradient move, the rest stay (what P's live rows depend on). ``device``: where it is built and moved."""
     import dataclasses
@@ -305,11 +305,13 @@ def shipped_translator(model_dir: str, src_tok, src_ids, tok_dir: Path, floor: f
 
     from s2t2_dist.config import load_config
     from s2t2_dist.data.tokenizers import load_tokenizer
-    from s2t2_dist.stages.translate import TranslateConfig, start_translator
+    from s2t2_dist.stages.translate import TranslateConfig
+    from s2t2_dist.translator.start import start_translator
 
     cfg = load_config(TranslateConfig, REPO / "configs" / "translate_olmo1b.yaml",
                       [f"model.path={model_dir}", f"translator.floor={floor}"])
-    tr, _, resolved = start_translator(cfg, src_tok, src_ids.tolist(), load_tokenizer(tok_dir))
+    tr, _, resolved = start_translator(cfg.translator, model_dir, src_tok, src_ids.tolist(), load_tokenizer(tok_dir),
+                                       lr=cfg.optim.lr)
     tr = tr.to(device or "cpu")
     opt = dataclasses.replace(cfg.optim, lr=resolved.lr).build([tr.C])
     v = src_ids.numel()

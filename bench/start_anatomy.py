@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def anatomy(model: str, tokenizer: str, weights: list[float], floor: float = 1.0, plain: bool = False) -> list[dict]:
     from s2t2_dist.data.tokenizers import load_hf_tokenizer, load_tokenizer, source_token_ids
     from s2t2_dist.ot.prior import blend_with_uniform, fvt_plan, row_marginal, shared_rows, start_plan
-    from s2t2_dist.stages.translate import surface_decomposition
+    from s2t2_dist.translator.start import surface_decomposition
     from s2t2_dist.translator.floor import floor_plan_reference
 
     src_tok = load_hf_tokenizer(model)

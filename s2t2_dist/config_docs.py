@@ -165,6 +165,10 @@ def main(argv: list[str]) -> int:
         print(f"s2t2 config: error: {e}", file=sys.stderr)
         return 2
     print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+    auto = [r for r in config_rows(cls, default_obj=cfg) if r.default == '"auto"']
+    if auto:  # decided when the run starts: say by what rule, from the key's own help
+        print("# auto (decided when the run starts):")
+        print("".join(f"#   {r.key}: {r.doc}\n" for r in auto), end="")
     describe = getattr(cfg, "describe_resolved", None)  # a stage whose automatic (null) keys resolve later
     if describe is not None:
         values, waits = describe()

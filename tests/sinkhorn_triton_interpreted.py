@@ -77,6 +77,33 @@ def test_search_only_thresholds_and_counts(blocks):
         assert torch.equal(cnt.long(), (Z > ref.unsqueeze(dim)).sum(dim))
 
 
+def test_sparsemax_on_the_cuda_route(monkeypatch):
+    """The public sparsemax with the CUDA route's steps (what steps_for gives on a GPU): the sort reference's values
+    and gradients, slices along either dim, a zero scale among them (the kernels' chunked path: the tests above)."""
+    import s2t2_dist.ot.simplex as simplex
+    from s2t2_dist.ot import sparsemax
+    from sinkhorn_reference import sort_sparsemax
+
+    taken = []
+    monkeypatch.setattr(simplex, "steps_for", lambda device, mu, nu: taken.append(1) or TritonSteps(mu, nu))
+    g = torch.Generator().manual_seed(2)
+    Z = torch.randn(20, 18, generator=g, dtype=torch.float64)
+    Z[:4] = 0.5  # ties
+    up = torch.randn(Z.shape, generator=g, dtype=torch.float64)
+    for dim in (0, 1):
+        s = torch.rand(Z.shape[1 - dim], generator=g, dtype=torch.float64)
+        s[5] = 0.0  # (not on a row of ties: there the sort's gradient is one subgradient of many)
+        out = []
+        for f in (lambda z: sparsemax(z, s, dim), lambda z: sort_sparsemax(z.movedim(dim, -1), s, 1).movedim(-1, dim)):
+            z = Z.clone().requires_grad_(True)
+            (f(z) * up).sum().backward()
+            out.append((f(Z.detach()), z.grad))
+        (p, gz), (pr, gzr) = out
+        torch.testing.assert_close(p, pr, rtol=0, atol=1e-12)
+        torch.testing.assert_close(gz, gzr, rtol=0, atol=1e-10)
+    assert taken  # the Triton steps ran, not the torch ones
+
+
 def test_no_host_syncs():
     C, mu, nu = problem(300, 40, 1e-3, seed=4, dtype=torch.float32)
     Cg = C.clone().requires_grad_(True)

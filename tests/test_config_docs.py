@@ -129,3 +129,16 @@ def test_every_shipped_config_resolves(path, capsys):
     stage = path.name.split("_")[0]
     assert cli(["config", stage, "--config", str(path)]) == 0
     assert yaml_load(capsys.readouterr().out)
+
+
+def test_config_says_what_auto_and_lr_from_mean(capsys):
+    """`auto` values and the resolved block's `lr_from` come with their rule, not as bare words."""
+    cfg = str(REPO / "configs" / "translate_olmo1b.yaml")
+    assert cli(["config", "translate", "--config", cfg]) == 0
+    out = capsys.readouterr().out
+    auto = out.partition("# auto (decided when the run starts):\n")[2].partition("# resolved")[0]
+    assert "#   train.micro_batch_size: " in auto and "largest divisor" in auto  # the key's own help
+    assert "#   train.precision: " in auto and "train.steps" not in auto  # only the keys set to auto
+    assert "#   lr_from: auto (optim.lr null, so the default step of the kind)" in out
+    assert cli(["config", "translate", "--config", cfg, "optim.lr=1e-4"]) == 0
+    assert "#   lr_from: given (optim.lr, absolute)" in capsys.readouterr().out

@@ -12,7 +12,7 @@ PKG = Path(__file__).resolve().parents[1] / "s2t2_dist"
 
 
 def test_public_ot_api():
-    from s2t2_dist.ot import SparseSinkhorn, softmax_sinkhorn, sparse_sinkhorn
+    from s2t2_dist.ot import SparseSinkhorn, softmax_sinkhorn, sparse_sinkhorn, sparsemax
 
     one_row = SparseSinkhorn(torch.tensor([1.0]), torch.tensor([0.5, 0.5]))(torch.tensor([[3.0, 1.0]]), 1)
     assert torch.allclose(one_row, torch.tensor([[0.5, 0.5]]))  # one row: its columns hold nu
@@ -22,6 +22,7 @@ def test_public_ot_api():
     for plan in (sparse_sinkhorn(C, mu, nu, n_iter=50), softmax_sinkhorn(C, mu, nu, n_iter=50)):
         assert plan.shape == (6, 4) and (plan >= 0).all()
         assert torch.allclose(plan.sum(0), nu, atol=1e-9) and torch.allclose(plan.sum(1), mu, atol=1e-3)  # columns last: exact
+    assert torch.equal(sparsemax(torch.tensor([[3.0, 1.0, 0.0]]), 2.0), torch.tensor([[2.0, 0.0, 0.0]]))  # Algorithm 2
 
 
 def _package_imports(path: Path) -> set[str]:
@@ -220,3 +221,21 @@ def test_export_builds_the_rows_training_used(normalization, config):
     mass = PStats(tr).mass_stats()
     assert {k: filed[k] for k in mass} == pytest.approx(mass, rel=1e-5)
     assert 0 < filed["max_weight_mean"] <= 1 and 0 <= filed["col_entropy_mean"] <= math.log(v) + 1e-9
+
+
+#: what bench/ may still take from the stages: the stage configs and tasks it drives as a user would, and the one
+#: initialisation of stage 2 (everything else it needs lives in the package's parts: the translator's start in
+#: translator/start.py, P statistics in translator/stats.py)
+BENCH_STAGE_NAMES = {"TranslateConfig", "EvaluateConfig", "FinetuneConfig", "TranslateTask", "FinetuneTask",
+                     "translated_embeddings"}
+
+
+def test_bench_reaches_the_translator_start_and_p_statistics_without_the_stages():
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    taken = {(p.name, m, n) for p in bench.glob("*.py") for m, n in _imports_of(p) if m.startswith("s2t2_dist.stages")}
+    assert all(n in BENCH_STAGE_NAMES for _, _, n in taken), sorted(taken)
+    for part in ("translator", "ot"):  # and the start itself climbs back into no stage
+        for path in (PKG / part).rglob("*.py"):
+            assert not [m for m in _package_imports(path) if m.startswith("s2t2_dist.stages")], path
+    from s2t2_dist.translator.start import start_translator, surface_decomposition, surface_prior  # noqa: F401
+    from s2t2_dist.translator.stats import column_split, translator_column_split, unbuilt_columns  # noqa: F401

@@ -222,7 +222,7 @@ def test_steps_zero_scores_the_start_and_separates_unbuilt_columns(inputs, tmp_p
     init_weight 1) is exported as the P file and scored on the eval split. result.json's sparsity separates the
     target columns that no source piece builds (the FVT start gives them a column over every source row)."""
     from s2t2_dist.data.tokenizers import load_hf_tokenizer, load_tokenizer, source_token_ids
-    from s2t2_dist.stages.translate import surface_decomposition
+    from s2t2_dist.translator.start import surface_decomposition
 
     data, model = inputs
     run_dir = tmp_path / "start"

@@ -76,7 +76,7 @@ def save_tokenizer_dir(tok, output_dir: str | os.PathLike, *, context_len: int =
 
 
 #: measured peak memory of char-level BPE training per character of its sample (bench/bench_bpe_memory.py: 60-72
-#: bytes on /work/shared/data/protein at 5,000-100,000 records; BENCHMARKS.md #20)
+#: bytes on UniProt protein records at 5,000-100,000 records; BENCHMARKS.md, "Data pipeline")
 BPE_BYTES_PER_CHAR = 64
 
 

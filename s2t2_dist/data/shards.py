@@ -478,7 +478,7 @@ def load_manifest(path: str | os.PathLike, *, check_files: bool = True, verify_c
     p = Path(path)
     if p.is_dir():
         p = p / "manifest.json"
-    m = load_json(p, "shard manifest (run the tokenize step first)", ManifestError)
+    m = load_json(p, "shard manifest (written by `s2t2 prepare`)", ManifestError)
     if m.get("format") != MANIFEST_FORMAT:
         raise ManifestError(f"{p}: not a shard manifest (format {m.get('format')!r})")
     if m.get("version") != MANIFEST_VERSION:

@@ -123,7 +123,7 @@ def init_distributed(backend: str | None = None, timeout_s: float = 1800.0, sing
         return denv
     # Under a launcher (torchrun, deepspeed) even one rank joins through its environment: torchrun makes rank 0 a
     # client of its agent's store (TORCHELASTIC_USE_AGENT_STORE), so a group on a fresh port waits for a server
-    # that never comes, until the timeout (FSDP2 under `torchrun --nproc_per_node 1` hung so, #33)
+    # that never comes, until the timeout (FSDP2 under `torchrun --nproc_per_node 1` hung so)
     launched = denv.launcher in ("torchrun", "deepspeed") and "MASTER_PORT" in os.environ
     if denv.world_size == 1 and not (single_rank_group and launched):
         if single_rank_group:

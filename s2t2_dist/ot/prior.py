@@ -14,7 +14,7 @@ Under the start's own source marginal (the sparse kind's ``source_marginal: star
 the rows that the weight floor keeps, :func:`shared_rows`, renormalised there, so every built column keeps exactly
 ``1 - lam`` of its weight in that part at any v. The plain blend leaves it to the floor, which drops
 ``(1 - lam) mu_i`` below ``floor / v``: at v = 512 most of it (the shared part falls to ~0.18 of a column at lam 0.5),
-at v = 49,152 none (0.49 over every row mu uses; BENCHMARKS.md "#37 (session 13)" and "(session 14)").
+at v = 49,152 none (0.49 over every row mu uses; docs/translator.md, "init_weight").
 :func:`start_plan` composes it from a decomposition; there a target token that no piece builds starts as the shared
 part alone, not as FVT's uniform column, so the start's marginal holds no mass on rows that nothing uses.
 """

@@ -108,7 +108,8 @@ def parse(argv):
     ap.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     ap.add_argument("--ranks", type=int, default=2,
                     help="ranks of the translate/finetune stages (default 2: torchrun, gloo; 1: in this process)")
-    # 300: enough for the finetuned model to beat the unigram line (60 steps only reach it); ~75 s on 2 idle cores
+    # 300: enough for the finetuned model to beat the unigram line (60 steps only reach it); BENCHMARKS.md, "Demo
+    # and reproduce", has its wall time
     ap.add_argument("--steps", type=int, default=300, help="optimiser steps of stage 1 and of stage 2 (each)")
     ap.add_argument("--source", choices=SOURCES, default="stories260k",
                     help="source LM: the shipped stories260K (default) or a byte-level English LM pretrained here")
@@ -162,7 +163,7 @@ def run(args) -> dict:
         ph.start("source", "source LM: stories260K (real, pretrained on TinyStories) -> Hugging Face format")
         model = stories260k(cache)
         # the shipped defaults (FVT start, alpha 0.3, floor 1) at lr 0.01/v = 2e-5 for stories260K's v = 512 source
-        # tokens: on these proteins the best measured stage 1 (BENCHMARKS.md #16, measured on the earlier split by id)
+        # tokens: on these proteins the best measured stage 1 (docs/translator.md, "Step size"; on the split by id)
         recipe, p_lr = ("paper", args.p_lr) if args.p_lr else ("default", 0.01 / 512)
         results["source_lm"] = {"path": str(model), "kind": "stories260K: llama2.c's 260K-parameter Llama, vocabulary 512"}
     else:
@@ -192,11 +193,13 @@ def run(args) -> dict:
     p_file = tr.result["p_file"]
     ps = p_summary(p_file, data / "tokenizer", model)
     ev = tr.result.get("eval") or {}
+    # one fact per line: a newcomer reads these in a terminal
     _say(f"  loss = ce + alpha*H(P) {_first_last(runs / 'translate')}; of which ce "
-         f"{_first_last(runs / 'translate', 'train/ce')}; P: {ps['nnz']:,} of {ps['v']}x{ps['u']} entries non-zero "
-         f"(density {ps['density']:.3f}, {ps['col_nnz_mean']:.1f} source tokens per target token); by mass: "
-         f"mean largest weight per column of W = P/nu {ps['max_weight_mean']:.3f} (1 = one source token each), "
-         f"column entropy {ps['col_entropy_mean']:.2f} nats (uniform {math.log(ps['v']):.2f})")
+         f"{_first_last(runs / 'translate', 'train/ce')}")
+    _say(f"  P: {ps['nnz']:,} of {ps['v']}x{ps['u']} entries non-zero (density {ps['density']:.3f}), "
+         f"{ps['col_nnz_mean']:.1f} source tokens per target token")
+    _say(f"  P by mass: mean largest weight per column of W = P/nu {ps['max_weight_mean']:.3f} (1 = one source token "
+         f"each), column entropy {ps['col_entropy_mean']:.2f} nats (uniform {math.log(ps['v']):.2f})")
     _say("  learned translations, top source tokens (weight in W = P/nu) of some residues: " + "; ".join(
         f"{k} <- " + ", ".join(f"{s!r} {w:.2f}" for s, w in v) for k, v in list(ps["top"].items())[:4]))
     results["translate"] = {"run_dir": str(runs / "translate"), "p_file": p_file, "P": ps, "eval": ev,

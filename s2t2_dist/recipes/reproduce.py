@@ -196,7 +196,7 @@ def build_plan(cfg: ReproduceConfig, st: Setting, p_lrs: dict[str, float] | None
             j = translate(f"{s}/translate_sparse_transfer_{alpha_tag(a)}", "sparse", a, t_lr, seed)
             jobs.append(j)
             transfer_p[a] = j.produces[0]
-        # the training-free FVT baseline (#16): the surface-string start (translator.init=fvt, init_weight 1) as the
+        # the training-free FVT baseline: the surface-string start (translator.init=fvt, init_weight 1) as the
         # translate stage builds and exports it, untrained (train.steps=0: the lr is never used)
         j = translate_job(cfg, st, f"{s}/translate_fvt", "sparse", 0.0, cfg.p_lr, seed, steps=0,
                           extra=("translator.init=fvt", "translator.init_weight=1"))
@@ -204,7 +204,7 @@ def build_plan(cfg: ReproduceConfig, st: Setting, p_lrs: dict[str, float] | None
         jobs.append(evaluate(f"{s}/eval_fvt", st.small_model, "translated", j.produces[0],
                              role=("table1", "fvt", seed)))
         # S2T2 with the shipped recipe (the flagship config's translator section: FVT start, entropy weight, the
-        # kind's default lr; BENCHMARKS.md #24), next to the paper-faithful S2T2 column (recipe paper)
+        # kind's default lr; docs/translator.md), next to the paper-faithful S2T2 column (recipe paper)
         j = translate_job(cfg, st, f"{s}/translate_s2t2_default", "sparse", None, None, seed, recipe="default")
         jobs.append(j)
         jobs.append(evaluate(f"{s}/eval_s2t2_default", st.small_model, "translated", j.produces[0],

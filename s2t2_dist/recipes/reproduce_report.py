@@ -22,9 +22,9 @@ COLUMN_NAMES = {
     "s2t2_default": "S2T2 (shipped defaults)",
 }
 #: the columns of the table and its plot: the paper's Table 1 (S2T2 with the paper's literal recipe), S2T2 with the
-#: shipped defaults and the training-free FVT start (#16)
+#: shipped defaults and the training-free FVT start
 COLUMNS = (*TABLE1, "s2t2_default", "fvt")
-#: why the paper's FT orig. tok. BpB is 7.24 (#16): it equals log2 of its perplexity, i.e. bits per TOKEN
+#: why the paper's FT orig. tok. BpB is 7.24: it equals log2 of its perplexity, i.e. bits per TOKEN
 PAPER_ORIG_TOK_NOTE = (
     "The paper's FT orig. tok. BpB, 7.24, is log2(151.05) = 7.239 exactly: log2 of that column's own perplexity, "
     "i.e. bits per token of OLMo's tokenizer, not per byte (every other column's BpB is below log2 of its "

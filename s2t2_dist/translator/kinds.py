@@ -76,7 +76,7 @@ class SparseKind(Kind):
     name = "sparse"
     # sparsemax's Jacobian S * (h - mean_S h) and the floor's backward read the gradient on the support only
     sparse_product = True
-    # BENCHMARKS.md #16a (step), #24 (alpha) and "#24 (session 5)" (floor, source marginal)
+    # why this step, alpha, floor and source marginal: docs/translator.md
     default_step = 0.025
     scale_name = "1/v"
     default_alpha = 0.3
@@ -109,7 +109,7 @@ class SparseKind(Kind):
         if not floor:
             # A column short of nu_j by a rounding error lifts every zero of its input by that error / v (the
             # threshold drops below the tied zeros): float noise (W < 1e-6) that would count as non-zeros and fill
-            # the P file. Zeroed; a real weight of the plan is far larger (BENCHMARKS.md #24, session 5).
+            # the P file. Zeroed; a real weight of the plan is far larger.
             P = self.solver()(C, self.tr.n_iter)
             return torch.where(P > NOISE_W * self.tr.nu_local.to(P.dtype), P, 0)
         # The same lift, at the scale of training: the row step shaves a column's entries (its row gave mass
@@ -117,8 +117,8 @@ class SparseKind(Kind):
         # its input), i.e. a full column of weights far below 1/v whose C entries get no gradient. Dropped (and
         # the column rescaled to nu_j, differentiably), so the plan keeps only the weights it learned. A column the
         # row step emptied ENTIRELY comes back flat (nu_j / v on every source, all tied) and would keep everything:
-        # it takes C's largest entry instead, one-hot (stories260K seeds 1, 2: +0.06 BpB before;
-        # BENCHMARKS.md "#24 (session 5)"). See translator/floor.py (one Function, in place).
+        # it takes C's largest entry instead, one-hot (stories260K seeds 1, 2: +0.06 BpB before; docs/translator.md,
+        # "floor"). See translator/floor.py (one Function, in place).
         return floor_plan(self.solver()(C, self.tr.n_iter), C, self.tr.nu_local, floor)
 
     def init_from_plan(self, P: Tensor) -> Tensor:

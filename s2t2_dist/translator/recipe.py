@@ -68,32 +68,19 @@ class TranslatorConfig:
     #: W_E = P / mu, W_L = P / nu
     normalization: Literal["convex", "paper"] = "convex"
     #: weight of the entropy regulariser alpha * H(P), H in nats (larger: sparser P); null: the kind's default
-    #: (0.3 for sparse, 0 for the others; translator/kinds.py). Its measured effect: BENCHMARKS.md #24
+    #: (0.3 for sparse, 0 for the others). Why: docs/translator.md
     alpha: float | None = None
-    #: the plan C starts from. uniform: C = 1/v (the paper; P = mu nu^T). fvt: from the surface strings, each
-    #: target token's bytes written as source tokens by greedy longest match (`ot.prior`), blended with the
-    #: uniform plan, P0 = init_weight * P_fvt + (1 - init_weight) * mu nu^T; C = P0 (sparse; its zeros start below
-    #: every threshold), log P0 (softmax), P0 / nu (unconstrained). What each start gives: BENCHMARKS.md "#24
-    #: (session 5)"
+    #: the plan C starts from: uniform (C = 1/v, the paper's) or fvt (each target token's surface-string pieces as
+    #: source tokens, plus a shared part; `ot.prior`). Why: docs/translator.md
     init: Literal["uniform", "fvt"] = "fvt"
-    #: fvt only: each target column's weight on its own surface-string pieces at the start (1: FVT itself, 0: no
-    #: FVT). The rest, 1 - init_weight, is the shared part: under source_marginal start (the sparse default) it is
-    #: spread over the most used pieces in proportion to mu, on the rows the floor keeps, so that every column
-    #: built from pieces keeps exactly 1 - init_weight there at any v (`ot.prior.shared_start`); under the
-    #: uniform marginal it is (1 - init_weight) mu nu^T, which the projections then move. 0.8 since #37 session 14
-    #: (before: 0.5 with the shared part left to the floor, ~0.18 of a column at v = 512 and 0.49 at v = 49,152; the
-    #: untrained SmolLM2 start on English scored best at 0.8 of 0.5-0.9): BENCHMARKS.md "#37 (session 14)"
+    #: fvt only: each built column's weight on its own pieces at the start (1: FVT itself); the rest, the shared
+    #: part, goes to the most used pieces at any v (`ot.prior.shared_start`). Why 0.8: docs/translator.md
     init_weight: float = 0.8
-    #: the source marginal mu (P's row sums). start: for a kind that allows it (sparse) with init fvt (and no
-    #: init_p), the row sums of the FVT plan, each source token's share of the surface-string decomposition, so
-    #: that the start is feasible and its zeros stay zeros (a sparse P); otherwise uniform. uniform: 1/v (the
-    #: paper's), which forces every source token's 1/v of mass onto some target, spread by the projections thinly
-    #: over almost every column (a dense P; BENCHMARKS.md #24)
+    #: the source marginal mu (P's row sums). start: the FVT start's row sums (sparse kind, init fvt, no init_p), so
+    #: the start is its own plan and P stays sparse; otherwise uniform: 1/v (the paper's; a dense P)
     source_marginal: Literal["start", "uniform"] = "start"
-    #: sparse only: weights W = P / nu below floor / v are dropped from P and each column rescaled (a column's
-    #: largest weight always stays): the full columns of weights far below 1/v that the projections' last column
-    #: step adds to a column its row step left short. null: the kind's default, 1 for sparse from an fvt start,
-    #: 0 (off) otherwise (BENCHMARKS.md "#24 (session 5)")
+    #: sparse only: weights W = P / nu below floor / v are dropped and each column rescaled (its largest weight
+    #: stays). null: 1 for sparse from an fvt start, 0 otherwise. Why: docs/translator.md
     floor: float | None = None
     #: start from a P file instead (e.g. the transfer experiment); overrides `init`
     init_p: str = ""
@@ -170,6 +157,8 @@ class TranslatorConfig:
         r = self.resolve(None, lr)
         out = r.as_dict()
         del out["v"], out["lr_x_v"]
+        out["lr_from"] = {"auto": "auto (optim.lr null, so the default step of the kind)",
+                          "given": "given (optim.lr, absolute)"}[r.lr_from]
         if r.lr is None:
             kind = _kind(self.kind)
             out["lr"] = (f"{kind.default_step:g} x {kind.scale_name} (the default step of the {self.kind} kind x "
@@ -193,7 +182,7 @@ class TranslateOptimConfig(OptimConfig):
 
 def effective_rows(mu) -> float:
     """The number of source rows the marginal ``mu`` spreads its mass over, 1 / sum(mu_i^2): v for a uniform mu,
-    ~487 for SmolLM2's FVT start marginal at v = 49,152 (BENCHMARKS.md "#37"). The row projections act at the scale
+    ~487 for SmolLM2's FVT start marginal at v = 49,152 (docs/translator.md, "Step size"). The row projections act at the scale
     of the mu_i of the rows that carry mass, 1 / this on average (mass-weighted)."""
     import torch
 
