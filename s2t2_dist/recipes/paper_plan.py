@@ -52,7 +52,7 @@ class PLrSweep:
     #: S2T2's steps (its automatic step is 0.025/v: 1.06e-4 at v = 235)
     sparse: list[float] = field(default_factory=lambda: [3e-5, 1e-4, 3e-4, 1e-3])
     #: Sinkhorn P's steps (automatic: 0.1)
-    softmax: list[float] = field(default_factory=lambda: [1e-3, 1e-2, 1e-1])
+    softmax: list[float] = field(default_factory=lambda: [1e-3, 1e-2, 1e-1, 1.0])
     #: Plain P's steps (automatic: 2.5/v)
     unconstrained: list[float] = field(default_factory=lambda: [1e-3, 1e-2, 1e-1])
 
