@@ -195,14 +195,29 @@ def context_matches_shards(m: dict, context_len: int, key: str, ctx_key: str = "
 
 def writable_dir(path: str, key: str) -> None:
     """A directory a stage will write must be a directory (or not exist yet) in a place this process may write."""
+    from s2t2_dist.utils.io import not_a_file
+
     p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise ConfigError(f"{key}: {path} exists and is not a directory")
     parent = p
-    while not parent.exists():
+    while not os.path.lexists(parent) and parent != parent.parent:
         parent = parent.parent
+    if os.path.lexists(parent) and not parent.is_dir():
+        what = not_a_file(parent) or "a file"
+        what = what if what.startswith(("a ", "not ")) else "a broken link" if "not exist" in what else what
+        where = f"{path} is {what}" if parent == p else f"{path} is below {parent}, which is {what}"
+        raise ConfigError(f"{key}: {where}, not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{key}: cannot write into {parent} (permission denied)")
+        raise ConfigError(f"{key}: cannot write into {parent} ({_why_not_writable(parent)})")
+
+
+def _why_not_writable(path: Path) -> str:
+    """A read-only filesystem is said as such: changing permissions would not help there."""
+    try:
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            return "a read-only filesystem"
+    except OSError:
+        pass
+    return "permission denied"
 
 
 def writable_dirs(dirs: dict[str, str]) -> None:

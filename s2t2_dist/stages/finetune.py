@@ -225,6 +225,7 @@ def export_model(engine, plan: InitPlan, out_dir: str | Path, *, dtype: torch.dt
     from s2t2_dist.stages.init_model import replace_dir
     from s2t2_dist.errors import InitError
     from s2t2_dist.data.tokenizers import copy_tokenizer_files
+    from s2t2_dist.models.dir_check import write_record
     from s2t2_dist.utils.io import atomic_write_text, fsync_dir
 
     out = Path(out_dir)
@@ -240,6 +241,7 @@ def export_model(engine, plan: InitPlan, out_dir: str | Path, *, dtype: torch.dt
     if rank == 0:
         try:
             copy_tokenizer_files(plan.loaded["tokenizer"], partial)
+            write_record(partial)  # checksums a later stage compares before reading the export
             atomic_write_text(partial / EXPORT_INFO, json.dumps({"init": plan.to_dict(), **(extra or {})}, indent=1))
             fsync_dir(partial)
             replace_dir(partial, out, EXPORT_INFO)
