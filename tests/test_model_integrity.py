@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import struct
-import sys
 from pathlib import Path
 
 import pytest
@@ -190,3 +189,38 @@ def test_source_lm_on_a_read_only_cache_says_so(tmp_path, capsys, monkeypatch):
     rc, out, err = _source_lm("stories260k", "--cache", ro, capsys=capsys)
     assert rc == 2 and err.strip() == f"s2t2 source-lm: error: ConfigError: --cache: cannot write into {ro} (a " \
                                       "read-only filesystem)"
+
+
+# ------------------------------------------------------------------------- the tokenizer stored with a model
+
+def _with_tokenizer(src: Path, dst: Path, n: int) -> Path:
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    m = _copy(src, dst)
+    Tokenizer(WordLevel({f"t{i}": i for i in range(n)}, unk_token="t0")).save(str(m / "tokenizer.json"))
+    return m
+
+
+def test_a_tokenizer_of_far_fewer_tokens_than_rows_is_refused(tmp_path, stories):
+    from s2t2_dist.stages import checks
+
+    m = _with_tokenizer(stories, tmp_path / "m", 64)  # was: evaluate exited 0 (perplexity 6.7e10)
+    with pytest.raises(ConfigError, match=rf"model.path: the tokenizer stored with {m} has 64 tokens but the model "
+                                          r"has 512 embedding rows .*: 448 rows no token reads, more than padding"):
+        checks.model_tokenizer_fits(m, checks.model_tokenizer(m))
+
+
+def test_padded_rows_are_a_warning_with_the_numbers(tmp_path, stories, caplog):
+    from s2t2_dist.stages import checks
+
+    m = _with_tokenizer(stories, tmp_path / "m", 500)
+    with caplog.at_level("WARNING", logger="s2t2.checks"):
+        checks.model_tokenizer_fits(m, checks.model_tokenizer(m))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"model.path: the tokenizer stored with {m} has 500 tokens, the model 512 embedding rows: 12 rows no token "
+        "reads (padding)"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="s2t2.checks"):
+        checks.model_tokenizer_fits(stories, checks.model_tokenizer(stories))  # 512 in 512: nothing said
+    assert not caplog.records

@@ -79,19 +79,34 @@ def model_tokenizer(directory: Path | None, key: str = "model.path", trust_remot
         raise ConfigError(f"{key}: the tokenizer stored with {directory} cannot be loaded: {e}") from None
 
 
+#: a tokenizer using fewer than this fraction of the model's embedding rows belongs to another model (padding adds
+#: a few rows: OLMo 50,280 tokens in 50,304 rows, Qwen2 151,646 in 151,936)
+MIN_ROWS_USED = 0.5
+
+
 def model_tokenizer_fits(directory: Path | None, tok, key: str = "model.path") -> None:
-    """The tokenizer stored with a model (``tok``: `model_tokenizer`'s) must not have ids beyond the model's
-    embedding rows (it would read rows that belong to no token, or fail inside the model); fewer tokens than rows
-    is normal (padded embeddings)."""
+    """The tokenizer stored with a model (``tok``: `model_tokenizer`'s) must fit the model's embedding rows: no ids
+    beyond them (it would read rows that belong to no token, or fail inside the model), and not far fewer tokens
+    (a tokenizer of another model: evaluate would score, translate would learn a P of the wrong size). A few rows
+    more than tokens is padding: a warning with the numbers."""
     if directory is None or tok is None:
         return
     rows = embedding_rows(directory)
     ids = tok.ids()  # only the ids matter here (special-token conventions are the stages' business)
     n = max(ids) + 1 if ids else 0
-    if rows is not None and n > rows:
+    if not isinstance(rows, int):
+        return
+    if n > rows:
         raise ConfigError(f"{key}: the tokenizer stored with {directory} has {n} tokens but the model "
                           f"has only {rows} embedding rows (config.json vocab_size); the tokenizer belongs to "
                           "another model")
+    if n < rows * MIN_ROWS_USED:
+        raise ConfigError(f"{key}: the tokenizer stored with {directory} has {n} tokens but the model has {rows} "
+                          f"embedding rows (config.json vocab_size): {rows - n} rows no token reads, more than "
+                          "padding explains; the tokenizer belongs to another model")
+    if n < rows:
+        log.warning("%s: the tokenizer stored with %s has %d tokens, the model %d embedding rows: %d rows no token "
+                    "reads (padding)", key, directory, n, rows, rows - n)
 
 
 def context_fits(directory: Path | None, context_len: int, key: str, model_key: str = "model.path") -> None:

@@ -194,6 +194,7 @@ def _evaluate(cfg: EvaluateConfig, rt, resolved: tuple[InitPlan, dict] | None) -
     metrics, totals = evaluate_documents(hf_logits_fn(engine.module, engine.device, autocast), docs,
                                          cfg.eval.context_len, vocab_size=plan.vocab_size,
                                          batch_size=cfg.eval.batch_size, pad_id=pad, max_docs=cfg.eval.max_docs)
+    nonfinite_loss(totals.nll_nats, totals.tokens, cfg)
     name = cfg.eval.name or cfg.init.kind
     result = {"name": name, "model": cfg.model.path, "init": plan.to_dict(), "p_file": cfg.init.p_file or None,
               "eval_shards": cfg.data.eval, "context_len": cfg.eval.context_len, "max_docs": cfg.eval.max_docs,
@@ -205,6 +206,21 @@ def _evaluate(cfg: EvaluateConfig, rt, resolved: tuple[InitPlan, dict] | None) -
         raw["records"] = leave_out_beyond(raw["records"], cfg.eval.max_docs)
         result.update(files=raw["files"], records=raw["records"], eval_shards=eval_dir)
     return result
+
+
+def nonfinite_loss(nll: float, tokens: int, cfg: EvaluateConfig) -> None:
+    """A total loss that is NaN or infinite is no score: the weights (or the P they were built with) produce non-finite
+    logits. Refused naming the model, on every rank (the totals are all-reduced), before anything is written."""
+    import math
+
+    if math.isfinite(nll):
+        return
+    from s2t2_dist.errors import ModelLoadError
+
+    built = f" built with init.p_file {cfg.init.p_file}" if cfg.init.kind == "translated" else ""
+    raise ModelLoadError(f"model.path {cfg.model.path}{built}: the total loss over {tokens:,} tokens is {nll} (the "
+                         "model computes non-finite logits: damaged weights, or a run that diverged); no score was "
+                         "written")
 
 
 def _report(rt, result: dict, out: Path) -> None:
