@@ -208,6 +208,28 @@ def context_matches_shards(m: dict, context_len: int, key: str, ctx_key: str = "
                           f"{m.get('context_len')} tokens; use {ctx_key}={m.get('context_len')} or re-run prepare")
 
 
+def input_file(path: str, key: str, what: str = "P file") -> None:
+    """A file the run reads must be a regular file: a directory, device or pipe is named as such, not "missing"
+    (opening a FIFO would wait for a writer)."""
+    from s2t2_dist.utils.io import not_a_file
+
+    kind = not_a_file(path)
+    if kind is None:
+        return
+    if kind.startswith(("a ", "not ")):
+        raise ConfigError(f"{key}: {what} {path} is {kind}, not a file")
+    raise ConfigError(f"{key}: {what} {path} {kind}")
+
+
+def batch_fits_shards(m: dict, batch_size: int, key: str = "data.train") -> None:
+    """A global batch larger than the split leaves no full batch in an epoch: refused before the model is loaded
+    (the loader would refuse it after)."""
+    n = (m.get("totals") or {}).get("n_samples")
+    if isinstance(n, int) and batch_size > n:
+        raise ConfigError(f"train.batch_size={batch_size} is larger than the {n} training blocks in {key} "
+                          f"{m.get('_dir')}: not one batch per epoch; use train.batch_size <= {n} or prepare more data")
+
+
 def writable_dir(path: str, key: str) -> None:
     """A directory a stage will write must be a directory (or not exist yet) in a place this process may write."""
     from s2t2_dist.utils.io import not_a_file

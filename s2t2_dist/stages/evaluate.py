@@ -91,8 +91,11 @@ class EvalOptions:
     name: str = ""
 
     def validate(self) -> None:
-        if self.context_len < 1 or self.batch_size < 1 or self.max_docs < 0:
-            raise ConfigError("context_len and batch_size must be >= 1, max_docs >= 0")
+        for k in ("context_len", "batch_size"):
+            if getattr(self, k) < 1:
+                raise ConfigError(f"{k}: must be >= 1, got {getattr(self, k)}")
+        if self.max_docs < 0:
+            raise ConfigError(f"max_docs: must be >= 0 (0: all), got {self.max_docs}")
 
 
 @dataclass
@@ -113,6 +116,11 @@ class EvaluateConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     #: scoring options
     eval: EvalOptions = field(default_factory=EvalOptions)
+
+    def validate(self) -> None:
+        from s2t2_dist.train.config import check_seed
+
+        check_seed(self.seed)
 
 
 def _eval_train_config(cfg: EvaluateConfig, world: int):
@@ -153,8 +161,8 @@ def preflight(cfg: EvaluateConfig) -> tuple[InitPlan, dict] | None:
     tok = checks.tokenizer(cfg.data.tokenizer) if cfg.data.tokenizer and m is not None else None
     if tok is not None:
         checks.shards_match_tokenizer(m, "data.eval", tok)
-    if cfg.init.kind == "translated" and not Path(cfg.init.p_file).is_file():
-        raise ConfigError(f"init.p_file: P file {cfg.init.p_file} does not exist")
+    if cfg.init.kind == "translated":
+        checks.input_file(cfg.init.p_file, "init.p_file")
     if mdir is not None and m is not None:  # the tokenizer the model will speak against the shards: no weights read
         from s2t2_dist.stages.init_model import check_shards, resolve_plan
 
