@@ -80,7 +80,7 @@ def model_tokenizer(directory: Path | None, key: str = "model.path", trust_remot
 
 
 #: a tokenizer using fewer than this fraction of the model's embedding rows belongs to another model (padding adds
-#: a few rows: OLMo 50,280 tokens in 50,304 rows, Qwen2 151,646 in 151,936)
+#: a few rows: OLMo's 50,280 tokens in 50,304 rows)
 MIN_ROWS_USED = 0.5
 
 
