@@ -9,7 +9,6 @@ and print its path (for `model.path=` of translate / finetune / evaluate).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -37,7 +36,9 @@ def _check_cache(name: str, cache: str | None) -> None:
     from s2t2_dist.stages.checks import writable_dir
 
     models = Path(cache) if cache else cache_root() / "source_lm"
-    env_set = bool(os.environ.get("S2T2_CACHE_DIR"))
+    from s2t2_dist import envvars
+
+    env_set = envvars.is_set("S2T2_CACHE_DIR")
     key = "--cache" if cache else "S2T2_CACHE_DIR" if env_set else "the cache"
     if is_complete(models / NAME) if name == "smollm2" else stories260k_cached(models / "stories260k"):
         return
