@@ -100,8 +100,6 @@ def _tensor_bytes(name: str, v, data_len: int, key: str, path: Path) -> int:
 def read_header(path: Path, key: str = "model.path") -> dict:
     """The header of a safetensors file, checked against the file: a regular file, the header length within the file,
     JSON, every tensor's offsets inside the data section and of its dtype x shape size. Reads the header only."""
-    import os
-
     what = not_a_file(path)
     if what:
         raise ConfigError(f"{key}: {path} is {what}, not a weights file" if what.startswith("a ")
