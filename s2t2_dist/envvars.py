@@ -26,6 +26,16 @@ TRUE = ("1", "true", "yes", "on")
 FALSE = ("0", "false", "no", "off")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
+#: variables earlier versions read and this one ignores: a warning names them (the setting no longer does anything)
+REMOVED = {
+    "S2T2_NATIVE": "the native C kernels were removed; the product runs in torch (or Triton on CUDA)",
+    "S2T2_NATIVE_CACHE": "the native C kernels and their build cache were removed",
+    "S2T2_PRODUCT_KERNEL": "the kernel choice was removed with the native kernels; the product picks its route itself",
+}
+#: read by the test suite (tests/), not by s2t2: neither warned about nor refused as a typo
+TEST_NAMES = ("S2T2_FAULTS_SEED", "S2T2_FAULTS_ROUNDS", "S2T2_FAULTS_LEDGER", "S2T2_SHARED_DATA",
+              "S2T2_TEST_NO_SHARED_DATA", "S2T2_TEST_TIMELINE", "S2T2_KEEP_SLURM", "S2T2_EVIL_MARK")
+log = logging.getLogger("s2t2.env")
 
 
 @dataclass(frozen=True)
@@ -113,7 +123,7 @@ def _log_level(v: Var, raw: str) -> int | str:
         s = "WARNING"
     if s in LOG_LEVELS:
         return s
-    if s.isdigit():
+    if s.isascii() and s.isdigit():  # int() takes other scripts' digits too; logging wants a plain number
         return int(s)
     raise EnvError(f"{v.name}={raw!r}: expected one of {', '.join(LOG_LEVELS)} (any case) or a number")
 
@@ -126,6 +136,7 @@ def _backend(v: Var, raw: str) -> str:
         if be not in BACKENDS or (dev and dev not in ("cpu", "cuda", "xpu")):
             raise EnvError(f"{v.name}={raw!r}: expected a backend ({', '.join(BACKENDS)}) or DEVICE:BACKEND pairs "
                            "such as cpu:gloo,cuda:nccl")
+    _backend_built(v, raw, s)
     if "nccl" in s:
         import torch  # only here: the check of a setting that needs CUDA
 
@@ -137,15 +148,39 @@ def _backend(v: Var, raw: str) -> str:
     return s
 
 
+def _backend_built(v: Var, raw: str, s: str) -> None:
+    """A backend this torch was built without fails in every rank's init_process_group: said here, before any rank
+    starts."""
+    import torch.distributed as dist
+
+    for be in ("mpi", "ucc", "xccl"):
+        if be in s and not getattr(dist, f"is_{be}_available", lambda: False)():
+            raise EnvError(f"{v.name}={raw!r}: this torch {torch_version()} was built without {be} support "
+                           f"(torch.distributed.is_{be}_available() is false); use gloo (CPU) or nccl (CUDA), or "
+                           "unset it")
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
 def _path(v: Var, raw: str) -> str:
     """A directory the package writes into: absent (created when needed) or a directory, not a file."""
-    p = Path(raw).expanduser()
-    q = p
-    while not q.exists() and q != q.parent:
-        q = q.parent
-    if q.exists() and not q.is_dir():
-        what = "is a file" if q == p else f"is below {q}, which is a file"
-        raise EnvError(f"{v.name}={raw}: {what}, not a directory; point it at a directory")
+    if "\0" in raw:
+        raise EnvError(f"{v.name}={raw!r}: holds a NUL byte, which no path can")
+    try:
+        p = Path(raw).expanduser()
+        q = p
+        while not q.exists() and q != q.parent:
+            q = q.parent
+        if q.exists() and not q.is_dir():
+            kind = "a file" if q.is_file() else "not a directory (a device, pipe or socket)"
+            what = f"is {kind}" if q == p else f"is below {q}, which is {kind}"
+            raise EnvError(f"{v.name}={raw}: {what}, not a directory; point it at a directory")
+    except (OSError, RuntimeError) as e:  # a name too long, ~user of no such user
+        raise EnvError(f"{v.name}={raw!r}: not a usable path ({e})") from None
     return str(p)
 
 
@@ -212,12 +247,22 @@ def check(where: tuple[str, ...] = ("package",), env: Mapping[str, str] | None =
     env = os.environ if env is None else env
     for v in VARS.values():
         if v.where in where:
-            get(v.name, env)
-    for k in env:
-        if k.startswith("S2T2_") and k not in VARS:
-            near = difflib.get_close_matches(k, list(VARS), n=1, cutoff=0.85)
-            if near:
-                raise EnvError(f"{k} is not a variable s2t2 reads (did you mean {near[0]}?); see docs/environment.md")
+            try:
+                get(v.name, env)
+            except EnvError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a parser's own failure is still one line naming the variable
+                raise EnvError(f"{v.name}={env.get(v.name)!r}: cannot be read ({type(e).__name__}: {e})") from None
+    for k in sorted(env):
+        if not k.startswith("S2T2_") or k in VARS or k in TEST_NAMES:
+            continue
+        if k in REMOVED:
+            log.warning("%s is set but no longer read (%s); unset it", k, REMOVED[k])
+            continue
+        near = difflib.get_close_matches(k, list(VARS), n=1, cutoff=0.85)
+        if near:
+            raise EnvError(f"{k} is not a variable s2t2 reads (did you mean {near[0]}?); see docs/environment.md")
+        log.warning("%s is not a variable s2t2 reads: it has no effect (the variables: docs/environment.md)", k)
 
 
 def log_level() -> int | str:

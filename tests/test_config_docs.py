@@ -142,3 +142,20 @@ def test_config_says_what_auto_and_lr_from_mean(capsys):
     assert "#   lr_from: auto (optim.lr null, so the default step of the kind)" in out
     assert cli(["config", "translate", "--config", cfg, "optim.lr=1e-4"]) == 0
     assert "#   lr_from: given (optim.lr, absolute)" in capsys.readouterr().out
+
+
+def test_config_of_a_value_the_stage_refuses_is_one_line_not_a_traceback(capsys):
+    # was: a raw ConfigError traceback from resolving the automatic keys of an unknown kind
+    assert cli(["config", "translate", "--config", str(REPO / "configs" / "translate_olmo1b.yaml"),
+                "translator.kind=Sparse"]) == 0
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [err.strip()]
+    assert "would refuse this config: translator.kind: 'Sparse' is not a registered translator kind" in err
+
+
+def test_config_checks_the_environment_like_the_stages(capsys, monkeypatch):
+    monkeypatch.setenv("S2T2_MASTER_PORT", "99999")
+    assert cli(["config", "translate"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == ("s2t2 config: error: EnvError: S2T2_MASTER_PORT='99999': out of range "
+                                         "(a port number 1-65535)")

@@ -82,10 +82,47 @@ def test_cache_dir_on_a_file_is_said_under_its_own_name(tmp_path):
     assert get("S2T2_CACHE_DIR", {"S2T2_CACHE_DIR": str(tmp_path / "new")}) == str(tmp_path / "new")
 
 
-def test_check_refuses_a_near_miss_name_and_ignores_other_names():
+def test_check_refuses_a_near_miss_name_and_warns_of_removed_and_unknown_names(caplog):
     with pytest.raises(EnvError, match="S2T2_TRACEBAK is not a variable s2t2 reads .did you mean S2T2_TRACEBACK"):
         check(env={"S2T2_TRACEBAK": "1"})
-    check(env={"S2T2_FAULTS_SEED": "3", "S2T2_NATIVE": "0", "S2T2_SHARED_DATA": "/x"})  # other tools' names
+    with caplog.at_level("WARNING", logger="s2t2.env"):
+        check(env={"S2T2_FAULTS_SEED": "3", "S2T2_SHARED_DATA": "/x"})  # the test suite's own names: silent
+        assert not caplog.records
+        check(env={"S2T2_NATIVE": "0", "S2T2_PRODUCT_KERNEL": "live", "S2T2_WHATEVER_ELSE": "1"})
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 3, said
+    assert said[0].startswith("S2T2_NATIVE is set but no longer read (the native C kernels were removed")
+    assert said[1].startswith("S2T2_PRODUCT_KERNEL is set but no longer read")
+    assert said[2].startswith("S2T2_WHATEVER_ELSE is not a variable s2t2 reads: it has no effect")
+
+
+@pytest.mark.parametrize("name", sorted(VARS))
+@pytest.mark.parametrize("raw", ["\u00b2", "\u0661\u0662", "a\x00b", "a/" * 3000, "~no_such_user_s2t2/x", "-1",
+                                 "9" * 40, "mpi", "kill_at_step:99999999999999999999@x", ":", ","])
+def test_every_value_of_every_variable_is_one_line_or_accepted(name, raw):
+    # the checker itself never crashes (was: ValueError for a superscript digit as the log level, OSError for a
+    # name too long, RuntimeError for ~user of no such user)
+    try:
+        check(("package", "slurm"), env={name: raw})
+    except EnvError as e:
+        assert "\n" not in str(e) and name in str(e)
+
+
+def test_a_backend_this_torch_was_built_without_is_refused(monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "is_mpi_available", lambda: False)
+    with pytest.raises(EnvError, match=r"S2T2_DIST_BACKEND='mpi': this torch .* was built without mpi support"):
+        get("S2T2_DIST_BACKEND", {"S2T2_DIST_BACKEND": "mpi"})
+    with pytest.raises(EnvError, match="without mpi support"):
+        get("S2T2_DIST_BACKEND", {"S2T2_DIST_BACKEND": "cpu:mpi"})
+    monkeypatch.setattr(dist, "is_mpi_available", lambda: True)
+    assert get("S2T2_DIST_BACKEND", {"S2T2_DIST_BACKEND": "mpi"}) == "mpi"
+
+
+def test_a_cache_dir_on_a_device_is_named_as_such():
+    with pytest.raises(EnvError, match=r"S2T2_CACHE_DIR=/dev/null: is not a directory \(a device, pipe or socket\)"):
+        get("S2T2_CACHE_DIR", {"S2T2_CACHE_DIR": "/dev/null"})
 
 
 def _s2t2(*args, env):

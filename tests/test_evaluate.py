@@ -174,3 +174,21 @@ def test_lockstep_forward_calls_and_exact_sums():
     assert t0["tokens"] == ref.tokens and t0["bytes"] == ref.bytes and t0["docs"] == 5
     assert t0["nll_nats"] == pytest.approx(ref.nll_nats, rel=1e-12)
     assert isinstance(EvalTotals(**t0).metrics(8)["bpb"], float)
+
+
+def test_a_model_computing_non_finite_logits_gives_no_score(world, tmp_path):
+    """Damaged weights that still parse (here: a weight matrix of NaN) were scored: exit 0 and `perplexity nan, bpb
+    nan` in eval.json. Now one line naming the model, and no eval.json."""
+    from safetensors.torch import load_file, save_file
+
+    from s2t2_dist.errors import ModelLoadError
+
+    model = _uniform_model(world, tmp_path / "nan")
+    sd = load_file(str(model / "model.safetensors"))
+    first = sorted(k for k in sd if sd[k].dim() == 2)[0]
+    sd[first].fill_(float("nan"))
+    save_file(sd, str(model / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=rf"model.path {model}: the total loss over [\d,]+ tokens is nan .*no "
+                                             "score was written"):
+        _eval(tmp_path / "run", f"model.path={model}", f"data.eval={world.new_eval}")
+    assert not (tmp_path / "run" / "eval.json").exists()

@@ -94,11 +94,11 @@ class SlurmConfig:
     env: dict = field(default_factory=dict)
 
     def validate(self) -> None:
-        if self.nodes < 1 or self.gpus_per_node < 0 or self.tasks_per_node < 0 or self.cpus_per_task < 1:
-            raise ConfigError("nodes and cpus_per_task must be >= 1, gpus_per_node and tasks_per_node >= 0")
+        for k, lo in (("nodes", 1), ("cpus_per_task", 1), ("gpus_per_node", 0), ("tasks_per_node", 0),
+                      ("max_requeues", 0), ("signal_delay_s", 0)):
+            if getattr(self, k) < lo:
+                raise ConfigError(f"{k}: must be >= {lo}, got {getattr(self, k)}")
         timeout_minutes(self.time)
-        if self.max_requeues < 0 or self.signal_delay_s < 0:
-            raise ConfigError("max_requeues and signal_delay_s must be >= 0")
 
     @property
     def ntasks_per_node(self) -> int:

@@ -160,6 +160,8 @@ class DataConfig:
             raise bad("shard_size", f"must be >= 1, got {self.shard_size}")
         if self.num_workers < 0:
             raise bad("num_workers", f"must be >= 0, got {self.num_workers}")
+        if not 0 <= self.seed <= 2**32 - 1:
+            raise bad("seed", f"must be in [0, {2**32 - 1}], got {self.seed}")
         if not self.output_dir:
             raise bad("output_dir", "must be a directory path")
 
@@ -185,3 +187,6 @@ class DataPaths:
                 raise ConfigError(f"{k}: required (a directory written by `s2t2 prepare`)")
         if self.num_workers < 0:
             raise ConfigError(f"num_workers: must be >= 0, got {self.num_workers}")
+        if self.shuffle_window < 1:  # a window of 0 samples would shuffle nothing and serve nothing
+            raise ConfigError(f"shuffle_window: must be >= 1 (1: no shuffling within the epoch's order), got "
+                              f"{self.shuffle_window}")

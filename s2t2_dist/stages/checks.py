@@ -79,19 +79,34 @@ def model_tokenizer(directory: Path | None, key: str = "model.path", trust_remot
         raise ConfigError(f"{key}: the tokenizer stored with {directory} cannot be loaded: {e}") from None
 
 
+#: a tokenizer using fewer than this fraction of the model's embedding rows belongs to another model (padding adds
+#: a few rows: OLMo's 50,280 tokens in 50,304 rows)
+MIN_ROWS_USED = 0.5
+
+
 def model_tokenizer_fits(directory: Path | None, tok, key: str = "model.path") -> None:
-    """The tokenizer stored with a model (``tok``: `model_tokenizer`'s) must not have ids beyond the model's
-    embedding rows (it would read rows that belong to no token, or fail inside the model); fewer tokens than rows
-    is normal (padded embeddings)."""
+    """The tokenizer stored with a model (``tok``: `model_tokenizer`'s) must fit the model's embedding rows: no ids
+    beyond them (it would read rows that belong to no token, or fail inside the model), and not far fewer tokens
+    (a tokenizer of another model: evaluate would score, translate would learn a P of the wrong size). A few rows
+    more than tokens is padding: a warning with the numbers."""
     if directory is None or tok is None:
         return
     rows = embedding_rows(directory)
     ids = tok.ids()  # only the ids matter here (special-token conventions are the stages' business)
     n = max(ids) + 1 if ids else 0
-    if rows is not None and n > rows:
+    if not isinstance(rows, int):
+        return
+    if n > rows:
         raise ConfigError(f"{key}: the tokenizer stored with {directory} has {n} tokens but the model "
                           f"has only {rows} embedding rows (config.json vocab_size); the tokenizer belongs to "
                           "another model")
+    if n < rows * MIN_ROWS_USED:
+        raise ConfigError(f"{key}: the tokenizer stored with {directory} has {n} tokens but the model has {rows} "
+                          f"embedding rows (config.json vocab_size): {rows - n} rows no token reads, more than "
+                          "padding explains; the tokenizer belongs to another model")
+    if n < rows:
+        log.warning("%s: the tokenizer stored with %s has %d tokens, the model %d embedding rows: %d rows no token "
+                    "reads (padding)", key, directory, n, rows, rows - n)
 
 
 def context_fits(directory: Path | None, context_len: int, key: str, model_key: str = "model.path") -> None:
@@ -193,16 +208,53 @@ def context_matches_shards(m: dict, context_len: int, key: str, ctx_key: str = "
                           f"{m.get('context_len')} tokens; use {ctx_key}={m.get('context_len')} or re-run prepare")
 
 
+def input_file(path: str, key: str, what: str = "P file") -> None:
+    """A file the run reads must be a regular file: a directory, device or pipe is named as such, not "missing"
+    (opening a FIFO would wait for a writer)."""
+    from s2t2_dist.utils.io import not_a_file
+
+    kind = not_a_file(path)
+    if kind is None:
+        return
+    if kind.startswith(("a ", "not ")):
+        raise ConfigError(f"{key}: {what} {path} is {kind}, not a file")
+    raise ConfigError(f"{key}: {what} {path} {kind}")
+
+
+def batch_fits_shards(m: dict, batch_size: int, key: str = "data.train") -> None:
+    """A global batch larger than the split leaves no full batch in an epoch: refused before the model is loaded
+    (the loader would refuse it after)."""
+    n = (m.get("totals") or {}).get("n_samples")
+    if isinstance(n, int) and batch_size > n:
+        raise ConfigError(f"train.batch_size={batch_size} is larger than the {n} training blocks in {key} "
+                          f"{m.get('_dir')}: not one batch per epoch; use train.batch_size <= {n} or prepare more data")
+
+
 def writable_dir(path: str, key: str) -> None:
     """A directory a stage will write must be a directory (or not exist yet) in a place this process may write."""
+    from s2t2_dist.utils.io import not_a_file
+
     p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise ConfigError(f"{key}: {path} exists and is not a directory")
     parent = p
-    while not parent.exists():
+    while not os.path.lexists(parent) and parent != parent.parent:
         parent = parent.parent
+    if os.path.lexists(parent) and not parent.is_dir():
+        what = not_a_file(parent) or "a file"
+        what = what if what.startswith(("a ", "not ")) else "a broken link" if "not exist" in what else what
+        where = f"{path} is {what}" if parent == p else f"{path} is below {parent}, which is {what}"
+        raise ConfigError(f"{key}: {where}, not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{key}: cannot write into {parent} (permission denied)")
+        raise ConfigError(f"{key}: cannot write into {parent} ({_why_not_writable(parent)})")
+
+
+def _why_not_writable(path: Path) -> str:
+    """A read-only filesystem is said as such: changing permissions would not help there."""
+    try:
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            return "a read-only filesystem"
+    except OSError:
+        pass
+    return "permission denied"
 
 
 def writable_dirs(dirs: dict[str, str]) -> None:

@@ -91,8 +91,11 @@ class EvalOptions:
     name: str = ""
 
     def validate(self) -> None:
-        if self.context_len < 1 or self.batch_size < 1 or self.max_docs < 0:
-            raise ConfigError("context_len and batch_size must be >= 1, max_docs >= 0")
+        for k in ("context_len", "batch_size"):
+            if getattr(self, k) < 1:
+                raise ConfigError(f"{k}: must be >= 1, got {getattr(self, k)}")
+        if self.max_docs < 0:
+            raise ConfigError(f"max_docs: must be >= 0 (0: all), got {self.max_docs}")
 
 
 @dataclass
@@ -113,6 +116,11 @@ class EvaluateConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     #: scoring options
     eval: EvalOptions = field(default_factory=EvalOptions)
+
+    def validate(self) -> None:
+        from s2t2_dist.train.config import check_seed
+
+        check_seed(self.seed)
 
 
 def _eval_train_config(cfg: EvaluateConfig, world: int):
@@ -153,8 +161,8 @@ def preflight(cfg: EvaluateConfig) -> tuple[InitPlan, dict] | None:
     tok = checks.tokenizer(cfg.data.tokenizer) if cfg.data.tokenizer and m is not None else None
     if tok is not None:
         checks.shards_match_tokenizer(m, "data.eval", tok)
-    if cfg.init.kind == "translated" and not Path(cfg.init.p_file).is_file():
-        raise ConfigError(f"init.p_file: P file {cfg.init.p_file} does not exist")
+    if cfg.init.kind == "translated":
+        checks.input_file(cfg.init.p_file, "init.p_file")
     if mdir is not None and m is not None:  # the tokenizer the model will speak against the shards: no weights read
         from s2t2_dist.stages.init_model import check_shards, resolve_plan
 
@@ -194,6 +202,7 @@ def _evaluate(cfg: EvaluateConfig, rt, resolved: tuple[InitPlan, dict] | None) -
     metrics, totals = evaluate_documents(hf_logits_fn(engine.module, engine.device, autocast), docs,
                                          cfg.eval.context_len, vocab_size=plan.vocab_size,
                                          batch_size=cfg.eval.batch_size, pad_id=pad, max_docs=cfg.eval.max_docs)
+    nonfinite_loss(totals.nll_nats, totals.tokens, cfg)
     name = cfg.eval.name or cfg.init.kind
     result = {"name": name, "model": cfg.model.path, "init": plan.to_dict(), "p_file": cfg.init.p_file or None,
               "eval_shards": cfg.data.eval, "context_len": cfg.eval.context_len, "max_docs": cfg.eval.max_docs,
@@ -205,6 +214,21 @@ def _evaluate(cfg: EvaluateConfig, rt, resolved: tuple[InitPlan, dict] | None) -
         raw["records"] = leave_out_beyond(raw["records"], cfg.eval.max_docs)
         result.update(files=raw["files"], records=raw["records"], eval_shards=eval_dir)
     return result
+
+
+def nonfinite_loss(nll: float, tokens: int, cfg: EvaluateConfig) -> None:
+    """A total loss that is NaN or infinite is no score: the weights (or the P they were built with) produce non-finite
+    logits. Refused naming the model, on every rank (the totals are all-reduced), before anything is written."""
+    import math
+
+    if math.isfinite(nll):
+        return
+    from s2t2_dist.errors import ModelLoadError
+
+    built = f" built with init.p_file {cfg.init.p_file}" if cfg.init.kind == "translated" else ""
+    raise ModelLoadError(f"model.path {cfg.model.path}{built}: the total loss over {tokens:,} tokens is {nll} (the "
+                         "model computes non-finite logits: damaged weights, or a run that diverged); no score was "
+                         "written")
 
 
 def _report(rt, result: dict, out: Path) -> None:

@@ -26,7 +26,6 @@ from typing import Literal
 
 import torch
 
-from s2t2_dist.errors import ConfigError
 from s2t2_dist.eval.scoring import ScoringConfig
 from s2t2_dist.data.config import DataPaths
 from s2t2_dist.engines.build import EngineConfig, build_model_and_engine, engine_kind
@@ -225,6 +224,7 @@ def export_model(engine, plan: InitPlan, out_dir: str | Path, *, dtype: torch.dt
     from s2t2_dist.stages.init_model import replace_dir
     from s2t2_dist.errors import InitError
     from s2t2_dist.data.tokenizers import copy_tokenizer_files
+    from s2t2_dist.models.dir_check import write_record
     from s2t2_dist.utils.io import atomic_write_text, fsync_dir
 
     out = Path(out_dir)
@@ -240,6 +240,7 @@ def export_model(engine, plan: InitPlan, out_dir: str | Path, *, dtype: torch.dt
     if rank == 0:
         try:
             copy_tokenizer_files(plan.loaded["tokenizer"], partial)
+            write_record(partial)  # checksums a later stage compares before reading the export
             atomic_write_text(partial / EXPORT_INFO, json.dumps({"init": plan.to_dict(), **(extra or {})}, indent=1))
             fsync_dir(partial)
             replace_dir(partial, out, EXPORT_INFO)
@@ -280,6 +281,7 @@ def preflight(cfg: FinetuneConfig) -> tuple[InitPlan, dict] | None:
     checks.context_fits(mdir, cfg.train.context_len, "train.context_len")
     train_m = checks.shards(cfg.data.train, "data.train", "packed")
     checks.context_matches_shards(train_m, cfg.train.context_len, "data.train")
+    checks.batch_fits_shards(train_m, cfg.train.batch_size)
     tok = checks.tokenizer(cfg.data.tokenizer) if cfg.data.tokenizer else None
     if tok is not None:
         checks.shards_match_tokenizer(train_m, "data.train", tok)
@@ -288,8 +290,8 @@ def preflight(cfg: FinetuneConfig) -> tuple[InitPlan, dict] | None:
         if tok is not None:
             checks.shards_match_tokenizer(eval_m, "data.eval", tok)
         checks.same_shards(train_m, eval_m)
-    if cfg.init.kind == "translated" and not Path(cfg.init.p_file).is_file():
-        raise ConfigError(f"init.p_file: P file {cfg.init.p_file} does not exist")
+    if cfg.init.kind == "translated":
+        checks.input_file(cfg.init.p_file, "init.p_file")
     if mdir is not None:  # the tokenizer the model will speak (P file, init kind) against the shards: no weights read
         from s2t2_dist.stages.init_model import check_shards, resolve_plan
 
@@ -319,8 +321,9 @@ def _train(cfg: FinetuneConfig, rt: Runtime, resolved: tuple[InitPlan, dict] | N
     resolved = resolved or resolve_plan(cfg.init, cfg.model.path, cfg.data.tokenizer,
                                         cfg.init.dir or str(rt.run_dir / "init"))
     plan = resolved[0]
-    fp = fingerprint(**config_part(cfg, "model", "init"), data=cfg.data.train, tokenizer=plan.tokenizer_hash,
+    fp = fingerprint(**config_part(cfg, "model"), data=cfg.data.train, tokenizer=plan.tokenizer_hash,
                      engine=cfg.engine.kind, train=[cfg.train.batch_size, cfg.train.context_len, cfg.train.seed])
+    fp["init"] = config_part(cfg, "init")["init"]  # by value: a refusal names the key (init.p_file, init.kind)
     fp["optim"] = cfg.optim.fingerprint()  # by value: a refusal names the changed setting
     fp["train.steps"] = cfg.train.steps  # the lr schedule's length: a change is refused, never silently applied
     # elastic: a checkpoint resumes on another number of ranks -- FSDP2 through torch DCP (which re-splits the

@@ -370,14 +370,14 @@ def preflight(cfg: TranslateConfig) -> TranslateInputs:
     train_m = checks.shards(cfg.data.train, "data.train", "packed")
     checks.shards_match_tokenizer(train_m, "data.train", tok)
     checks.context_matches_shards(train_m, cfg.train.context_len, "data.train")
+    checks.batch_fits_shards(train_m, cfg.train.batch_size)
     if cfg.data.eval:
         eval_m = checks.shards(cfg.data.eval, "data.eval", "docs")
         checks.shards_match_tokenizer(eval_m, "data.eval", tok)
         checks.same_shards(train_m, eval_m)
     p = None
     if cfg.translator.init_p:
-        if not Path(cfg.translator.init_p).is_file():
-            raise ConfigError(f"translator.init_p: P file {cfg.translator.init_p} does not exist")
+        checks.input_file(cfg.translator.init_p, "translator.init_p")
         from s2t2_dist.translator.pfile import load_p
 
         p = load_p(cfg.translator.init_p)

@@ -89,6 +89,16 @@ def _space_hint(directory: Path, err: BaseException | None, previous: Path | Non
     return ""
 
 
+def _said(err: BaseException | None, hint: str) -> str:
+    """The error of a failed write, in the user's words: on a full disk torch.save's own text ('[enforce fail at
+    inline_container.cc:...] . unexpected pos 576 vs 534') says nothing the hint does not say better."""
+    if hint and not (isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT) and err.strerror):
+        return "the write failed"
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    return f"{type(err).__name__}: {err}"
+
+
 class Checkpointer:
     def __init__(self, run_dir: str | Path, keep: int = 2, fingerprint: dict | None = None, elastic: bool = False):
         self.root = Path(run_dir) / "checkpoints"
@@ -147,8 +157,9 @@ class Checkpointer:
             except BaseException as e:  # noqa: BLE001 - re-raised below on every rank
                 err = e
         if not _all_ok(err is None):
-            raise CheckpointError(f"creating checkpoint directory {partial} failed: {err}"
-                                  f"{_space_hint(partial, err, previous)}{kept}") from err
+            hint = _space_hint(partial, err, previous)
+            raise CheckpointError(f"creating checkpoint directory {partial} failed: {_said(err, hint)}{hint}{kept}") \
+                from err
         try:
             faults.point("checkpoint.begin", step)
             engine.save(partial)
@@ -163,7 +174,7 @@ class Checkpointer:
                 shutil.rmtree(partial, ignore_errors=True)
             if err is not None:
                 raise CheckpointError(f"writing checkpoint {partial} failed on rank {rank}: "
-                                      f"{type(err).__name__}: {err}{hint}{kept}") from err
+                                      f"{_said(err, hint)}{hint}{kept}") from err
             raise CheckpointError(f"writing checkpoint {partial} failed on another rank{hint}{kept}")
         # Every file must be on stable storage before meta.json makes the checkpoint complete: a node that dies
         # (not just a process) after the rename must not leave a "complete" checkpoint with lost pages.
@@ -175,8 +186,9 @@ class Checkpointer:
         if not _all_ok(err is None):
             if rank == 0:
                 shutil.rmtree(partial, ignore_errors=True)
-            raise CheckpointError(f"flushing checkpoint {partial} to disk failed: {err}"
-                                  f"{_space_hint(partial, err, previous)}{kept}") from err
+            hint = _space_hint(partial, err, previous)
+            raise CheckpointError(f"flushing checkpoint {partial} to disk failed: {_said(err, hint)}{hint}{kept}") \
+                from err
         if rank == 0:
             try:
                 meta = {"step": step, "world_size": world, "fingerprint": self.fingerprint,
@@ -193,7 +205,7 @@ class Checkpointer:
                 err = e
                 hint = _space_hint(partial, e, previous)
                 shutil.rmtree(partial, ignore_errors=True)
-                err = CheckpointError(f"{type(e).__name__}: {e}{hint}")
+                err = CheckpointError(f"{_said(e, hint)}{hint}")
         if not _all_ok(err is None):
             raise CheckpointError(f"finalising checkpoint {final} failed: {err or 'on rank 0'}{kept}")
         if rank == 0:
@@ -224,7 +236,7 @@ class Checkpointer:
         except (OSError, ValueError) as e:
             raise CheckpointCorrupt(f"checkpoint {directory}: unreadable meta.json ({e})") from None
 
-    def check_compatible(self, directory: Path, meta: dict | None = None) -> dict:
+    def check_compatible(self, directory: Path, meta: dict | None = None) -> dict:  # noqa: C901 - one check per part
         """Refuse a checkpoint of another number of ranks or another configuration (CheckpointError)."""
         _, world = _rank_world()
         meta = self._read_meta(directory) if meta is None else meta
@@ -237,7 +249,8 @@ class Checkpointer:
         unknown = [k for k in self.fingerprint if k not in theirs]
         if unknown:  # written before these were recorded: cannot be checked
             log.warning("checkpoint %s does not record %s; resuming without checking them", directory, unknown)
-        diff = {k: (theirs.get(k), v) for k, v in self.fingerprint.items() if k in theirs and theirs.get(k) != v}
+        diff = {k: (theirs.get(k), v) for k, v in self.fingerprint.items()
+                if k in theirs and theirs.get(k) != v and not _same_as_hashed(theirs.get(k), v)}
         if diff:
             parts = []
             for k, (a, b) in diff.items():
@@ -344,3 +357,14 @@ class Checkpointer:
             log.warning("every checkpoint in %s was damaged (%s, set aside as *.corrupt): starting from step 0, "
                         "not resuming", self.root, ", ".join(damaged))
         return None
+
+
+def _same_as_hashed(theirs, ours) -> bool:
+    """A section recorded by value now and as a short hash by older checkpoints (stages/common.fingerprint: sha256 of
+    its JSON, 16 hex digits): the same setting when the hash of ours is theirs."""
+    if not (isinstance(theirs, str) and isinstance(ours, dict)):
+        return False
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(ours, sort_keys=True, default=str).encode()).hexdigest()[:16] == theirs

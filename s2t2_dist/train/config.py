@@ -8,6 +8,16 @@ from typing import Literal
 
 from s2t2_dist.errors import ConfigError
 
+#: the largest optim.lr taken: no AdamW setting of these models is near it, and 1e308 trained to an infinite C
+MAX_LR = 10.0
+#: seeds go to torch.manual_seed with the rank and step added (loop.py): kept far inside its 64-bit range
+MAX_SEED = 2**32 - 1
+
+
+def check_seed(seed: int, key: str = "seed") -> None:
+    if not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"{key}: must be in [0, {MAX_SEED}], got {seed}")
+
 
 @dataclass
 class OptimConfig:
@@ -29,16 +39,22 @@ class OptimConfig:
     grad_clip: float = 1.0
 
     def validate(self) -> None:
-        if self.lr <= 0:
-            raise ConfigError(f"lr: must be > 0, got {self.lr}")
+        if not 0 < self.lr <= MAX_LR:
+            raise ConfigError(f"lr: must be > 0 and at most {MAX_LR:g} (AdamW moves every parameter by up to about lr "
+                              f"a step; beyond that the parameters blow up), got {self.lr}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ConfigError(f"betas: need two values in [0, 1), got {self.betas}")
         if not 0 <= self.warmup_frac < 1:
             raise ConfigError(f"warmup_frac: must be in [0, 1), got {self.warmup_frac}")
         if not 0 <= self.final_lr_frac <= 1:
             raise ConfigError(f"final_lr_frac: must be in [0, 1], got {self.final_lr_frac}")
-        if self.weight_decay < 0 or self.eps <= 0:
-            raise ConfigError("weight_decay must be >= 0 and eps > 0")
+        if not 0 <= self.weight_decay * self.lr < 1:  # AdamW scales each parameter by 1 - lr x weight_decay
+            raise ConfigError(f"weight_decay: must be >= 0 with lr x weight_decay < 1 (AdamW multiplies every "
+                              f"parameter by 1 - lr x weight_decay), got {self.weight_decay} at lr {self.lr}")
+        if not 0 < self.eps <= 1:
+            raise ConfigError(f"eps: must be in (0, 1], got {self.eps}")
+        if self.grad_clip < 0:  # the engines read any value <= 0 as "no clipping": a sign slip would switch it off
+            raise ConfigError(f"grad_clip: must be >= 0 (0: no clipping), got {self.grad_clip}")
         from s2t2_dist.train.optim import OPTIMIZERS
 
         OPTIMIZERS.lookup(self.name, "name")
@@ -104,11 +120,13 @@ class TrainConfig:
     def validate(self) -> None:
         if self.steps < 0:
             raise ConfigError(f"steps: must be >= 0 (0: score the start without training), got {self.steps}")
-        for k in ("batch_size", "micro_batch_size", "context_len", "max_micro_tokens"):
+        for k in ("batch_size", "micro_batch_size", "context_len", "max_micro_tokens", "log_every"):
             if getattr(self, k) != "auto" and getattr(self, k) <= 0:
                 raise ConfigError(f"{k}: must be > 0, got {getattr(self, k)}")
-        if self.ckpt_every < 0 or self.log_every <= 0 or self.max_bad_steps < 0:
-            raise ConfigError("ckpt_every must be >= 0, log_every > 0, max_bad_steps >= 0")
+        for k in ("ckpt_every", "max_bad_steps", "eval_every", "eval_max_docs", "stop_after"):
+            if getattr(self, k) < 0:
+                raise ConfigError(f"{k}: must be >= 0, got {getattr(self, k)}")
+        check_seed(self.seed)
         if self.profile and (len(self.profile) != 2 or not 1 <= self.profile[0] <= self.profile[1]):
             raise ConfigError(f"profile: [first, last] steps with 1 <= first <= last, or [] for none; got "
                               f"{self.profile}")

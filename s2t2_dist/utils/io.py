@@ -236,3 +236,25 @@ def sha256_file(path: str | Path, bufsize: int = 1 << 20) -> str:
 def json_sha256(obj: Any) -> str:
     """sha256 of the canonical JSON of `obj` (sorted keys, no whitespace): a fingerprint of a parameter set."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def not_a_file(path: str | Path) -> str | None:
+    """What ``path`` is when it is not a regular file ("does not exist", "a directory", "a FIFO (named pipe)", ...);
+    None for a regular file (after symbolic links). Said in messages instead of a generic "not found", and checked
+    before opening: opening a FIFO waits for a writer."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "not a regular file"

@@ -90,7 +90,8 @@ def s2t2_inproc(*args, env=None):
 _VARYING = [(re.compile(r"(?<=run )[0-9a-f]{12}\b"), "RUNID"),
             (re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d"), "TIME"),
             (re.compile(r"pid \d+"), "pid PID"), (re.compile(r"on host [^,]+,"), "on host HOST,"),
-            (re.compile(r"(?<=tokenizers )\d+\.\d+\.\d+"), "VERSION")]
+            (re.compile(r"(?<=tokenizers )\d+\.\d+\.\d+"), "VERSION"),
+            (re.compile(r"(?<=transformers )\d+\.\d+\.\d+\S*"), "VERSION")]
 
 
 def normalise(msg: str, work: Path) -> str:
@@ -341,6 +342,7 @@ def generate(work: Path) -> str:
 
     new_cases(work, case, rows, model, data, other, base_fa, prep, targs, ok)
     round4_cases(work, case, rows, model, data, targs, ok)
+    round5_cases(work, case, rows, model, data, targs, ok)
     out = ["| stage | case | message shown | exit | kept |", "|---|---|---|---:|---|"]
     for stage, what, msg, rc, k in rows:
         msg = normalise(msg, work).replace("|", "\\|").replace("`", "'")
@@ -712,6 +714,151 @@ def round4_cases(work, case, rows, model, data, targs, ok) -> None:
         _live(rows, "translate", what, [*long, f"run_dir={run}"], run,
               lambda: (run / "checkpoints" / "step_00000002").is_dir(), lambda proc, a=act: a(run))
         rows[-1] = rows[-1][:4] + ("stopped before its next write" if rows[-1][3] == 2 else rows[-1][4],)
+
+
+def round5_cases(work, case, rows, model, data, targs, ok) -> None:
+    """Round five: damaged weights never give a score, a tokenizer of another model, `s2t2 source-lm` and `s2t2
+    config` inside the one-line contract, numbers checked against their consumer's range, the environment checker's
+    gaps, paths of the wrong kind. Each was a traceback, a silent change of meaning or a NaN score before."""
+    import struct
+
+    ev = work / "ev_r5"
+    ev_args = [f"run_dir={ev}", "init.kind=as_is", "eval.context_len=64", f"data.files=[{work / 'sample.fasta'}]",
+               f"data.cache_dir={work / 'cache_r5'}"]
+
+    def damaged(name, edit):
+        d = work / f"model_r5_{name}"
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(model, d)
+        edit(d)
+        return d
+
+    def header_garbage(d):
+        w = d / "model.safetensors"
+        w.write_bytes(struct.pack("<Q", 7 * 10**18) + w.read_bytes()[8:])
+
+    def truncate(d):
+        w = d / "model.safetensors"
+        w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+
+    def fifo(d):
+        (d / "model.safetensors").unlink()
+        os.mkfifo(d / "model.safetensors")
+
+    def model_type(d):
+        c = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**c, "model_type": "llama9000"}))
+
+    def nan_weights(d):
+        from safetensors.torch import load_file, save_file
+
+        sd = load_file(str(d / "model.safetensors"))
+        sd["model.embed_tokens.weight"].fill_(float("nan"))
+        save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+
+    def tokenizer64(d):
+        from tokenizers import Tokenizer
+        from tokenizers.models import WordLevel
+
+        Tokenizer(WordLevel({f"t{i}": i for i in range(64)}, unk_token="t0")).save(str(d / "tokenizer.json"))
+
+    for what, name, edit in (
+            ("model.safetensors with garbage in its first 8 bytes (was: MemoryError, a read of 7e18 bytes)",
+             "garbage", header_garbage),
+            ("model.safetensors cut to half its size (was: a raw SafetensorError)", "truncated", truncate),
+            ("model.safetensors is a FIFO (was: transformers' traceback)", "fifo", fifo),
+            ("config.json with an unknown model_type", "model_type", model_type),
+            ("weights that parse but hold NaN (was: exit 0, perplexity nan in eval.json)", "nan", nan_weights),
+            ("a 64-token tokenizer.json beside 512 embedding rows (was: exit 0, perplexity 6.7e10)", "tok64",
+             tokenizer64)):
+        case("evaluate", f"model.path: {what}", [*ev_args, f"model.path={damaged(name, edit)}"], ev, fresh=True)
+
+    # ---- the source-model cache: built by s2t2 source-lm, its checksums recorded and compared
+    src = work / "src_r5"
+    shutil.rmtree(src, ignore_errors=True)
+    assert s2t2_inproc("source-lm", "stories260k", "--cache", src).returncode == 0
+    built = src / "stories260k"
+    good = (built / "model.safetensors").read_bytes()
+    mid = work / "model_r5_4k"
+    shutil.rmtree(mid, ignore_errors=True)
+    shutil.copytree(built, mid)
+    data4k = bytearray(good)
+    data4k[len(good) // 2: len(good) // 2 + 4096] = bytes(range(256)) * 16
+    (mid / "model.safetensors").write_bytes(bytes(data4k))
+    case("evaluate", "model.path: an s2t2-written model with 4 KiB overwritten in the middle of its weights (was: "
+         "exit 0, a score)", [*ev_args, f"model.path={mid}"], ev, fresh=True)
+    for what, data_ in (("its weights cut in half", good[: len(good) // 2]),
+                        ("1000 bytes in place of its weights", bytes(range(250)) * 4)):
+        (built / "model.safetensors").write_bytes(data_)
+        p = case("source-lm", f"the cached model with {what} (was: handed out, exit 0)",
+                 ["stories260k", "--cache", src], built)
+        said = [ln for ln in p.stderr.splitlines() if "building it again" in ln]
+        same = (built / "model.safetensors").read_bytes() == good
+        rows[-1] = rows[-1][:2] + ((said or ["(nothing said)"])[-1],) + rows[-1][3:4] + \
+            (f"rebuilt: weights {'identical to the first build' if same else 'NOT as built'}",)
+    cache_file = work / "cache_is_a_file"
+    case("source-lm", "--cache pointing at a file", ["stories260k", "--cache", cache_file], cache_file)
+    case("source-lm", "S2T2_CACHE_DIR pointing at a file", ["stories260k"], cache_file,
+         env={"S2T2_CACHE_DIR": str(cache_file)})
+
+    # ---- numbers against their consumer's range; paths of the wrong kind
+    fr = work / "fresh_r5"
+    pdir = work / "p_is_a_dir"
+    pdir.mkdir(exist_ok=True)
+    shards_n = json.loads((data / "shards/new/train/manifest.json").read_text())["totals"]["n_samples"]
+    big = 2 * (shards_n // 2 + 1)
+    for what, extra in (("optim.lr=1e308 (was: C infinite after step 1, IndexError at step 2)", ["optim.lr=1e308"]),
+                        ("optim.grad_clip=-1 (was: silently no clipping)", ["optim.grad_clip=-1"]),
+                        ("train.seed=-1", ["train.seed=-1"]),
+                        ("train.ckpt_every=-5", ["train.ckpt_every=-5"]),
+                        ("data.shuffle_window=0 (was: refused after the model load)", ["data.shuffle_window=0"]),
+                        (f"train.batch_size={big}, more than the {shards_n} training blocks (was: refused after the "
+                         "model load)", [f"train.batch_size={big}", f"train.micro_batch_size={big}"]),
+                        ("translator.init_p is a directory (was: \"does not exist\")", [f"translator.init_p={pdir}"]),
+                        ("translator.init_p is /dev/null (a device)", ["translator.init_p=/dev/null"]),
+                        ("run_dir is /dev/null (a device)", [])):
+        r = Path("/dev/null") if "run_dir" in what else fr
+        case("translate", what, [*targs, *ok, f"run_dir={r}", *extra], fr, fresh=True)
+    # a finetune run resumed with another P file: the refusal names the key
+    good_p = work / "tp" / "P.safetensors"
+    other_p = work / "P_copy_r5.safetensors"
+    shutil.copy(good_p, other_p)
+    fa = work / "ft_a"
+    ft_args = [f"model.path={model}", f"data.tokenizer={data}/tokenizer", f"data.train={data}/shards/new/train",
+               "train.context_len=64", "train.steps=2", "train.batch_size=2", "train.micro_batch_size=2",
+               "engine.kind=plain", "init.kind=translated"]
+    case("finetune", "resume with another init.p_file (was: two hashes, the key unnamed)",
+         [f"run_dir={fa}", *ft_args, f"init.p_file={other_p}"], fa)
+
+    # ---- s2t2 config: the stages' contract
+    cfg = REPO / "configs" / "translate_olmo1b.yaml"
+    p = case("config", "translate translator.kind=Sparse (was: a traceback)", ["translate", "--config", cfg,
+             "translator.kind=Sparse"], work / "none_r5", fresh=True)
+    rows[-1] = rows[-1][:2] + (p.stderr.strip().splitlines()[-1],) + rows[-1][3:]
+    case("config", "translate with S2T2_MASTER_PORT=99999 (was: not checked)", ["translate"], work / "none_r5",
+         fresh=True, env={"S2T2_MASTER_PORT": "99999"})
+    y = yaml_text = (work / "with_slurm.yaml").read_text().replace("nodes: 1", "nodes: 0")
+    assert yaml_text != (work / "with_slurm.yaml").read_text()
+    case("submit", "slurm: nodes: 0 in the YAML (was: no value in the message)",
+         ["translate", "--config", _text(work / "nodes0.yaml", y), "--cluster", "local"], work / "submitit",
+         fresh=True)
+
+    # ---- the environment checker
+    missing = work / "none.fasta"
+    for var, val, what in (("S2T2_DIST_BACKEND", "mpi", "S2T2_DIST_BACKEND=mpi, this torch built without MPI (was: "
+                                                         "both ranks' tracebacks)"),
+                           ("S2T2_LOG_LEVEL", "\u00b2", "S2T2_LOG_LEVEL=\u00b2 (a superscript digit; was: the "
+                                                         "checker's own ValueError)"),
+                           ("S2T2_CACHE_DIR", "~no_such_user_s2t2/cache", "S2T2_CACHE_DIR=~no_such_user_s2t2/cache "
+                                                                          "(was: the checker's own RuntimeError)"),
+                           ("S2T2_PRODUCT_KERNEL", "live", "S2T2_PRODUCT_KERNEL=live (removed; was: ignored "
+                                                          "without a word)"),
+                           ("S2T2_NATIVE", "0", "S2T2_NATIVE=0 (removed)")):
+        p = case("prepare", what, [f"inputs=[{missing}]", f"output_dir={work / 'penv_r5'}", "--no-progress"],
+                 work / "penv_r5", fresh=True, env={var: val}, proc=var == "S2T2_LOG_LEVEL")
+        warned = [ln[ln.index("WARNING:"):] for ln in p.stderr.splitlines() if "WARNING:" in ln and var in ln]
+        if warned:  # the warning, then the run's next check (the missing input)
+            rows[-1] = rows[-1][:2] + (" / ".join([*dict.fromkeys(warned), rows[-1][2]]),) + rows[-1][3:]
 
 
 def remove_at_once(path: Path) -> None:
