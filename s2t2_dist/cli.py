@@ -19,7 +19,7 @@ COMMANDS = Registry("command", {
     "finetune": ("s2t2_dist.stages.finetune", "Stage 2: finetune the whole model (DeepSpeed ZeRO / FSDP2)"),
     "evaluate": ("s2t2_dist.stages.evaluate",
                  "Perplexity and bits-per-byte on the held-out split, or on any FASTA / jsonl / parquet / text file"),
-    "config": ("s2t2_dist.config_docs", "Print a stage's resolved config as YAML (--config F, key=value overrides)"),
+    "config": ("s2t2_dist.config_cli", "Print a stage's resolved config as YAML (--config F, key=value overrides)"),
     "submit": ("s2t2_dist.cluster.submit", "Submit a stage to SLURM with submitit (requeues on preemption)"),
     "demo": ("s2t2_dist.recipes.demo", "The whole pipeline on the bundled protein sample, in minutes on a CPU"),
     "reproduce": ("s2t2_dist.recipes.reproduce", "The paper's Table 1 and transfer experiment at a chosen scale"),

@@ -87,7 +87,7 @@ def test_an_old_yaml_with_the_recipe_key_names_file_and_key(tmp_path):
 
 
 def test_config_command_prints_null_and_what_it_resolves(capsys):
-    from s2t2_dist.config_docs import main
+    from s2t2_dist.config_cli import main
 
     assert main(["translate", "--config", str(REPO / "configs" / "translate_olmo1b.yaml")]) == 0
     out = capsys.readouterr().out
