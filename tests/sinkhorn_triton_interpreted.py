@@ -145,8 +145,44 @@ def test_sharded_on_two_ranks_equals_one_process():
 
 
 def test_first_use_check_passes_where_the_kernels_run():
-    """The route's one-off check (the streamed-column and registers-row kernels, forward + backward, against the
-    torch steps) passes where the kernels run."""
+    """The route's one-off check (every launch: the streamed-column and registers-row kernels, forward + backward,
+    and the thresholds alone, against the torch steps) passes where the kernels run."""
     from s2t2_dist.ot.dykstra import kernels_ok
 
     assert kernels_ok(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_first_use_check_passes_whatever_the_callers_mode(mode):
+    """Stage 1's first plan is taken under no_grad: the check (which runs a backward) passes there too."""
+    from s2t2_dist.ot.dykstra import kernels_ok
+
+    kernels_ok.cache_clear()
+    with getattr(torch, mode)():
+        assert kernels_ok(torch.device("cpu"), (70, 9))
+    kernels_ok.cache_clear()
+
+
+def test_a_launch_the_check_covers_fails_it(monkeypatch, caplog):
+    """The thresholds-only launch (the sharded rows') wrong: the check fails (one warning) and the route falls back
+    to the torch steps, as for a failing projection; a tiling of its own is checked at that tiling."""
+    import s2t2_dist.ot.dykstra as dy
+    from s2t2_dist.utils import routes
+
+    real = TritonSteps.thresholds
+    monkeypatch.setattr(TritonSteps, "thresholds", lambda self, Z, s, dim: (real(self, Z, s, dim)[0] * 1.5,
+                                                                          real(self, Z, s, dim)[1]))
+    monkeypatch.setattr(dy, "kernel_device", lambda device: True)
+    dy.kernels_ok.cache_clear()
+    mu, nu = torch.full((40,), 1 / 40), torch.full((6,), 1 / 6)
+    with caplog.at_level("WARNING"):
+        assert not dy.kernels_ok(torch.device("cpu"), (40, 6))
+        assert isinstance(dy.steps_for(torch.device("cpu"), mu, nu, ((40, 6),)), dy.TorchSteps)
+    assert sum("failed their first-use check at 40 x 6" in r.message for r in caplog.records) == 1
+    r = routes.summary()["sinkhorn"]
+    assert r["route"] == "torch steps" and r["fallback"] and "differ from the torch steps" in r["why"], r
+    monkeypatch.setattr(TritonSteps, "thresholds", real)
+    dy.kernels_ok.cache_clear()
+    assert isinstance(dy.steps_for(torch.device("cpu"), mu, nu, ((40, 6),)), TritonSteps)
+    assert routes.summary()["sinkhorn"]["route"] == "kernels"
+    dy.kernels_ok.cache_clear()
