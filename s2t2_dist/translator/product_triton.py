@@ -51,7 +51,7 @@ def _kernels(interpret: bool):
     def fwd(p_ptr, m_ptr, idx_ptr, n_ptr, out_ptr, U, D, sp_r, sp_c, stride_m, stride_o,
             BK: tl.constexpr, BU: tl.constexpr, BD: tl.constexpr):
         # out[j, c] = sum over live rows r of P[r, j] * M[r, c]: one (BU x BD) tile of out per program
-        j = tl.program_id(0) * BU + tl.arange(0, BU)
+        j = (tl.program_id(0) * BU + tl.arange(0, BU)).to(tl.int64)  # (j * v: column-major P past 2**31)
         c = tl.program_id(1) * BD + tl.arange(0, BD)
         n = tl.load(n_ptr)
         acc = tl.zeros((BU, BD), dtype=tl.float32)
@@ -75,7 +75,7 @@ def _kernels(interpret: bool):
             kk = k0 + tl.arange(0, BK)
             ok = kk < n
             rows = tl.load(idx_ptr + kk, mask=ok, other=0).to(tl.int64)
-            j = tl.program_id(1) * BU + tl.arange(0, BU)
+            j = (tl.program_id(1) * BU + tl.arange(0, BU)).to(tl.int64)
             acc = tl.zeros((BK, BU), dtype=tl.float32)
             for c0 in range(0, D, BD):
                 c = c0 + tl.arange(0, BD)
