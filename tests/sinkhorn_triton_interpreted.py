@@ -24,6 +24,29 @@ CASES = [(30, 7, 1e-2, False), (200, 40, 1e-2, True), (120, 33, 0.0, False), (50
          (64, 9, 1e-4, True), (97, 130, 3e-3, False)]
 
 
+#: the tiles the interpreted tests run with: the interpreter runs a program's ops one by one, so its time follows
+#: the number of programs, 4x as many at the shipped 2,048-entry tiles as at these; the kernels take the same
+#: branches (several slices a program in registers, streamed slices), and test_shipped_tiles runs the shipped ones
+FAST_TILES = {"ROW_TILE": 8192, "BLOCK_N": 4096, "MIN_ROWS": 16}
+
+
+@pytest.fixture(autouse=True)
+def fast_tiles(request, monkeypatch):
+    if "shipped" not in request.node.name:
+        for k, val in FAST_TILES.items():
+            monkeypatch.setattr(dt, k, val)
+
+
+def test_shipped_tiles():
+    """The shipped tiling (rows 4 a program at u = 512, rows of 3,000 streamed in chunks of 2,048): exact."""
+    assert (dt.ROW_TILE, dt.BLOCK_N, dt.MIN_ROWS) == (2048, 2048, 4)
+    assert dt._shape(40, 512) == (4, 512, True) and dt._shape(5, 3000) == (1, 2048, False)
+    for v, u in ((40, 512), (3000, 5)):
+        C, mu, nu = problem(v, u, 1e-2, seed=v, nonuniform=True, dtype=torch.float32)
+        up = torch.randn(v, u, dtype=torch.float32, generator=torch.Generator().manual_seed(1))
+        assert_equals_reference(lambda c: dykstra(c, TritonSteps(mu, nu), 2), C, mu, nu, up, 1e-6, 1e-5, n_iter=2)
+
+
 @pytest.fixture(params=["registers", "chunks"])
 def blocks(request, monkeypatch):
     """The shipped tiling, or tiny blocks: every slice streamed in chunks of 16 (the path of a column of 50,304;

@@ -257,9 +257,9 @@ def _first_use_check(device: torch.device, v: int, u: int, dtype: torch.dtype) -
 def kernels_why_not(device: torch.device, shape: tuple[int, int] = (5000, 4), dtype: torch.dtype = torch.float32
                     ) -> str:
     """'' when the kernels serve a ``shape`` plan (v, u) of ``dtype`` on ``device``, else why not. Checked once per
-    tiling (:func:`check_shape`): the kernels against the torch steps on a plan of at most 8,192 a side that takes
-    every launch the route makes at ``shape`` (the same block sizes and specialisations), forward and backward,
-    whatever the caller's grad or inference mode. On failure (one warning) the route falls back to the torch
+    tiling (:func:`check_shape`): the kernels against the torch steps on a plan of at most two column chunks a
+    side that takes every launch the route makes at ``shape`` (the same block sizes and specialisations), forward
+    and backward, whatever the caller's grad or inference mode. On failure (one warning) the route falls back to the torch
     steps rather than stopping a run."""
     v, u = shape
     return _first_use_check(torch.device(device), check_shape(v), check_shape(u), dtype)
