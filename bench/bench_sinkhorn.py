@@ -121,7 +121,9 @@ def main() -> None:
     name = type(steps).__name__
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"sparse Sinkhorn {v} x {u} fp32, {n} iterations, start {args.start}, {where}; route {name}", flush=True)
-    res = {"v": v, "u": u, "iters": n, "start": args.start, "device": where, "route": name}
+    from s2t2_dist.utils.routes import summary
+
+    res = {"v": v, "u": u, "iters": n, "start": args.start, "device": where, "route": name, "routes": summary()}
 
     def route(grad: bool):
         C = C0.clone().requires_grad_(grad)

@@ -12,6 +12,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_smoke import stage_stats  # noqa: E402
+from s2t2_dist.utils.routes import fallbacks, text  # noqa: E402
 
 
 def _json(p: Path):
@@ -34,7 +35,8 @@ def main() -> None:
     res["smoke"] = _json(logs / "smoke.json")
     res["sinkhorn"] = _json(logs / "sinkhorn.json")
     res["bare"] = _json(logs / "bare.json")
-    res["finetune"] = _json(logs / "finetune_gpu.json")
+    res["finetune"] = {e: _json(logs / f"finetune_{e}.json") for e in ("fsdp", "zero3")
+                       if (logs / f"finetune_{e}.json").is_file()} or None
     c2 = logs / "C2.log"
     if c2.is_file():
         res["product_rows"] = [line for line in c2.read_text().splitlines() if re.match(r"\| (shipped|moved) ", line)]
@@ -50,10 +52,33 @@ def main() -> None:
         res["stage1_v50280_over_v243"] = tps["tr2"] / tps["tr1"]
     if tps["tr1"] and res["bare"]:
         res["stage1_v243_over_bare"] = tps["tr1"] / res["bare"]["tokens_per_s"]
+    res["routes"] = routes(work, res["sinkhorn"])
+    fell = [f"{run} {line}" for run, s in res["routes"].items() for line in fallbacks(s)]
+    res["fallbacks"] = fell
     out.write_text(json.dumps(res, indent=1))
     print(json.dumps({k: v for k, v in res.items() if k in ("items", "stage1_v50280_over_v243",
                                                             "stage1_v243_over_bare")}))
+    for run, s in res["routes"].items():
+        print(f"routes {run}: {text(s)}")
+    if not res["routes"]:
+        print("routes: none recorded (no stage run or Sinkhorn bench finished)")
+    if fell:
+        print("CHECK FAILED: a route fell back: " + "; ".join(fell))
+    return 1 if fell else 0
+
+
+def routes(work: Path, sinkhorn: dict | None) -> dict:
+    """{run: routes summary} of the stage-1 runs (their result.json) and the Sinkhorn bench."""
+    out = {}
+    for name, rj in (("A translate", work / "smoke" / "runs" / "translate" / "result.json"),
+                     ("B1", work / "tr1" / "result.json"), ("B2", work / "tr2" / "result.json")):
+        r = _json(rj)
+        if r and r.get("routes"):
+            out[name] = r["routes"]
+    if sinkhorn and sinkhorn.get("routes"):
+        out["C1"] = sinkhorn["routes"]
+    return out
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -164,6 +164,11 @@ def main(argv=None) -> int:
     finally:
         os.environ.pop(SYNC_DEBUG_ENV, None)
     record("translate", tr, 4 * n_params)
+    from s2t2_dist.utils.routes import fallbacks, text
+
+    report["routes"] = tr.result.get("routes") or {}
+    print(f"  routes: {text(report['routes'])}", flush=True)
+    failures += [f"translate: {f}" for f in fallbacks(report["routes"])]
     p_file = tr.result["p_file"]
     ft_common = [*common, f"model.path={model}", f"init.p_file={p_file}", "optim.lr=1e-3"]
     # the two finetunes are independent: run side by side (their start-up dominates at smoke sizes); on GPUs

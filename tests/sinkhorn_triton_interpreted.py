@@ -24,6 +24,29 @@ CASES = [(30, 7, 1e-2, False), (200, 40, 1e-2, True), (120, 33, 0.0, False), (50
          (64, 9, 1e-4, True), (97, 130, 3e-3, False)]
 
 
+#: the tiles the interpreted tests run with: the interpreter runs a program's ops one by one, so its time follows
+#: the number of programs, 4x as many at the shipped 2,048-entry tiles as at these; the kernels take the same
+#: branches (several slices a program in registers, streamed slices), and test_shipped_tiles runs the shipped ones
+FAST_TILES = {"ROW_TILE": 8192, "BLOCK_N": 4096, "MIN_ROWS": 16}
+
+
+@pytest.fixture(autouse=True)
+def fast_tiles(request, monkeypatch):
+    if "shipped" not in request.node.name:
+        for k, val in FAST_TILES.items():
+            monkeypatch.setattr(dt, k, val)
+
+
+def test_shipped_tiles():
+    """The shipped tiling (rows 4 a program at u = 512, rows of 3,000 streamed in chunks of 2,048): exact."""
+    assert (dt.ROW_TILE, dt.BLOCK_N, dt.MIN_ROWS) == (2048, 2048, 4)
+    assert dt._shape(40, 512) == (4, 512, True) and dt._shape(5, 3000) == (1, 2048, False)
+    for v, u in ((40, 512), (3000, 5)):
+        C, mu, nu = problem(v, u, 1e-2, seed=v, nonuniform=True, dtype=torch.float32)
+        up = torch.randn(v, u, dtype=torch.float32, generator=torch.Generator().manual_seed(1))
+        assert_equals_reference(lambda c: dykstra(c, TritonSteps(mu, nu), 2), C, mu, nu, up, 1e-6, 1e-5, n_iter=2)
+
+
 @pytest.fixture(params=["registers", "chunks"])
 def blocks(request, monkeypatch):
     """The shipped tiling, or tiny blocks: every slice streamed in chunks of 16 (the path of a column of 50,304;
@@ -172,8 +195,44 @@ def test_sharded_on_two_ranks_equals_one_process():
 
 
 def test_first_use_check_passes_where_the_kernels_run():
-    """The route's one-off check (the streamed-column and registers-row kernels, forward + backward, against the
-    torch steps) passes where the kernels run."""
+    """The route's one-off check (every launch: the streamed-column and registers-row kernels, forward + backward,
+    and the thresholds alone, against the torch steps) passes where the kernels run."""
     from s2t2_dist.ot.dykstra import kernels_ok
 
     assert kernels_ok(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_first_use_check_passes_whatever_the_callers_mode(mode):
+    """Stage 1's first plan is taken under no_grad: the check (which runs a backward) passes there too."""
+    from s2t2_dist.ot.dykstra import kernels_ok
+
+    kernels_ok.cache_clear()
+    with getattr(torch, mode)():
+        assert kernels_ok(torch.device("cpu"), (70, 9))
+    kernels_ok.cache_clear()
+
+
+def test_a_launch_the_check_covers_fails_it(monkeypatch, caplog):
+    """The thresholds-only launch (the sharded rows') wrong: the check fails (one warning) and the route falls back
+    to the torch steps, as for a failing projection; a tiling of its own is checked at that tiling."""
+    import s2t2_dist.ot.dykstra as dy
+    from s2t2_dist.utils import routes
+
+    real = TritonSteps.thresholds
+    monkeypatch.setattr(TritonSteps, "thresholds", lambda self, Z, s, dim: (real(self, Z, s, dim)[0] * 1.5,
+                                                                          real(self, Z, s, dim)[1]))
+    monkeypatch.setattr(dy, "kernel_device", lambda device: True)
+    dy.kernels_ok.cache_clear()
+    mu, nu = torch.full((40,), 1 / 40), torch.full((6,), 1 / 6)
+    with caplog.at_level("WARNING"):
+        assert not dy.kernels_ok(torch.device("cpu"), (40, 6))
+        assert isinstance(dy.steps_for(torch.device("cpu"), mu, nu, ((40, 6),)), dy.TorchSteps)
+    assert sum("failed their first-use check at 40 x 6" in r.message for r in caplog.records) == 1
+    r = routes.summary()["sinkhorn"]
+    assert r["route"] == "torch steps" and r["fallback"] and "differ from the torch steps" in r["why"], r
+    monkeypatch.setattr(TritonSteps, "thresholds", real)
+    dy.kernels_ok.cache_clear()
+    assert isinstance(dy.steps_for(torch.device("cpu"), mu, nu, ((40, 6),)), TritonSteps)
+    assert routes.summary()["sinkhorn"]["route"] == "kernels"
+    dy.kernels_ok.cache_clear()

@@ -330,3 +330,63 @@ def test_kernels_that_cannot_run_fail_their_first_use_check_with_one_warning(cap
         assert not kernels_ok(torch.device("cpu")) and not kernels_ok(torch.device("cpu"))
     assert sum("failed their first-use check" in r.message for r in caplog.records) == 1
     kernels_ok.cache_clear()
+
+
+@pytest.mark.parametrize("n", [4, 96, 512, 4095, 4096, 8192, 8193, 32000, 50280, 50304, 151936, 256000])
+def test_the_first_use_check_tiles_as_the_route(n):
+    """The check's plan side has the tiling of the real side (block sizes, streamed or whole, the last chunk's
+    remainder, divisibility by 16: what Triton specialises on) and is at most two column chunks long."""
+    import s2t2_dist.ot.dykstra_triton as dt
+    from s2t2_dist.ot.dykstra import check_shape
+
+    m = check_shape(n)
+    assert m <= 2 * dt.BLOCK_N and m % 16 == n % 16 and m % dt.BLOCK_N == n % dt.BLOCK_N
+    for other in (7, 512, 5000):  # as the long and as the short side
+        assert dt._shape(other, m) == dt._shape(other, n) and dt._shape(m, other)[:1] <= dt._shape(n, other)[:1]
+
+
+def test_a_plan_beyond_the_routes_is_refused_in_one_line():
+    from s2t2_dist.ot.dykstra import MAX_SIDE, check_plan_shape
+
+    check_plan_shape(MAX_SIDE, 512)
+    with pytest.raises(ValueError, match=r"^the sparse Sinkhorn supports at most 16,777,215 tokens a side, got u "):
+        check_plan_shape(50280, MAX_SIDE + 1)
+    C = torch.zeros(1, 3).expand(MAX_SIDE + 1, 3)  # (no memory: a view)
+    with pytest.raises(ValueError, match="tokens a side, got v"):
+        SparseSinkhorn(torch.zeros(1).expand(MAX_SIDE + 1), torch.ones(3), validate=False)(C)
+
+
+def test_the_route_taken_is_recorded_with_why(monkeypatch, caplog):
+    """On a CPU: the torch steps, not a fallback. On a kernel device whose kernels cannot run (here: no GPU and no
+    interpreter): the torch steps as a fallback, with the first-use check's reason."""
+    import s2t2_dist.ot.dykstra as dy
+    from s2t2_dist.utils import routes
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("(the interpreter runs the kernels: tests/sinkhorn_triton_interpreted.py)")
+    monkeypatch.setattr(routes, "ROUTES", {})
+    mu, nu = torch.full((20,), 1 / 20), torch.full((4,), 1 / 4)
+    assert isinstance(dy.steps_for(torch.device("cpu"), mu, nu), dy.TorchSteps)
+    assert routes.summary()["sinkhorn"] == {"route": "torch steps", "why": "a CPU device (the kernels are CUDA's)",
+                                            "fallback": False, "device": "cpu"}
+    assert routes.fallbacks(routes.summary()) == []
+    monkeypatch.setattr(dy, "kernel_device", lambda device: True)
+    dy.kernels_ok.cache_clear()
+    with caplog.at_level("WARNING"):
+        assert isinstance(dy.steps_for(torch.device("cpu"), mu, nu, ((20, 4),)), dy.TorchSteps)
+    s = routes.summary()
+    assert s["sinkhorn"]["fallback"] and s["sinkhorn"]["why"].startswith("the Triton kernels failed their first-use "
+                                                                         "check at 20 x 4 float32: "), s
+    assert routes.fallbacks(s) == [f"sinkhorn: torch steps ({s['sinkhorn']['why']})"]
+    assert "FALLBACK" in routes.text(s)
+    dy.kernels_ok.cache_clear()
+
+
+def test_routes_of_ranks_merge_with_a_fallback_first():
+    from s2t2_dist.utils.routes import merged
+
+    ok = {"sinkhorn": {"route": "kernels", "why": "w", "fallback": False, "device": "cuda:0"}}
+    bad = {"sinkhorn": {"route": "torch steps", "why": "x", "fallback": True, "device": "cuda:1"}}
+    assert merged([ok, {"sinkhorn": dict(ok["sinkhorn"], device="cuda:1")}]) == ok
+    m = merged([ok, bad])
+    assert m["sinkhorn"]["route"] == "torch steps" and set(m["sinkhorn"]["ranks"]) == {"0", "1"}

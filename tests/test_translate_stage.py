@@ -79,6 +79,11 @@ def test_translate_single_process_learns_and_exports(inputs, tmp_path):
         __import__("math").log(p.nu.numel()))
     with pytest.raises(PFileError, match="different target tokenizer"):
         p.check_compatible(p.source_tokenizer_hash, "0" * 64)
+    # the route each op took, no fallback (on a CPU: the torch steps, the product's CPU kernel), in TensorBoard too
+    assert res["routes"]["sinkhorn"] == {"route": "torch steps", "why": "a CPU device (the kernels are CUDA's)",
+                                         "fallback": False, "device": "cpu"}, res["routes"]
+    assert res["routes"]["product"]["route"] in ("gathered live rows", "dense GEMMs"), res["routes"]
+    assert not res["routes"]["product"]["fallback"] and any("routes" in t for t in tags["tensors"]), tags["tensors"]
 
 
 @pytest.mark.slow

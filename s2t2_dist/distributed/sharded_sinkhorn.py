@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from s2t2_dist.ot.dykstra import apply_projection, compute_dtype, dykstra, projection_backward, steps_for
+from s2t2_dist.ot.dykstra import (apply_projection, check_plan_shape, compute_dtype, dykstra, projection_backward,
+                                  steps_for)
 from s2t2_dist.ot.sinkhorn import log_sinkhorn
 
 __all__ = [
@@ -197,8 +198,12 @@ class ShardedSparseSinkhorn:
         cdt = compute_dtype(C_local.dtype)
         st = self._steps
         if st is None or st.mu.device != C_local.device or st.mu.dtype != cdt:
+            check_plan_shape(self.mu.numel(), self.u)
             mu = self.mu.detach().to(device=C_local.device, dtype=cdt).contiguous()
-            local = steps_for(C_local.device, mu, self.nu_local.detach().to(device=C_local.device, dtype=cdt))
+            rows = max(b - a for a, b in (shard_bounds(mu.numel(), len(self.col_sizes), r)
+                                          for r in range(len(self.col_sizes))))
+            local = steps_for(C_local.device, mu, self.nu_local.detach().to(device=C_local.device, dtype=cdt),
+                              (tuple(C_local.shape), (rows, self.u)))  # (its columns; the whole rows it receives)
             st = self._steps = ShardedSteps(local, self.comm, self.col_sizes, mu)
         return dykstra(C_local, st, n_iter)
 

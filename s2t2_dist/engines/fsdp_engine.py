@@ -123,7 +123,7 @@ class FSDP2Engine(Engine):
                            reshard_after_forward=reshard_after_forward, mixed_precision=mixed_precision)
         if weights is not None:
             with phases.phase("weights load (sharded)"):
-                load_sharded(model, weights)
+                load_sharded(model, weights, device=shard_device(offload))
         with phases.phase("optimiser"):
             # fused: one kernel over all shards, and found_inf skips a non-finite step on the device (step_async)
             opt = optim_cfg.build([p for p in model.parameters() if p.requires_grad], fused=True)
@@ -280,17 +280,30 @@ def _dim0_range(p: torch.Tensor, local: torch.Tensor) -> tuple[int, int]:
     return start, start + local.shape[0]
 
 
+def shard_device(offload: bool) -> torch.device:
+    """Where a meta-built model's shards are materialised: this rank's GPU, or the CPU where there is none or
+    where the shards live with CPU offload (FSDP2's CPUOffloadPolicy expects its sharded parameters on the CPU:
+    its lazy init refuses them on a GPU; it moves each unsharded parameter to the GPU itself)."""
+    if torch.cuda.is_available() and not offload:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 @torch.no_grad()
-def load_sharded(model: torch.nn.Module, weights: dict[str, Path]) -> None:
-    """Materialise a meta-device model sharded by fully_shard on its devices and fill each rank's shards straight
-    from the safetensors files (only this rank's rows are read). Raises naming a parameter the files lack."""
+def load_sharded(model: torch.nn.Module, weights: dict[str, Path], device: torch.device | None = None) -> None:
+    """Materialise a meta-device model sharded by fully_shard on ``device`` (None: :func:`shard_device` without
+    offload) and fill each rank's shards straight from the safetensors files (only this rank's rows are read).
+    Raises naming a parameter the files lack."""
     from safetensors import safe_open
 
-    buffers = {n: b.clone() for n, b in model.named_buffers()}
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    model.to_empty(device=device)
-    for n, b in model.named_buffers():
-        b.copy_(buffers[n])
+    buffers = {n: b.clone() for n, b in model.named_buffers(remove_duplicate=False)}
+    model.to_empty(device=device or shard_device(False))
+    # buffers (e.g. rotary frequencies) are not FSDP's: on the compute device even when the shards are offloaded
+    buffer_device = shard_device(False)
+    for mname, mod in model.named_modules(remove_duplicate=False):
+        for bname, b in list(mod._buffers.items()):
+            if b is not None:
+                mod._buffers[bname] = buffers[f"{mname}.{bname}" if mname else bname].to(buffer_device)
     names = dict(model.named_parameters())  # a tied parameter once, under its first name
     missing = [n for n in names if n not in weights]
     if missing:

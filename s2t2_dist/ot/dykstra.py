@@ -34,8 +34,9 @@ from torch import Tensor
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TorchSteps", "apply_projection", "compute_dtype", "dykstra", "kernels_ok", "newton_thresholds",
-           "projection_backward", "steps_for", "sum64"]
+__all__ = ["MAX_SIDE", "TorchSteps", "apply_projection", "check_plan_shape", "compute_dtype", "dykstra",
+           "kernel_device", "kernels_ok", "kernels_why_not", "newton_thresholds", "projection_backward", "steps_for",
+           "sum64"]
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -180,47 +181,124 @@ class TorchSteps:
         return projection_backward(g, gQ, mask, cnt, 0)
 
 
-@functools.cache
-def kernels_ok(device: torch.device) -> bool:
-    """Once per device: the kernels compile and agree with the torch steps on a small plan whose columns take the
-    streamed path and whose rows the registers path (5,000 x 4, forward + backward, float32). False (with one
-    warning) when they do not: the route then falls back to the torch steps rather than stopping a run."""
+#: the largest slice either route takes: the torch steps count a support exactly in float32 below 2**24 entries
+MAX_SIDE = 2 ** 24 - 1
+
+
+def check_plan_shape(v: int, u: int) -> None:
+    """One line (``ValueError``) when a v x u plan is beyond what the routes support, before any work."""
+    for name, n in (("v (source tokens)", v), ("u (target tokens)", u)):
+        if n > MAX_SIDE:
+            raise ValueError(f"the sparse Sinkhorn supports at most {MAX_SIDE:,} tokens a side, got {name} = {n:,}")
+
+
+def check_shape(n: int) -> int:
+    """A side of the first-use check's plan that the kernels tile as they tile a side of ``n``: ``n`` itself up to
+    two column chunks, else one chunk plus ``n``'s last partial chunk (the same streamed path, the same remainder
+    and divisibility by 16, which Triton specialises on)."""
+    from s2t2_dist.ot.dykstra_triton import BLOCK_N
+
+    if n <= 2 * BLOCK_N:
+        return n
+    return BLOCK_N + (n % BLOCK_N or BLOCK_N)
+
+
+def _check_problem(device: torch.device, v: int, u: int, dtype: torch.dtype):
+    g = torch.Generator().manual_seed(0)
+    C = (1.0 / v + torch.rand(v, u, generator=g, dtype=torch.float64) / v).to(device=device, dtype=dtype)
+    mu = torch.full((v,), 1.0 / v, device=device, dtype=dtype)
+    nu = torch.full((u,), 1.0 / u, device=device, dtype=dtype)
+    return C, mu, nu, torch.randn(v, u, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
+
+
+def _check_errors(device: torch.device, v: int, u: int, dtype: torch.dtype) -> float:
+    """The kernels' largest relative error against the torch steps on a v x u plan: Dykstra forward + backward
+    over 2 iterations (rows with and without the correction terms, columns, both backwards) and the thresholds
+    without the projection (the sharded rows' launch) along both sides of a column-major and a row-major copy."""
     from s2t2_dist.ot.dykstra_triton import TritonSteps
 
-    g = torch.Generator().manual_seed(0)
-    v, u = 5000, 4
-    C = (1.0 / v + torch.rand(v, u, generator=g) / v).to(device)
-    mu, nu = torch.full((v,), 1.0 / v, device=device), torch.full((u,), 1.0 / u, device=device)
-    G = torch.randn(v, u, generator=g).to(device)
+    C, mu, nu, G = _check_problem(device, v, u, dtype)
+    out = []
+    for steps in (TritonSteps(mu, nu), TorchSteps(mu, nu)):
+        Cg = C.clone().requires_grad_(True)
+        P = dykstra(Cg, steps, 2)
+        (P * G).sum().backward()
+        out.append((P.detach(), Cg.grad))
+    (P1, g1), (P2, g2) = out
+    err = max(float((P1 - P2).abs().max()) * v, float((g1 - g2).abs().max()) / max(float(g2.abs().max()), 1e-30))
+    kern = TritonSteps(None, None)
+    for Z in (C.t().contiguous().t(), C.contiguous()):
+        for dim, s in ((0, nu), (1, mu)):
+            t1, c1 = kern.thresholds(Z, s, dim)
+            t2, c2 = newton_thresholds(Z, s, dim)
+            err = max(err, float((t1 - t2).abs().max()) / max(float(t2.abs().max()), 1e-30),
+                      float((c1.long() - c2).abs().sum()) / max(float(c2.sum()), 1.0))
+    return err
+
+
+@functools.cache
+def _first_use_check(device: torch.device, v: int, u: int, dtype: torch.dtype) -> str:
+    """'' when the kernels pass on a v x u plan of ``dtype`` on ``device``, else why not (and one warning)."""
     try:
-        out = []
-        for steps in (TritonSteps(mu, nu), TorchSteps(mu, nu)):
-            Cg = C.clone().requires_grad_(True)
-            P = dykstra(Cg, steps, 2)
-            (P * G).sum().backward()
-            out.append((P.detach(), Cg.grad))
-        (P1, g1), (P2, g2) = out
-        err = max(float((P1 - P2).abs().max()) * v, float((g1 - g2).abs().max()) / max(float(g2.abs().max()), 1e-30))
+        # whatever the caller's mode: stage 1's first plan is taken under no_grad, and the check runs a backward
+        with torch.inference_mode(False), torch.enable_grad():
+            err = _check_errors(device, v, u, dtype)
         if err < 1e-3:
-            return True
+            return ""
         reason = f"they differ from the torch steps by {err:.2g} (relative)"
     except Exception as e:  # noqa: BLE001 - a kernel that does not compile on this device: the torch steps instead
         reason = f"{type(e).__name__}: {e}"
-    log.warning("sparse Sinkhorn: the Triton kernels failed their first-use check on %s (%s); the torch steps are "
-                "used there instead (exact, slower: a host read per Newton step)", device, reason)
-    return False
+    reason = f"failed their first-use check at {v} x {u} {str(dtype).removeprefix('torch.')}: {reason}"
+    log.warning("sparse Sinkhorn: the Triton kernels %s on %s; the torch steps are used there instead (exact, "
+                "slower: a host read per Newton step)", reason, device)
+    return reason
 
 
-def steps_for(device: torch.device, mu: Tensor, nu: Tensor):
-    """The route of ``device``: the Triton kernels on CUDA, the torch steps on a CPU. Should the kernels fail their
-    first-use check on a GPU (:func:`kernels_ok`), one warning and the torch steps
-    there (exact too, with a host read per Newton step)."""
-    if device.type == "cuda":
+def kernels_why_not(device: torch.device, shape: tuple[int, int] = (5000, 4), dtype: torch.dtype = torch.float32
+                    ) -> str:
+    """'' when the kernels serve a ``shape`` plan (v, u) of ``dtype`` on ``device``, else why not. Checked once per
+    tiling (:func:`check_shape`): the kernels against the torch steps on a plan of at most two column chunks a
+    side that takes every launch the route makes at ``shape`` (the same block sizes and specialisations), forward
+    and backward, whatever the caller's grad or inference mode. On failure (one warning) the route falls back to the torch
+    steps rather than stopping a run."""
+    v, u = shape
+    return _first_use_check(torch.device(device), check_shape(v), check_shape(u), dtype)
+
+
+def kernels_ok(device: torch.device, shape: tuple[int, int] = (5000, 4), dtype: torch.dtype = torch.float32) -> bool:
+    """Whether the kernels passed their first-use check for this shape (:func:`kernels_why_not`)."""
+    return not kernels_why_not(device, shape, dtype)
+
+
+kernels_ok.cache_clear = _first_use_check.cache_clear  # (tests: a fresh check)
+
+
+def kernel_device(device: torch.device) -> bool:
+    """Whether ``device`` takes the Triton kernels: CUDA (the tests also route a CPU through Triton's interpreter)."""
+    return device.type == "cuda"
+
+
+def steps_for(device: torch.device, mu: Tensor, nu: Tensor, shapes: tuple[tuple[int, int], ...] = ()):
+    """The route of ``device``: the Triton kernels on CUDA, the torch steps on a CPU. ``shapes``: every (v, u)
+    whose slices the steps will project (a plan's, and the sharded rows'); the kernels serve them only when each
+    passed the first-use check (:func:`kernels_why_not`), else one warning and the torch steps (exact too, with a
+    host read per Newton step). The choice is recorded (:mod:`s2t2_dist.utils.routes`)."""
+    from s2t2_dist.utils.routes import record
+
+    if kernel_device(device):
         from s2t2_dist.ot.dykstra_triton import TritonSteps
 
-        return TritonSteps(mu, nu) if kernels_ok(device) else TorchSteps(mu, nu)
+        shapes = shapes or ((mu.numel(), nu.numel()),)
+        why = next((w for w in (kernels_why_not(device, s, compute_dtype(mu.dtype)) for s in shapes) if w), "")
+        if why:
+            record("sinkhorn", device, "torch steps", f"the Triton kernels {why}", fallback=True)
+            return TorchSteps(mu, nu)
+        record("sinkhorn", device, "kernels", "Triton; passed the first-use check for "
+               + ", ".join(f"{v} x {u}" for v, u in shapes))
+        return TritonSteps(mu, nu)
     if device.type != "cpu":
         raise ValueError(f"the sparse Sinkhorn runs on a CPU or a CUDA device, not on {device.type!r}")
+    record("sinkhorn", device, "torch steps", "a CPU device (the kernels are CUDA's)")
     return TorchSteps(mu, nu)
 
 

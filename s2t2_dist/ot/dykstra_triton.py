@@ -6,7 +6,8 @@ strided by v. A projection is a set of independent slices, so one kernel serves 
 
 * the COLUMN projection: one program per column, its v entries streamed in chunks of ``BLOCK_N``;
 * the ROW projection: one program per ``BLOCK_S`` rows, each row's u entries held whole in registers
-  (``ONE_CHUNK``), loads coalesced along the rows.
+  (``ONE_CHUNK``, u <= 512: at least ``MIN_ROWS`` rows a program, loads coalesced along the rows); a longer row is
+  a program of its own, streamed in chunks as a column is.
 
 The threshold of each slice is EXACT, found in the program without anything read back to the host: the largest
 entry minus the scale and the mean bound (both lower bounds of the threshold), then Newton steps on
@@ -34,11 +35,18 @@ from torch import Tensor
 
 __all__ = ["TritonSteps", "dry_run", "launches"]
 
-#: entries of a column streamed per chunk (a 16 KB tile of float32 per program)
-BLOCK_N = 4096
-#: registers per program for the row projection: BLOCK_S rows x next_pow2(u) entries
-ROW_TILE = 8192
-#: 256 threads a program: 32 float32 of a full row tile per thread, 16 of a column chunk
+# Tiles of 2,048 float32 over 256 threads (8 a thread): compiled for sm_80 and sm_90 every launch then fits in at
+# most ~104 registers without spilling, i.e. at least 2 programs per SM (4,096-entry tiles took 154-255 registers,
+# spilled in the row projection and left one program per SM, its Newton loop's reductions unhidden); the figures:
+# bench/kernel_resources.md, checked by tests/test_kernel_resources.py.
+#: entries of a long slice streamed per chunk (an 8 KB tile of float32 per program)
+BLOCK_N = 2048
+#: entries per program of the registers path: BLOCK_S slices x next_pow2(N) entries
+ROW_TILE = 2048
+#: at least this many slices per program on the registers path: 16 bytes of float32 along the strided dim, the
+#: other half of each 32-byte sector read by the neighbouring program (from L2)
+MIN_ROWS = 4
+#: 256 threads a program
 NUM_WARPS = 8
 
 
@@ -81,7 +89,7 @@ launches = [0]
 def _shape(S: int, N: int) -> tuple[int, int, bool]:
     """(BLOCK_S, BLOCK_N, ONE_CHUNK): short slices whole in registers, several per program; long ones streamed."""
     bn = 1 << max(N - 1, 0).bit_length()
-    if bn <= ROW_TILE // 16:  # at least 16 slices per program: whole 64-byte lines along the strided dim
+    if bn <= ROW_TILE // MIN_ROWS:
         return ROW_TILE // bn, bn, True
     return 1, BLOCK_N, N <= BLOCK_N
 

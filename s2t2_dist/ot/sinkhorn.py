@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .dykstra import compute_dtype, dykstra, steps_for
+from .dykstra import check_plan_shape, compute_dtype, dykstra, steps_for
 
 __all__ = [
     "SparseSinkhorn",
@@ -59,6 +59,7 @@ def validate_plan_inputs(
     if not C.dtype.is_floating_point:
         raise ValueError(f"C must be a floating point tensor, got dtype {C.dtype}")
     v, u = C.shape
+    check_plan_shape(v, u)
     for name, m, n in (("mu", mu, v), ("nu", nu, u)):
         if not isinstance(m, Tensor) or m.dim() != 1 or m.shape[0] != n:
             raise ValueError(
@@ -131,8 +132,10 @@ class SparseSinkhorn:
         cdt = compute_dtype(C.dtype)
         st = self._steps
         if st is None or st.mu.device != C.device or st.mu.dtype != cdt:
+            check_plan_shape(*C.shape)
             st = self._steps = steps_for(C.device, self.mu.detach().to(device=C.device, dtype=cdt).contiguous(),
-                                         self.nu.detach().to(device=C.device, dtype=cdt).contiguous())
+                                         self.nu.detach().to(device=C.device, dtype=cdt).contiguous(),
+                                         (tuple(C.shape),))
         return dykstra(C, st, n_iter)
 
 

@@ -1,5 +1,8 @@
 """The Triton kernels of the sparse Sinkhorn's CUDA route (see :mod:`s2t2_dist.ot.dykstra_triton`).
 
+Offsets are int64: a slice index times the stride between slices, or an entry's index times the stride along a
+slice (v for a row of a column-major plan), passes 2**31 on large plans (v = 256,000 with u >= 8,389).
+
 A module of its own, imported on first use: ``triton.jit`` reads ``TRITON_INTERPRET`` (the tests' CPU switch) when
 the kernels are defined, and helpers are found among the module's globals when a kernel is compiled.
 """
@@ -11,9 +14,9 @@ import triton.language as tl
 @triton.jit
 def _load(z1_ptr, z2_ptr, sl, n, a_s, a_n, b_s, b_n, m, HAS_Z2: tl.constexpr):
     # z = z1 (+ z2) for slices sl (BS,) and entries n (BN,); masked lanes -inf (never in a support)
-    z = tl.load(z1_ptr + sl[:, None] * a_s + n[None, :] * a_n, mask=m, other=float("-inf"))
+    z = tl.load(z1_ptr + sl[:, None] * a_s + n[None, :].to(tl.int64) * a_n, mask=m, other=float("-inf"))
     if HAS_Z2:
-        z += tl.load(z2_ptr + sl[:, None] * b_s + n[None, :] * b_n, mask=m, other=0.0)
+        z += tl.load(z2_ptr + sl[:, None] * b_s + n[None, :].to(tl.int64) * b_n, mask=m, other=0.0)
     return z
 
 
@@ -90,7 +93,7 @@ def project(z1_ptr, z2_ptr, add_ptr, pos_ptr, corr_ptr, mask_ptr, scale_ptr, tau
 
 @triton.jit
 def _write(z, t, m, sl, n, b_s, b_n, add_ptr, pos_ptr, corr_ptr, mask_ptr, HAS_ADD: tl.constexpr):
-    off = sl[:, None] * b_s + n[None, :] * b_n
+    off = sl[:, None] * b_s + n[None, :].to(tl.int64) * b_n
     sup = z > t[:, None]
     y = tl.maximum(z - t[:, None], 0.0)
     if HAS_ADD:
@@ -131,8 +134,8 @@ def backward(g_ptr, gc_ptr, out_ptr, mask_ptr, cnt_ptr, S, N, g_s, g_n, b_s, b_n
 
 @triton.jit
 def _bwd_load(g_ptr, gc_ptr, mask_ptr, sl, n, g_s, g_n, b_s, b_n, m, HAS_GC: tl.constexpr):
-    off = sl[:, None] * b_s + n[None, :] * b_n
-    g = tl.load(g_ptr + sl[:, None] * g_s + n[None, :] * g_n, mask=m, other=0.0)
+    off = sl[:, None] * b_s + n[None, :].to(tl.int64) * b_n
+    g = tl.load(g_ptr + sl[:, None] * g_s + n[None, :].to(tl.int64) * g_n, mask=m, other=0.0)
     if HAS_GC:
         gc = tl.load(gc_ptr + off, mask=m, other=0.0)
     else:
@@ -143,6 +146,6 @@ def _bwd_load(g_ptr, gc_ptr, mask_ptr, sl, n, g_s, g_n, b_s, b_n, m, HAS_GC: tl.
 
 @triton.jit
 def _bwd_write(g, gc, sup, mean, out_ptr, sl, n, b_s, b_n, m):
-    tl.store(out_ptr + sl[:, None] * b_s + n[None, :] * b_n,
+    tl.store(out_ptr + sl[:, None] * b_s + n[None, :].to(tl.int64) * b_n,
              tl.where(sup, g - mean[:, None].to(g.dtype), gc), mask=m)
 

@@ -118,6 +118,17 @@ def context_fits(directory: Path | None, context_len: int, key: str, model_key: 
                           f"for ({model_key}, config.json max_position_embeddings); use at most {n}")
 
 
+def plan_fits(v: int, u: int) -> None:
+    """The plan (at most v source tokens: the model's tokenizer, 0 unknown; u target tokens) within what the
+    sparse Sinkhorn supports, before any weight is read."""
+    from s2t2_dist.ot.dykstra import check_plan_shape
+
+    try:
+        check_plan_shape(v, u)
+    except ValueError as e:
+        raise ConfigError(f"model.path / data.tokenizer: {e}") from None
+
+
 def source_vocab(rule: str, tok, key: str = "model.source_vocab") -> None:
     """A source-token id file: there, one integer id a line, each a real token of the model's tokenizer (``tok``:
     `model_tokenizer`'s, None: not checked), before the model is loaded."""

@@ -239,6 +239,7 @@ def build(cfg: TranslateConfig, rt: Runtime, inputs: TranslateInputs | None = No
     from s2t2_dist.models.translated import TranslatedLM
     from s2t2_dist.translator.start import start_translator, surface_decomposition
     from s2t2_dist.translator.stats import translator_column_split, unbuilt_columns
+    from s2t2_dist.translator.product import record_route
 
     env = rt.env
     with phases.phase("model load"):
@@ -306,9 +307,26 @@ def build(cfg: TranslateConfig, rt: Runtime, inputs: TranslateInputs | None = No
     # the target columns no source piece builds (FVT gives them dense columns): P's density without them too
     task.unbuilt = unbuilt_columns((dec or surface_decomposition(src_tok, src_ids.tolist(), tgt)).pieces)
     task.p_start.update(translator_column_split(task.stats, task.unbuilt))
+    with torch.no_grad():  # (the plan p_sparsity took, cached)
+        record_route(translator.P(), translator.plan_kind.sparse_product)
+    report_routes(rt, 0)
     if env.is_main:
         log.info("translate: resolved %s", json.dumps(resolved.as_dict()))
     return task, engine, loader, hashes
+
+
+def report_routes(rt: Runtime, step: int) -> dict:
+    """The routes the Sinkhorn and the product took on every rank (:mod:`s2t2_dist.utils.routes`; a collective),
+    logged (a fallback as a warning) and written to TensorBoard's text by rank 0; returned for result.json."""
+    from s2t2_dist.distributed.collectives import all_gather_object
+    from s2t2_dist.utils import routes
+
+    s = routes.merged(all_gather_object(routes.summary()))
+    if rt.env.is_main:
+        line = routes.text(s)
+        (log.warning if routes.fallbacks(s) else log.info)("translate: routes: %s", line)
+        rt.logger.text(step, "routes", line)
+    return s
 
 
 def export_p(path: Path, task: TranslateTask, hashes: dict) -> Path | None:
@@ -367,6 +385,7 @@ def preflight(cfg: TranslateConfig) -> TranslateInputs:
     checks.source_vocab(cfg.model.source_vocab, src)
     checks.context_fits(mdir, cfg.train.context_len, "train.context_len")
     tok = checks.tokenizer(cfg.data.tokenizer)
+    checks.plan_fits(len(src.ids()) if src is not None else 0, tok.vocab_size)
     train_m = checks.shards(cfg.data.train, "data.train", "packed")
     checks.shards_match_tokenizer(train_m, "data.train", tok)
     checks.context_matches_shards(train_m, cfg.train.context_len, "data.train")
@@ -435,7 +454,8 @@ def _train(cfg: TranslateConfig, rt: Runtime, inputs: TranslateInputs | None) ->
                "bad_steps": result.bad_steps, "final_loss": result.final_loss,
                "resolved": task.resolved.as_dict(),
                "lm_param_fraction_per_rank": task.lm_param_fraction,
-               "gradient_on_C": task.gradient_summary(result.step, grad(reduced))}
+               "gradient_on_C": task.gradient_summary(result.step, grad(reduced)),
+               "routes": report_routes(rt, result.step)}
     summary["P"] = {"start": task.p_start, "end": {**end(reduced),
                                                    **translator_column_split(task.stats, task.unbuilt)}}
     summary["P"]["warning"] = sparsity_warning(summary["P"]["start"], summary["P"]["end"])

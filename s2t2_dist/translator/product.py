@@ -26,10 +26,11 @@ import torch
 from torch import Tensor
 
 from s2t2_dist.translator import product_triton as _triton
+from s2t2_dist.utils.routes import record
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DENSE_FRACTION", "live_rows", "plan_product"]
+__all__ = ["DENSE_FRACTION", "live_rows", "plan_product", "record_route"]
 
 #: the CPU kernel uses the dense GEMMs when more than this fraction of P's rows are live: gathering the rows then
 #: saves little (at 50,280 x 512 x 2,048 on 2 threads, forward + backward: 0.5 live 1.49 s against 1.91 s dense,
@@ -64,16 +65,50 @@ def _gpu_live(P: Tensor, sparse: bool) -> bool:
     return sparse and P.dtype == torch.float32 and _triton.available()
 
 
+def _record_gpu(P: Tensor, sparse: bool) -> None:
+    """The route a non-CPU call takes, for :mod:`s2t2_dist.utils.routes` (a sparse plan off the kernels is a
+    fallback)."""
+    if _gpu_live(P, sparse) and not _warned:
+        record("product", P.device, "live-row kernels", "Triton, P's live rows found on the device")
+    elif not sparse:
+        record("product", P.device, "dense GEMMs", "not a sparse plan (its dead rows' gradient is read)")
+    else:
+        why = (f"the Triton live-row kernel failed ({type(_warned[0]).__name__}: {_warned[0]})" if _warned
+               else f"P is {P.dtype} (the kernels take float32)" if P.dtype != torch.float32
+               else "Triton cannot be imported")
+        record("product", P.device, "dense GEMMs", why, fallback=True)
+
+
 def _product_gpu(P: Tensor, M: Tensor, sparse: bool) -> Tensor:
     if _gpu_live(P, sparse):
-        return _gpu_call(lambda: _triton.live_product(P, M), lambda: P.t() @ M.to(P.dtype))
-    return P.t() @ M.to(P.dtype)
+        out = _gpu_call(lambda: _triton.live_product(P, M), lambda: P.t() @ M.to(P.dtype))
+    else:
+        out = P.t() @ M.to(P.dtype)
+    _record_gpu(P, sparse)
+    return out
 
 
 def _grad_p_gpu(P: Tensor, M: Tensor, G: Tensor, sparse: bool) -> Tensor:
     if _gpu_live(P, sparse):
-        return _gpu_call(lambda: _triton.live_grad_p(P, M, G), lambda: M.to(P.dtype) @ G.t())
-    return M.to(P.dtype) @ G.t()
+        out = _gpu_call(lambda: _triton.live_grad_p(P, M, G), lambda: M.to(P.dtype) @ G.t())
+    else:
+        out = M.to(P.dtype) @ G.t()
+    _record_gpu(P, sparse)
+    return out
+
+
+def _record_cpu(P: Tensor, idx: Tensor | None) -> None:
+    record("product", P.device, "dense GEMMs" if idx is None else "gathered live rows",
+           f"a CPU device ({'more than' if idx is None else 'at most'} {DENSE_FRACTION:.0%} of P's rows live)")
+
+
+def record_route(P: Tensor, sparse: bool) -> None:
+    """Record the route a product of ``P`` takes now (:mod:`s2t2_dist.utils.routes`) without running it: what a
+    run states at start-up, before its first product (which records the route it actually took)."""
+    if P.device.type == "cpu":
+        _record_cpu(P, live_rows(P))
+    else:
+        _record_gpu(P, sparse)
 
 
 @torch.library.custom_op("s2t2::plan_product", mutates_args=())
@@ -84,6 +119,7 @@ def _product(P: Tensor, M: Tensor, sparse: bool) -> Tensor:
 @_product.register_kernel("cpu")
 def _product_cpu(P: Tensor, M: Tensor, sparse: bool) -> Tensor:
     idx = live_rows(P)
+    _record_cpu(P, idx)
     if idx is not None:
         return P.index_select(0, idx).t() @ M.index_select(0, idx).to(P.dtype)
     return P.t() @ M.to(P.dtype)

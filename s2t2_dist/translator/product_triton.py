@@ -22,6 +22,9 @@ from torch import Tensor
 __all__ = ["available", "live_index", "live_product", "live_grad_p"]
 
 BLOCK_K, BLOCK_U, BLOCK_D = 32, 64, 64
+#: 8 warps: with 4, the fp32 (ieee) dots took 249-255 registers on sm_80 and dP spilled 104 bytes; with 8 both fit in
+#: at most 117 without spilling, at least 2 programs per SM on sm_80 and sm_90 (bench/kernel_resources.md)
+NUM_WARPS = 8
 
 
 @functools.cache
@@ -51,7 +54,7 @@ def _kernels(interpret: bool):
     def fwd(p_ptr, m_ptr, idx_ptr, n_ptr, out_ptr, U, D, sp_r, sp_c, stride_m, stride_o,
             BK: tl.constexpr, BU: tl.constexpr, BD: tl.constexpr):
         # out[j, c] = sum over live rows r of P[r, j] * M[r, c]: one (BU x BD) tile of out per program
-        j = tl.program_id(0) * BU + tl.arange(0, BU)
+        j = (tl.program_id(0) * BU + tl.arange(0, BU)).to(tl.int64)  # (j * v: column-major P past 2**31)
         c = tl.program_id(1) * BD + tl.arange(0, BD)
         n = tl.load(n_ptr)
         acc = tl.zeros((BU, BD), dtype=tl.float32)
@@ -75,7 +78,7 @@ def _kernels(interpret: bool):
             kk = k0 + tl.arange(0, BK)
             ok = kk < n
             rows = tl.load(idx_ptr + kk, mask=ok, other=0).to(tl.int64)
-            j = tl.program_id(1) * BU + tl.arange(0, BU)
+            j = (tl.program_id(1) * BU + tl.arange(0, BU)).to(tl.int64)
             acc = tl.zeros((BK, BU), dtype=tl.float32)
             for c0 in range(0, D, BD):
                 c = c0 + tl.arange(0, BD)
@@ -107,7 +110,7 @@ def live_product(P: Tensor, M: Tensor) -> Tensor:
     fwd, _ = _get()
     fwd[(triton.cdiv(u, BLOCK_U), triton.cdiv(d, BLOCK_D))](
         P, M, idx, n, out, u, d, P.stride(0), P.stride(1), M.stride(0), out.stride(0),
-        BK=BLOCK_K, BU=BLOCK_U, BD=BLOCK_D)
+        BK=BLOCK_K, BU=BLOCK_U, BD=BLOCK_D, num_warps=NUM_WARPS)
     return out
 
 
@@ -123,5 +126,5 @@ def live_grad_p(P: Tensor, M: Tensor, G: Tensor) -> Tensor:
     _, grad_p = _get()
     grad_p[(triton.cdiv(v, BLOCK_K), triton.cdiv(u, BLOCK_U))](
         M, G, idx, n, dP, u, d, M.stride(0), G.stride(0), dP.stride(0), dP.stride(1),
-        BK=BLOCK_K, BU=BLOCK_U, BD=BLOCK_D)
+        BK=BLOCK_K, BU=BLOCK_U, BD=BLOCK_D, num_warps=NUM_WARPS)
     return dP
