@@ -54,7 +54,7 @@ class PLrSweep:
     #: Sinkhorn P's steps (automatic: 0.1)
     softmax: list[float] = field(default_factory=lambda: [1e-3, 1e-2, 1e-1, 1.0])
     #: Plain P's steps (automatic: 2.5/v)
-    unconstrained: list[float] = field(default_factory=lambda: [1e-3, 1e-2, 1e-1])
+    unconstrained: list[float] = field(default_factory=lambda: [1e-4, 3e-4, 1e-3, 1e-2])
 
 
 @dataclass
