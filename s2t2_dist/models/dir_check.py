@@ -117,6 +117,8 @@ def read_header(path: Path, key: str = "model.path") -> dict:
             header = json.loads(f.read(n))
     except OSError as e:
         raise ConfigError(f"{key}: {path}: cannot be read ({e.strerror or e})") from None
+    except ConfigError:  # the header length already judged above (a ConfigError is a ValueError too)
+        raise
     except (ValueError, UnicodeDecodeError) as e:
         raise _bad(key, path, f"its header is not JSON ({e})") from None
     if not isinstance(header, dict):
