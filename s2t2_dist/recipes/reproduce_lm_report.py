@@ -211,36 +211,40 @@ def plots(results: dict, out: Path) -> dict[str, Path]:
             vals = [v["bpb"] for v in results["rows"][k]["seeds"].values()]
             ax.scatter([i] * len(vals), vals, color="C0", s=18, zorder=3)
             ax.bar(i, statistics.fmean(vals), color="C1" if k.startswith("s2t2") else "C7", alpha=0.6)
-        for val, lab, ls in ((refs["residue_unigram"]["bpb"], "residue unigram", "--"),
-                             (refs["unigram_bpe"]["bpb"], "512-BPE unigram", ":")):
-            ax.axhline(val, color="k", ls=ls, lw=1, label=lab)
+        _unigram_lines(ax, refs)
         ax.set_xticks(range(len(keys)))
         ax.set_xticklabels([label(k) for k in keys], rotation=30, ha="right", fontsize=8)
         lo = min(min(v["bpb"] for v in results["rows"][k]["seeds"].values()) for k in keys)
         ax.set_ylim(lo - 0.15, max(refs["residue_unigram"]["bpb"], refs["unigram_bpe"]["bpb"]) + 0.6)
         ax.set_ylabel("held-out bits per byte (dots: seeds)")
         ax.set_title("Table 1 with SmolLM2-135M on proteins")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        paths["table1"] = d / "table1.png"
-        fig.savefig(paths["table1"], dpi=120)
-        plt.close(fig)
+        paths["table1"] = _save(fig, ax, d / "table1.png")
     if results["curve"]:
         fig, ax = plt.subplots(figsize=(6, 4))
         xs, ys = zip(*results["curve"])
-        val = refs.get("validation") or refs
         ax.plot(xs, ys, marker="o", label="S2T2 P-only")
-        ax.axhline(val["residue_unigram"]["bpb"], color="k", ls="--", lw=1, label="residue unigram")
-        ax.axhline(val["unigram_bpe"]["bpb"], color="k", ls=":", lw=1, label="512-BPE unigram")
+        _unigram_lines(ax, refs.get("validation") or refs)
         ax.set_title("validation split, seed 0")
         ax.set_xlabel("step (4 x 256 tokens)")
         ax.set_ylabel("bits per byte")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        paths["curve"] = d / "curve.png"
-        fig.savefig(paths["curve"], dpi=120)
-        plt.close(fig)
+        paths["curve"] = _save(fig, ax, d / "curve.png")
     return paths
+
+
+def _unigram_lines(ax, refs: dict) -> None:
+    """The two training-free lines of a split: the residue unigram and the new BPE's token unigram."""
+    ax.axhline(refs["residue_unigram"]["bpb"], color="k", ls="--", lw=1, label="residue unigram")
+    ax.axhline(refs["unigram_bpe"]["bpb"], color="k", ls=":", lw=1, label="512-BPE unigram")
+
+
+def _save(fig, ax, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def write_outputs(results: dict, out: Path) -> dict[str, Path]:
