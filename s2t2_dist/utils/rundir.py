@@ -163,8 +163,9 @@ def verify(directory: str | Path, key: str = "run_dir", before: str = "writing o
             what = "lost its lock file (deleted)"
         if what is None and real in _run_ids:
             m = owner(d)
-            if m is None:
-                what = f"lost its owner marker {MARKER} (deleted)"
+            if m is None:  # a marker that exists but does not parse is not "deleted": say which
+                what = (f"lost its owner marker {MARKER} (deleted)" if not (d / MARKER).exists() else
+                        f"has an owner marker {MARKER} that is not a run's JSON any more (overwritten)")
             elif str(m.get("run_id")) != _run_ids[real]:
                 what = (f"is now owned by another run ({MARKER}: {m.get('stage')} run {m.get('run_id')}, not this "
                         f"run {_run_ids[real]})")

@@ -708,12 +708,20 @@ def round4_cases(work, case, rows, model, data, targs, ok) -> None:
     for what, act in (("the run's lock file deleted while it runs", lambda r: (r / ".s2t2.lock").unlink()),
                       ("the run directory removed while it runs", remove_at_once),
                       ("the owner marker replaced by another run's while it runs",
-                       lambda r: (r / ".s2t2_run.json").write_text(json.dumps(
-                           {"stage": "translate", "run_id": "0123456789ab", "created": "TIME"})))):
+                       lambda r: _replace_marker(r, {"stage": "translate", "run_id": "0123456789ab",
+                                                     "created": "TIME"}))):
         shutil.rmtree(run, ignore_errors=True)
         _live(rows, "translate", what, [*long, f"run_dir={run}"], run,
               lambda: (run / "checkpoints" / "step_00000002").is_dir(), lambda proc, a=act: a(run))
         rows[-1] = rows[-1][:4] + ("stopped before its next write" if rows[-1][3] == 2 else rows[-1][4],)
+
+
+def _replace_marker(run: Path, marker: dict) -> None:
+    """Another run's marker, written as a run writes one (whole, then renamed over): a plain write_text lets the
+    watched run read a half-written file, and the row would depend on timing."""
+    tmp = run / ".s2t2_run.json.tmp"
+    tmp.write_text(json.dumps(marker))
+    os.replace(tmp, run / ".s2t2_run.json")
 
 
 def round5_cases(work, case, rows, model, data, targs, ok) -> None:

@@ -32,8 +32,11 @@ def test_verify_sees_each_change(tmp_path):
         with pytest.raises(RunDirError, match=r"is now owned by another run \(.s2t2_run.json: translate run "
                                               r"0123456789ab, not this run " + m["run_id"]):
             verify(d, before="writing checkpoint step_00000004")
+        (d / rundir.MARKER).write_text("")  # what a reader sees halfway through another run's plain write
+        with pytest.raises(RunDirError, match=r"has an owner marker .s2t2_run.json that is not a run's JSON"):
+            verify(d)
         (d / rundir.MARKER).unlink()
-        with pytest.raises(RunDirError, match="lost its owner marker"):
+        with pytest.raises(RunDirError, match=r"lost its owner marker .s2t2_run.json \(deleted\)"):
             verify(d)
         (d / rundir.MARKER).write_text(json.dumps(m))
         (d / rundir.LOCK).unlink()
