@@ -98,5 +98,10 @@ class TooManyBadSteps(UserError, RuntimeError):
     """Too many consecutive steps with a non-finite loss or gradient: the run stops with what to change."""
 
 
+class NonFiniteParameters(UserError, RuntimeError):
+    """An update left a trained parameter NaN or infinite (a step too large for it): the run stops before that
+    state is checkpointed."""
+
+
 class WriteError(UserError, OSError):
     """Writing an output failed for a reason outside the program (a full disk, a quota): one line naming the file."""

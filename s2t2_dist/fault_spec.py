@@ -25,6 +25,7 @@ ACTIONS: dict[str, tuple[str, str]] = {
     "inf_loss_at_step": ("loop.loss", "inf_loss"),
     "nan_grad_at_step": ("loop.loss", "nan_grad"),
     "inf_grad_at_step": ("loop.loss", "inf_grad"),
+    "nan_param_at_step": ("loop.params", "nan_param"),
 }
 
 

@@ -133,6 +133,18 @@ def poison_loss(loss: torch.Tensor, step: int) -> torch.Tensor:
     return loss
 
 
+def poison_params(module: torch.nn.Module, step: int) -> None:
+    """After optimiser step `step`: one entry of the first trained parameter set to NaN, if configured (a step that
+    broke the parameters while its loss and gradient were finite)."""
+    if not envvars.is_set(ENV):
+        return
+    for eff in _fires("loop.params", step):
+        record("fault", effect=eff, where=f"parameters after step {step}, rank {_rank()}")
+        p = next(p for p in module.parameters() if p.requires_grad)
+        with torch.no_grad():
+            p.view(-1)[0] = float("nan")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # tracing
 

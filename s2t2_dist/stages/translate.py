@@ -120,6 +120,11 @@ class TranslateTask(Task):
 
     _unsampled = 0  # optimiser steps since the gradient monitor's last sample
 
+    def parameters_finite(self):
+        """C after the update (this rank's columns), checked like the loss: a NaN in C would make every later P
+        NaN, and the run would end as 'too many bad steps' with the cause long past."""
+        return torch.isfinite(self.translator.C).all()
+
     def loss(self, batch):
         ids = batch["input_ids"]
         if ids.numel() and ids.device.type == "cpu":  # the host batch, read through numpy: no torch op, no sync

@@ -299,6 +299,7 @@ class FaultTrace(Callback):
         return faults.poison_loss(loss, state.step + 1)
 
     def post_step(self, state):
+        faults.poison_params(state.engine.module, state.step)
         faults.point("loop.step_end", state.step)
 
     def on_step_loss(self, step, loss, applied):

@@ -26,7 +26,7 @@ from s2t2_dist.train.callbacks import SYNC_DEBUG_ENV, Callback, LoopState, OnSte
 from s2t2_dist.train.checkpoint import Checkpointer
 from s2t2_dist.train.config import TrainConfig
 from s2t2_dist.train.metrics import MetricsLogger
-from s2t2_dist.errors import TooManyBadSteps
+from s2t2_dist.errors import NonFiniteParameters, TooManyBadSteps
 
 
 class Task:
@@ -63,6 +63,12 @@ class Task:
         """After the step's last backward, before engine.step() (the gradient must be final here: the engine's
         clipping and non-finite check read it); ``logging``: this step logs (the only steps on which a task may
         read values back to the host)."""
+
+    def parameters_finite(self) -> torch.Tensor | None:
+        """After engine.step(): a 0-dim device tensor, 1 when this rank's trained parameters are all finite. It is
+        read with the step's loss (no sync of its own); a 0 on any rank stops the run before the step is
+        checkpointed. None (here): nothing to check beyond the loss and gradient."""
+        return None
 
 
 class ResumableLoader(Protocol):
@@ -119,8 +125,8 @@ _sum_across = coll.sum_scalars
 
 
 class _Pending:
-    """Steps taken but not yet read back: (step, this rank's summed micro-batch losses, applied, grad norm) as
-    device values. Nothing is read to the host on a step that does not log, checkpoint or stop (a GPU keeps
+    """Steps taken but not yet read back: (step, this rank's summed micro-batch losses, applied, grad norm, parameters
+    not finite) as device values. Nothing is read to the host on a step that does not log, checkpoint or stop (a GPU keeps
     running ahead); the next step that does registers them into its StatsBatch and finishes them from the
     reduced values: bad steps counted, losses recorded."""
 
@@ -137,10 +143,13 @@ class _Pending:
         whether some rank asked to stop."""
         k, dev = len(self.steps), batch.device
         if k:
-            batch.add("loop.loss_sums", torch.stack([v.reshape(()).to(dev, torch.float64) for _, v, _, _ in self.steps]))
+            batch.add("loop.loss_sums", torch.stack([v.reshape(()).to(dev, torch.float64) for _, v, *_ in self.steps]))
             # the applied flag is the same on every rank (the engine's decision); the norm is already global
             batch.add("loop.applied_norm", torch.stack([torch.as_tensor(v, dtype=torch.float64, device=dev).reshape(())
-                                                        for _, _, *vals in self.steps for v in vals]), "local")
+                                                        for _, _, *vals, _ in self.steps for v in vals]), "local")
+            # summed over ranks: a shard that went non-finite on one rank stops every rank at the same step
+            batch.add("loop.params_bad", torch.stack([torch.as_tensor(b, dtype=torch.float64, device=dev).reshape(())
+                                                      for *_, b in self.steps]))
         batch.add("loop.stop", stop_flag)
         return lambda r: self.finish(r, k)
 
@@ -148,8 +157,14 @@ class _Pending:
         st, cfg = self.state, self.state.cfg
         sums = r["loop.loss_sums"].tolist() if k else []
         host = r["loop.applied_norm"].reshape(k, 2).tolist() if k else []
-        for (at, _, _, _), (ok, norm), total in zip(self.steps, host, sums):
+        bad_params = r["loop.params_bad"].reshape(k).tolist() if k else []
+        for (at, *_), (ok, norm), total, nonfinite in zip(self.steps, host, sums, bad_params):
             mean_loss = total / st.accum / st.world
+            if nonfinite:
+                raise NonFiniteParameters(
+                    f"the trained parameters hold NaN or infinite values after step {at} (on {int(nonfinite)} "
+                    f"rank(s)) although its loss and gradient were finite: lower optim.lr (now {st.engine.lr():g}); "
+                    f"this step was not checkpointed, the last checkpoint is {st.result.last_checkpoint or 'none'}")
             if ok != 1.0 or not math.isfinite(mean_loss):
                 st.result.bad_steps += 1
                 st.logger.scalars(at, {"train/bad_steps": st.result.bad_steps})
@@ -263,9 +278,10 @@ def train(  # noqa: C901 - THE training loop: its branches are the step's phases
             st.clock.lap("optimizer")
             st.step += 1
             st.step_loss = loss_sum / st.accum
-            pending.steps.append((st.step, loss_sum, applied, grad_norm))
             for cb in cbs:
                 cb.post_step(st)
+            finite = task.parameters_finite()
+            pending.steps.append((st.step, loss_sum, applied, grad_norm, 0.0 if finite is None else ~finite))
             stop_flag = 1.0 if stop.requested is not None else 0.0
             if not st.quiet:
                 # ONE collective and one host read for everything this step reduces: the loop's numbers, the

@@ -56,6 +56,23 @@ def test_bad_steps_skipped_on_every_rank_then_the_run_stops(nan_run):
     ledger("translate: NaN loss on all ranks beyond train.max_bad_steps: clear stop", lost="nothing (stops; C finite)")
 
 
+def test_a_nan_in_C_after_an_update_stops_every_rank_before_its_checkpoint(tiny_data, stories, tmp_path):
+    """A step whose loss and gradient were finite but whose update broke C (one entry on rank 1 set to NaN after
+    step 3): both ranks stop at that step with one line naming the cause, and step 3 is never checkpointed."""
+    job = Job("translate.py", translate_args(tiny_data, stories, tmp_path / "run", "train.steps=6",
+                                             "train.ckpt_every=1", "train.keep_checkpoints=20"),
+              trace=tmp_path / "trace", fault="nan_param_at_step:3@1", log=tmp_path / "job.log")
+    out = job.expect(rc_ok=False)
+    assert "NonFiniteParameters: the trained parameters hold NaN or infinite values after step 3 (on 1 rank(s))" \
+        in out, out[-3000:]
+    assert "step_00000002" in out.split("NonFiniteParameters", 1)[1].splitlines()[0]
+    assert Checkpointer(tmp_path / "run").complete_steps() == [1, 2]
+    # both ranks stop at the same step with the same one line (torchrun's own report of the exit code follows)
+    assert out.count("] s2t2 translate: error: NonFiniteParameters: ") == 2, out[-3000:]
+    ledger("translate: an update that leaves C non-finite (loss and gradient finite)",
+           lost="the one step (stops before checkpointing it)")
+
+
 def _in_process(monkeypatch, *args):
     from s2t2_dist.utils.rundir import release_all
 
