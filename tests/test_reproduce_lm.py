@@ -11,7 +11,7 @@ import pytest
 from s2t2_dist.recipes.paper_plan import Job, preset
 from s2t2_dist.recipes.protein_corpus import build_corpus, unique_sequences, source_files
 from s2t2_dist.recipes.arm_records import read_result, write_record
-from s2t2_dist.recipes.reproduce_lm import Lanes, LmPaths, LmPlan, select
+from s2t2_dist.recipes.reproduce_lm import Lanes, LmPaths, LmPlan, report_choices, select
 from s2t2_dist.recipes.reproduce_lm_report import checks
 from s2t2_dist.recipes.orchestrate import StageFailed
 from stage_fixtures import run_cmd, tiny_olmo
@@ -116,6 +116,17 @@ def test_selection_takes_the_lowest_validation_bpb_and_waits_for_every_run(tmp_p
     assert sel["chosen"]["p"]["sinkhorn_p"] == {"kind": "softmax", "start": "shipped", "alpha": None, "lr": 0.01}
     assert sel["chosen"]["p"]["plain_p"] is None  # not run: nothing is chosen from a partial grid
     assert sel["chosen"]["ft_lr"] == 3e-4  # mean 4.05 against 4.10
+    # a report under way reads the best finished candidate of a partial grid, and names it provisional
+    plain = plan.candidates("plain_p")
+    _record(plan.p_arm(plain[1], 0), 4.3)
+    _record(plan.p_arm(plain[2], 0), 4.2)
+    sel = select(plan)
+    assert sel["chosen"]["p"]["plain_p"] is None
+    arms, ft_lr, provisional = report_choices(sel)
+    assert arms["plain_p"] == plain[2] and arms["s2t2"].lr == 3e-4 and ft_lr == 3e-4
+    assert provisional == ["plain_p"] and "s2t2_a0" not in arms  # alpha 0: nothing finished, no row
+    table = {j.name for j in plan.table_jobs(arms, ft_lr)}
+    assert plan.p_arm(plain[2], 1).name in table and not any("_a0_" in n for n in table)
     # names: the shipped start is S2T2's own, the paper's the baselines'; the other start and alpha 0 are tagged
     names = {j.name for j in plan.select_jobs()}
     assert {"seed0/translate_sparse_lr0.0003", "seed0/translate_softmax_lr0.1", "seed0/translate_softmax_fvt_lr0.1",
@@ -180,3 +191,18 @@ def test_smollm2_scale_end_to_end_on_a_tiny_model(tmp_path):
     proc = run_cmd(args, timeout=300)
     assert "] seed0/" not in proc.stdout, proc.stdout
     assert json.loads((out / "results.json").read_text())["rows"] == r["rows"]
+
+
+def test_a_table_under_way_marks_its_provisional_rows():
+    from s2t2_dist.recipes.reproduce_lm_report import label, table1_markdown
+
+    res = _results({"plain_p": [4.3], "plain_p_cft": [4.1], "s2t2": [4.5], "ft_new_tok": [4.2]})
+    res["paper"], res["provisional"] = {}, ["plain_p"]
+    for r in res["rows"].values():
+        r["perplexity"] = {"mean": 90.0}
+    text = table1_markdown(res)
+    assert "the selection is still running for plain_p" in text
+    assert f"| {label('plain_p')} * |" in text and f"| {label('plain_p_cft')} * |" in text
+    assert f"| {label('s2t2')} |" in text and f"| {label('ft_new_tok')} |" in text  # final choices: unmarked
+    res["provisional"] = []
+    assert "*" not in table1_markdown(res) and "Provisional" not in table1_markdown(res)

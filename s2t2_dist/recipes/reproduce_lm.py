@@ -174,7 +174,7 @@ class LmPlan:
         # never stand for another choice than the one it was made with
         for seed in self.cfg.seeds:
             s = f"seed{seed}"
-            for col in self.columns():
+            for col in (c for c in self.columns() if c in chosen):  # a report under way may lack a column
                 t = self.p_arm(chosen[col], seed)
                 pf, arm = t.produces[0], t.name.split("/translate_", 1)[1]
                 jobs += [t, self.evaluate(f"{s}/eval_{arm}", self.p.model, "translated", pf,
@@ -220,6 +220,10 @@ def select(plan: LmPlan) -> dict:
         out["p"][col] = {k: v for k, (_, v) in scores.items()}
         done = [(v, a) for a, v in scores.values() if v is not None]
         chosen[col] = asdict(min(done, key=lambda t: t[0])[1]) if len(done) == len(scores) else None
+        if done and not chosen[col]:  # for a report of a run still under way only: never run from
+            best = min(done, key=lambda t: t[0])[1]
+            out.setdefault("provisional", {})[col] = asdict(best)
+            out.setdefault("provisional_label", {})[col] = best.label()
         if chosen[col]:
             out.setdefault("chosen_label", {})[col] = Arm(**chosen[col]).label()
             grid = getattr(c.lm.p_lr_sweep, chosen[col]["kind"])
@@ -235,7 +239,18 @@ def select(plan: LmPlan) -> dict:
     done_ft = {k: v["mean"] for k, v in ft_scores.items() if v["mean"] is not None}
     out["chosen"] = {"p": chosen, "ft_lr": float(min(done_ft, key=done_ft.get)) if len(done_ft) == len(ft_scores)
                      else None}
+    if done_ft and out["chosen"]["ft_lr"] is None:
+        out.setdefault("provisional", {})["ft_lr"] = float(min(done_ft, key=done_ft.get))
     return out
+
+
+def report_choices(sel: dict) -> tuple[dict[str, Arm], float | None, list[str]]:
+    """The choices a report reads rows by: the selection's, or where a grid is still running, its best finished
+    candidate so far (named in the third value: those rows may change; the run itself never uses them)."""
+    prov = sel.get("provisional") or {}
+    arms = {col: Arm(**(v or prov[col])) for col, v in sel["chosen"]["p"].items() if v or col in prov}
+    ft_lr = sel["chosen"]["ft_lr"] if sel["chosen"]["ft_lr"] is not None else prov.get("ft_lr")
+    return arms, ft_lr, sorted(prov)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -456,9 +471,14 @@ def run_smollm2(cfg: ReproduceConfig, out: Path, *, cache: Path | None = None, e
     jobs = plan.table_jobs({k: Arm(**v) for k, v in chosen.items()}, ft_lr) if ready else []
     if ready and phase == "all" and not failed:
         failed = lanes.run(jobs, t0)
+    provisional: list[str] = []
+    if not ready:  # the table of what has finished, by the best choices so far (marked as such)
+        arms, p_ft_lr, provisional = report_choices(sel)
+        jobs = plan.table_jobs(arms, p_ft_lr) if p_ft_lr is not None else []
     from s2t2_dist.recipes.reproduce_lm_report import collect
 
     results = collect(plan, jobs, sel, refs, extra={"config": asdict(cfg), "data": data_info, "failed": failed,
+                                                    "provisional": provisional,
                                                     "seconds": round(time.time() - t0, 1)})
     for k, p in write_outputs(results, out).items():
         say(f"  {k:<12} {p}")

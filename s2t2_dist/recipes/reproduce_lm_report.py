@@ -130,13 +130,20 @@ def table1_markdown(results: dict) -> str:
     refs = results["references"]
     seeds = sorted({s for r in results["rows"].values() for s in r["seeds"] if s != "all"})
     head = ["row", "BpB (mean +- sd)", *[f"seed {s}" for s in seeds], "perplexity (mean)", "paper BpB"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    prov = set(results.get("provisional") or [])
+    lines = []
+    if prov:
+        lines += [f"Provisional (marked *): the selection is still running for {', '.join(sorted(prov))}; those rows "
+                  "use the best finished candidate so far and may change.", ""]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key in ROWS:
         r = results["rows"].get(key)
         if not r:
             continue
         b = r["bpb"]
-        lab = label(key)
+        col = key.removesuffix("_cft")
+        lab = label(key) + (" *" if col in prov or ("ft_lr" in prov and (key.endswith("_cft")
+                                                                         or key.startswith("ft_"))) else "")
         per = [_f(r["seeds"].get(s, {}).get("bpb")) for s in seeds]
         if "all" in r["seeds"]:
             per = [_f(r["seeds"]["all"]["bpb"])] * len(seeds)
@@ -154,8 +161,9 @@ def selection_markdown(sel: dict) -> str:
              "|---|---|---|---|---|"]
     for col, scores in sel["p"].items():
         ch = (sel.get("chosen_label") or {}).get(col)
+        so_far = (sel.get("provisional_label") or {}).get(col)
         for cand, v in scores.items():
-            mark = " **(chosen)**" if cand == ch else ""
+            mark = " **(chosen)**" if cand == ch else " (best so far)" if cand == so_far else ""
             end = ((sel.get("p_end") or {}).get(col) or {}).get(cand) or {}
             live = end.get("live_grad_frac")
             lines.append(f"| {label(col)} | {cand}{mark} | {_f(v)} | {_f(end.get('sources_per_target'), 2)} | "
