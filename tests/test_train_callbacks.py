@@ -120,13 +120,17 @@ def test_on_step_and_extra_callbacks(tmp_path):
     assert [s for k, s in seen if k == "on_step"] == list(range(1, 9))
 
 
-def test_phases_logged_and_summarised(caplog):
+def test_phases_logged_and_summarised(caplog, monkeypatch):
+    import time
+
     import s2t2_dist.train.phases as phases
 
+    monkeypatch.setattr(phases, "ANNOUNCE_S", 0.05)
     rec = phases.reset()
     with caplog.at_level(logging.INFO, logger="s2t2.startup"):
         with phases.phase("model load"):
-            with phases.phase("sharding"):  # nested: an engine's phase inside the stage's
+            time.sleep(0.3)  # long enough to be announced
+            with phases.phase("sharding"):  # nested: an engine's phase inside the stage's; too short to announce
                 pass
         phases.begin(phases.FIRST_STEP)
         phases.end(phases.FIRST_STEP)
@@ -135,7 +139,19 @@ def test_phases_logged_and_summarised(caplog):
     assert s["first_step_done_s"] is not None and s["before_stage_s"] is not None
     msgs = [r.getMessage() for r in caplog.records]
     assert msgs[0] == "startup: model load ..." and any(m.startswith("startup: sharding took") for m in msgs)
+    assert "startup: sharding ..." not in msgs
     assert phases.end("never begun") is None
+
+
+def test_a_phase_that_fails_at_once_logs_nothing(caplog):
+    """A user error found in a phase (preflight) stays one line: no 'startup' line before or after it."""
+    import s2t2_dist.train.phases as phases
+
+    phases.reset()
+    with caplog.at_level(logging.INFO, logger="s2t2.startup"), pytest.raises(ValueError):
+        with phases.phase("preflight"):
+            raise ValueError("a key out of range")
+    assert [r.getMessage() for r in caplog.records] == []
 
 
 def test_peak_table_and_flops():

@@ -14,9 +14,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 
 log = logging.getLogger("s2t2.startup")
+
+#: seconds a phase runs before its start is logged
+ANNOUNCE_S = 1.0
 
 #: the phase from the loop's start to the end of its first step (any lazy compile included)
 FIRST_STEP = "first step"
@@ -43,6 +47,7 @@ class Phases:
         self.seconds: dict[str, float] = {}
         self.ended_at: dict[str, float] = {}  # seconds from the stage's start to each phase's (last) end
         self._open: dict[str, float] = {}
+        self._announce: dict[str, threading.Timer] = {}
 
     @staticmethod
     def _main() -> bool:  # before the process group exists the launcher's RANK says who logs
@@ -51,26 +56,36 @@ class Phases:
     def begin(self, name: str) -> None:
         self._open[name] = time.perf_counter()
         if self._main():
-            log.info("startup: %s ...", name)
+            # said only once the phase has lasted ANNOUNCE_S: a stall shows which phase it is in, while a user error
+            # found at once stays the one line it is
+            t = threading.Timer(ANNOUNCE_S, log.info, ("startup: %s ...", name))
+            t.daemon = True
+            self._announce[name] = t
+            t.start()
 
-    def end(self, name: str) -> float | None:
+    def end(self, name: str, ok: bool = True) -> float | None:
         t = self._open.pop(name, None)
+        timer = self._announce.pop(name, None)
+        if timer is not None:
+            timer.cancel()
         if t is None:
             return None
         dt = time.perf_counter() - t
         self.seconds[name] = self.seconds.get(name, 0.0) + dt
         self.ended_at[name] = self.elapsed()
-        if self._main():
+        if self._main() and ok:  # a phase that raised: its error is what the user reads
             log.info("startup: %s took %.2f s (%.1f s since the stage started)", name, dt, self.elapsed())
         return dt
 
     @contextlib.contextmanager
     def phase(self, name: str):
         self.begin(name)
+        ok = False
         try:
             yield
+            ok = True
         finally:
-            self.end(name)
+            self.end(name, ok)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
