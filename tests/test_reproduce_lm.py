@@ -101,6 +101,7 @@ def _record(job: Job, bpb: float) -> None:
 
 def test_selection_takes_the_lowest_validation_bpb_and_waits_for_every_run(tmp_path):
     plan = _plan(tmp_path, ft_lr_sweep=[1e-4, 3e-4], baseline_starts=["paper", "shipped"])
+    plan.cfg.lm.p_lr_sweep.sparse = [3e-5, 1e-4, 3e-4, 1e-3]  # the test's own grid, not the preset's
     for arm, v in zip(plan.candidates("s2t2"), (4.6, 4.5, 4.3, 4.4), strict=True):
         _record(plan.p_arm(arm, 0), v)
     # Sinkhorn P: its best step from the shipped start beats every step from the paper's
