@@ -1,6 +1,6 @@
 """The layout's promises (docs/DESIGN.md): the public math API, the import direction (the product never imports the
-research recipes, the cluster launchers or the test harness), and the one E'/L' definition and P statistics shared by
-training and export."""
+research recipes, the cluster launchers or the test harness), the one E'/L' definition and P statistics shared by
+training and export, and the test suite's own layout (a folder per part of the package, helpers in one package)."""
 import ast
 import math
 from pathlib import Path
@@ -9,6 +9,7 @@ import pytest
 import torch
 
 PKG = Path(__file__).resolve().parents[2] / "s2t2_dist"
+TESTS = PKG.parent / "tests"
 
 
 def test_public_ot_api():
@@ -244,3 +245,47 @@ def test_bench_reaches_the_translator_start_and_p_statistics_without_the_stages(
             assert not [m for m in _package_imports(path) if m.startswith("s2t2_dist.stages")], path
     from s2t2_dist.translator.start import start_translator, surface_decomposition, surface_prior  # noqa: F401
     from s2t2_dist.translator.stats import column_split, translator_column_split, unbuilt_columns  # noqa: F401
+
+
+# ------------------------------------------------------------------------------------------------ the test suite
+#: folders of tests/ that are no part of the package: tests of bench/, of the package's top-level modules
+#: (s2t2_dist/*.py), repository-wide rules, the reliability suite, and the shared helpers (no tests)
+TEST_FOLDERS_BESIDE_THE_PARTS = {"bench", "core", "project", "faults", "helpers"}
+#: the helpers' package: imported as tests.helpers.<module>; holds no test module
+HELPERS = TESTS / "helpers"
+
+
+def _suite_files(pattern: str = "*") -> list[Path]:
+    return [p for p in TESTS.rglob(pattern) if p.is_file() and "__pycache__" not in p.parts]
+
+
+def test_tests_have_a_folder_per_part_of_the_package():
+    """tests/<part>/ for s2t2_dist/<part>/, each folder a package (so two folders may hold modules of one name), no
+    test module left at the top, and the helpers in tests/helpers/ only."""
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    parts = {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders - TEST_FOLDERS_BESIDE_THE_PARTS <= parts, sorted(folders - TEST_FOLDERS_BESIDE_THE_PARTS - parts)
+    top = sorted(p.name for p in TESTS.glob("*.py"))
+    assert top == ["__init__.py", "conftest.py"], top
+    for folder in {p.parent for p in _suite_files("*.py")}:
+        assert (folder / "__init__.py").is_file(), f"{folder.relative_to(TESTS.parent)} is not a package"
+
+
+def test_every_test_module_is_named_test_and_the_helpers_hold_none():
+    """Outside tests/helpers/ every module is a test module (test_*.py), a conftest.py or a package's __init__.py:
+    scripts the tests start and suites they run in a pytest of their own live in tests/helpers/scripts/."""
+    misnamed = sorted(str(p.relative_to(TESTS.parent)) for p in _suite_files("*.py")
+                      if HELPERS not in p.parents and not p.name.startswith("test_")
+                      and p.name not in ("conftest.py", "__init__.py"))
+    assert not misnamed, misnamed
+    in_helpers = sorted(str(p.relative_to(TESTS.parent)) for p in HELPERS.rglob("test_*.py"))
+    assert not in_helpers, in_helpers
+
+
+def test_no_file_of_the_tests_edits_sys_path():
+    """Helpers are imported as `tests.helpers.<module>` (pytest's `pythonpath = .`, setup.cfg), never through a
+    folder put on sys.path by hand."""
+    edit = "sys.path" + ".insert"  # (spelled so that this file does not name it)
+    offenders = sorted(str(p.relative_to(TESTS.parent)) for p in _suite_files()
+                       if p.suffix in (".py", ".sh", ".md", ".txt", ".cfg", ".toml") and edit in p.read_text())
+    assert not offenders, offenders
