@@ -1,7 +1,7 @@
 """A logging step's statistics of P (non-zeros, marginals, entropy, mass, gradient monitor, top translations,
 heatmap block) computed the old way (one collective per statistic, a host read per value: the reference kept in
-tests/distributed/test_stats_batch.py) against the fused one (StatsBatch: one all_reduce, one read), in the same processes,
-alternating, on gloo ranks with C's columns sharded. P is computed once, before the timings (both reuse it).
+tests/distributed/test_stats_batch.py) against the fused one (StatsBatch: one all_reduce, one read), in the same
+processes, alternating, on gloo ranks with C's columns sharded. P is computed once, before the timings (both reuse it).
 
     PYTHONPATH=. nice -n 10 python bench/bench_stats_batch.py --v 50280 --u 512 --ranks 2 --repeat 7
 """

@@ -6,8 +6,9 @@ logged numbers alone (BENCHMARKS.md "#21 item 1 (session 5)").
     PYTHONPATH=/path/to/old/checkout python bench/dump_stage1_metrics.py --work /tmp/m --out before.json --ranks 2
     python bench/dump_stage1_metrics.py --compare before.json after.json
 
-The inputs (protein shards by prepare_small of tests/helpers/stage_fixtures.py, stories260K) are built once in --work and reused; each run gets a
-fresh run directory. ``--ranks 2`` runs ``torchrun --nproc_per_node 2`` (gloo, C's columns sharded).
+The inputs (protein shards by prepare_small of tests/helpers/stage_fixtures.py, stories260K) are built once in
+--work and reused; each run gets a fresh run directory. ``--ranks 2`` runs ``torchrun --nproc_per_node 2`` (gloo,
+C's columns sharded).
 """
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ Booleans take the usual spellings in any case (1/0, true/false, yes/no, on/off).
 read through the same code: ``python -m s2t2_dist.envvars check`` (exit 2 with the line) and
 ``python -m s2t2_dist.envvars get NAME`` (the value as the shell uses it: booleans as 1/0).
 
-docs/environment.md lists the variables (tests/core/test_envvars.py checks it names each one). Imports no torch: the batch
-shell calls it before srun.
+docs/environment.md lists the variables (tests/core/test_envvars.py checks it names each one). Imports no torch:
+the batch shell calls it before srun.
 """
 
 from __future__ import annotations

@@ -22,8 +22,9 @@ support count is an integer that only decreases (a count that grows back by roun
 The backward of a projection with Dykstra's correction term is ``where(S, g - mean_S(g - gc), gc)`` per slice: one
 kernel of the same shape (a sums pass and a write pass).
 
-Tested on a CPU by Triton's interpreter (``TRITON_INTERPRET=1``: tests/helpers/scripts/sinkhorn_triton_interpreted.py, run by
-tests/ot/test_gpu_kernels.py) against the sort reference; kernels are built on first use, so that the interpreter switch is read by then.
+Tested on a CPU by Triton's interpreter (``TRITON_INTERPRET=1``: tests/helpers/scripts/sinkhorn_triton_interpreted.py,
+run by tests/ot/test_gpu_kernels.py) against the sort reference; kernels are built on first use, so that the
+interpreter switch is read by then.
 """
 from __future__ import annotations
 

@@ -29,4 +29,5 @@ def test_committed_misuse_table_is_what_the_commands_do_now(tmp_path):
         changed = sorted(now - then)[:5]
         gone = sorted(then - now)[:5]
         pytest.fail(f"docs/reliability.md's misuse table is stale ({len(now - then)} rows differ); regenerate it "
-                    f"with `PYTHONPATH=. python tests/helpers/scripts/misuse_table.py --write`.\nnow: {changed}\nwas: {gone}")
+                    f"with `PYTHONPATH=. python tests/helpers/scripts/misuse_table.py --write`.\nnow: {changed}\n"
+                    f"was: {gone}")

@@ -1,4 +1,5 @@
-"""Start tests/helpers/scripts/engines_script.py under the real launchers (deepspeed, torchrun) and collect its results."""
+"""Start tests/helpers/scripts/engines_script.py under the real launchers (deepspeed, torchrun) and collect its
+results."""
 
 from __future__ import annotations
 

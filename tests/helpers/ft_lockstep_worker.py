@@ -1,5 +1,5 @@
-"""One gloo rank of tests/stages/test_evaluate.py::test_lockstep_forward_calls_and_exact_sums (a small module so that the
-spawned processes import little)."""
+"""One gloo rank of tests/stages/test_evaluate.py::test_lockstep_forward_calls_and_exact_sums (a small module so
+that the spawned processes import little)."""
 
 import os
 

@@ -1,6 +1,7 @@
 """The sparse Sinkhorn on its CPU route (torch ops, exact Newton thresholds): equal to autograd through a sort,
 gradcheck, convergence to the true projection (KKT), baselines, validation once per marginals, no host reads,
-memory discipline. The CUDA route's kernels: tests/helpers/scripts/sinkhorn_triton_interpreted.py (run by test_gpu_kernels.py)."""
+memory discipline. The CUDA route's kernels: tests/helpers/scripts/sinkhorn_triton_interpreted.py (run by
+tests/ot/test_gpu_kernels.py)."""
 import os
 
 import pytest

@@ -19,7 +19,8 @@ import math
 
 import pytest
 
-from tests.helpers.finetune_fixtures import CTX, NEW_VOCAB, check_export_plain, deepspeed, torchrun, world  # noqa: F401 - the session fixtures
+from tests.helpers.finetune_fixtures import (  # noqa: F401 - the session fixtures
+    CTX, NEW_VOCAB, check_export_plain, deepspeed, torchrun, world)
 from s2t2_dist.config import load_config
 from s2t2_dist.stages.evaluate import EvaluateConfig, run as evaluate
 

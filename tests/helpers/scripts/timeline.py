@@ -2,7 +2,8 @@
 after the first test started) and how long it ran tests, so an unbalanced `pytest -n 2` shows as one worker ending
 long before the other.
 
-    S2T2_TEST_TIMELINE=/tmp/tl.jsonl python -m pytest -q -n 2 tests; python tests/helpers/scripts/timeline.py /tmp/tl.jsonl
+    S2T2_TEST_TIMELINE=/tmp/tl.jsonl python -m pytest -q -n 2 tests
+    python tests/helpers/scripts/timeline.py /tmp/tl.jsonl
 """
 
 from __future__ import annotations
