@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# System packages for the real local SLURM cluster that tests/test_slurm_cluster.py starts (munge, slurmctld,
+# System packages for the real local SLURM cluster that tests/cluster/test_slurm_cluster.py starts (munge, slurmctld,
 # slurmd, the client tools, and slurmdbd + MariaDB for accounting, which submitit's sacct polling needs).
 # Debian bookworm / Ubuntu; run as root or with passwordless sudo. Idempotent; about 40 s on a fresh machine.
 # The packages' own system services are not started (the tests start private daemons with their own config).

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test helpers (tests.helpers)
 
 
 def rss_mib() -> float:
@@ -50,7 +50,7 @@ class FakeLM(torch.nn.Module):
 
 
 def bench_init(out: Path) -> list[dict]:
-    from finetune_fixtures import random_p
+    from tests.helpers.finetune_fixtures import random_p
     from s2t2_dist.translator.pfile import load_p, save_p
     from s2t2_dist.stages.init_model import translated_embeddings
 

@@ -1,7 +1,7 @@
 """A logging step's statistics of P (non-zeros, marginals, entropy, mass, gradient monitor, top translations,
 heatmap block) computed the old way (one collective per statistic, a host read per value: the reference kept in
-tests/test_stats_batch.py) against the fused one (StatsBatch: one all_reduce, one read), in the same processes,
-alternating, on gloo ranks with C's columns sharded. P is computed once, before the timings (both reuse it).
+tests/distributed/test_stats_batch.py) against the fused one (StatsBatch: one all_reduce, one read), in the same
+processes, alternating, on gloo ranks with C's columns sharded. P is computed once, before the timings (both reuse it).
 
     PYTHONPATH=. nice -n 10 python bench/bench_stats_batch.py --v 50280 --u 512 --ranks 2 --repeat 7
 """
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))  # the test helpers (tests.helpers)
 
 
 def _worker(v: int, u: int, repeat: int):
@@ -68,7 +68,7 @@ def main() -> None:
     if a.ranks == 1:
         res = [_worker(a.v, a.u, a.repeat)]
     else:
-        from distributed import run_distributed
+        from tests.helpers.distributed import run_distributed
 
         res = run_distributed(_worker, a.ranks, a.v, a.u, a.repeat, timeout=1200)
     t = res[0]

@@ -6,8 +6,9 @@ logged numbers alone (BENCHMARKS.md "#21 item 1 (session 5)").
     PYTHONPATH=/path/to/old/checkout python bench/dump_stage1_metrics.py --work /tmp/m --out before.json --ranks 2
     python bench/dump_stage1_metrics.py --compare before.json after.json
 
-The inputs (protein shards from tests/data, stories260K) are built once in --work and reused; each run gets a
-fresh run directory. ``--ranks 2`` runs ``torchrun --nproc_per_node 2`` (gloo, C's columns sharded).
+The inputs (protein shards by prepare_small of tests/helpers/stage_fixtures.py, stories260K) are built once in
+--work and reused; each run gets a fresh run directory. ``--ranks 2`` runs ``torchrun --nproc_per_node 2`` (gloo,
+C's columns sharded).
 """
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 def _inputs(work: Path) -> tuple[Path, Path]:
     data, model = work / "data", work / "stories260k"
     if not (data / "tokenizer").exists():
-        sys.path.insert(0, str(REPO / "tests"))
-        from stage_fixtures import prepare_small
+        sys.path.insert(0, str(REPO))
+        from tests.helpers.stage_fixtures import prepare_small
 
         prepare_small(data)
     if not model.exists():

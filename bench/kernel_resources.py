@@ -11,7 +11,7 @@ kernels (d = 2,048, OLMo-1B's width). Each is specialised by Triton's own binder
 alignment, integer arguments equal to 1 or divisible by 16, every constexpr), compiled once per distinct
 specialisation and target, and ptxas's report read (registers, spill stores and loads, stack frame). Programs per SM
 follow from the registers, threads and shared memory against the SM's limits (below). A benchmark reference, not a
-timing: tests/test_kernel_resources.py compiles a subset and asserts the counts.
+timing: tests/bench/test_kernel_resources.py compiles a subset and asserts the counts.
 """
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ Booleans take the usual spellings in any case (1/0, true/false, yes/no, on/off).
 read through the same code: ``python -m s2t2_dist.envvars check`` (exit 2 with the line) and
 ``python -m s2t2_dist.envvars get NAME`` (the value as the shell uses it: booleans as 1/0).
 
-docs/environment.md lists the variables (tests/test_envvars.py checks it names each one). Imports no torch: the batch
-shell calls it before srun.
+docs/environment.md lists the variables (tests/core/test_envvars.py checks it names each one). Imports no torch:
+the batch shell calls it before srun.
 """
 
 from __future__ import annotations
@@ -287,7 +287,7 @@ _TYPES = {"bool": "boolean", "int": "integer", "port": "port 1-65535", "choice":
 
 
 def markdown_table() -> str:
-    """The table of docs/environment.md (tests/test_envvars.py compares the committed one with this)."""
+    """The table of docs/environment.md (tests/core/test_envvars.py compares the committed one with this)."""
     rows = ["| variable | read by | type | default | meaning |", "|---|---|---|---|---|"]
     for v in VARS.values():
         typ = _TYPES[v.kind] + (f" {', '.join(c or 'unset' for c in v.choices)}" if v.choices else "")

@@ -2,7 +2,6 @@ import functools
 import json
 import os
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -15,7 +14,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
-sys.path.insert(0, str(REPO / "tests"))
 
 
 #: a module's marks as the scheduler reads them (xdist's controller collects nothing): its `pytestmark = ...` line
@@ -48,8 +46,9 @@ def pytest_xdist_make_scheduler(config, log):
     """`pytest -n 2` (the README's test command): one worker runs a whole module, so a module-scoped fixture (a
     launch, a prepared dataset) is built once, and the modules that start a local SLURM cluster share one worker, so
     two clusters never run at once. The modules with end-to-end runs (marked slow, faults or slurm) are handed out
-    first, in collection order (tests/faults/ first), then the many short ones, so that both workers stay busy to
-    the end: a long module handed out last (test_translate_*.py sort late) leaves the other worker idle meanwhile.
+    first, in collection order (folder by folder), then the many short ones, so that both workers stay busy to the
+    end: a long module handed out last (tests/stages/test_translate_*.py sort late) leaves the other worker idle
+    meanwhile.
     Not xdist's default of the most tests first (the longest modules have few tests)."""
     from xdist.scheduler import LoadScopeScheduling
 
@@ -71,7 +70,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 #: S2T2_TEST_TIMELINE=FILE appends one JSON line per test (worker, test, start and end, seconds since the epoch):
-#: whether the two workers of `pytest -n 2` end together (`python tests/timeline.py FILE`)
+#: whether the two workers of `pytest -n 2` end together (`python tests/helpers/scripts/timeline.py FILE`)
 TIMELINE_ENV = "S2T2_TEST_TIMELINE"
 
 

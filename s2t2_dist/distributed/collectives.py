@@ -11,8 +11,8 @@ tensor there raises "No backend type associated with device type cpu". So:
   :func:`group_for` its device, so a CUDA tensor goes to NCCL and a CPU tensor to gloo.
 
 Tests start the default group as ``cuda:gloo`` (no CPU backend, like NCCL alone): a CPU collective that bypasses
-this module then fails on CPU exactly as it would on a GPU node. tests/test_collectives.py also greps the package
-so that no module outside ``s2t2_dist/distributed/`` calls a ``torch.distributed`` collective itself.
+this module then fails on CPU exactly as it would on a GPU node. tests/distributed/test_collectives.py also greps the
+package so that no module outside ``s2t2_dist/distributed/`` calls a ``torch.distributed`` collective itself.
 """
 
 from __future__ import annotations

@@ -22,8 +22,9 @@ support count is an integer that only decreases (a count that grows back by roun
 The backward of a projection with Dykstra's correction term is ``where(S, g - mean_S(g - gc), gc)`` per slice: one
 kernel of the same shape (a sums pass and a write pass).
 
-Tested on a CPU by Triton's interpreter (``TRITON_INTERPRET=1``: tests/sinkhorn_triton_interpreted.py, run by
-tests/test_gpu_kernels.py) against the sort reference; kernels are built on first use, so that the interpreter switch is read by then.
+Tested on a CPU by Triton's interpreter (``TRITON_INTERPRET=1``: tests/helpers/scripts/sinkhorn_triton_interpreted.py,
+run by tests/ot/test_gpu_kernels.py) against the sort reference; kernels are built on first use, so that the
+interpreter switch is read by then.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ __all__ = ["TritonSteps", "dry_run", "launches"]
 # Tiles of 2,048 float32 over 256 threads (8 a thread): compiled for sm_80 and sm_90 every launch then fits in at
 # most ~104 registers without spilling, i.e. at least 2 programs per SM (4,096-entry tiles took 154-255 registers,
 # spilled in the row projection and left one program per SM, its Newton loop's reductions unhidden); the figures:
-# bench/kernel_resources.md, checked by tests/test_kernel_resources.py.
+# bench/kernel_resources.md, checked by tests/bench/test_kernel_resources.py.
 #: entries of a long slice streamed per chunk (an 8 KB tile of float32 per program)
 BLOCK_N = 2048
 #: entries per program of the registers path: BLOCK_S slices x next_pow2(N) entries

@@ -8,8 +8,8 @@ loops over ``idx[:n]`` in blocks (a loop bounded by a loaded value), the backwar
 which those past ``n`` do nothing. So the work follows the live rows (~320 of 50,280 for the shipped plan) and
 the host never waits. fp32 throughout (``input_precision="ieee"``: no TF32, as the translator's fp32 products).
 
-Tested on a CPU by Triton's interpreter (``TRITON_INTERPRET=1``, tests/test_plan_product.py) against the dense
-product; the kernels are built on first use, so that the interpreter switch, read when a kernel is defined, can be
+Tested on a CPU by Triton's interpreter (``TRITON_INTERPRET=1``, tests/translator/test_plan_product.py) against the
+dense product; the kernels are built on first use, so that the interpreter switch, read when a kernel is defined, can be
 set by then. Unmeasured on a GPU (bench/bench_plan_product.py --device cuda measures them there).
 """
 from __future__ import annotations

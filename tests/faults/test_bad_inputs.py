@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, base_env, ledger, prepare_tiny, translate_args, write_tiny_fasta
+from tests.helpers.faults_suite import REPO, base_env, ledger, prepare_tiny, translate_args, write_tiny_fasta
 
 from s2t2_dist.config import load_config
 from s2t2_dist.errors import ConfigError

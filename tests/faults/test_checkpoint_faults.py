@@ -10,13 +10,13 @@ import pickle
 
 import pytest
 import torch
-from conftest import ledger
+from tests.helpers.faults_suite import ledger
 
 from s2t2_dist.train.checkpoint import Checkpointer
 from s2t2_dist.errors import CheckpointError
 from s2t2_dist.train.loop import train
 from s2t2_dist.train.metrics import MetricsLogger
-from toy import make
+from tests.helpers.toy import make
 
 pytestmark = pytest.mark.faults
 

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import ledger, prepare_tiny, translate_args, write_tiny_fasta
+from tests.helpers.faults_suite import ledger, prepare_tiny, translate_args, write_tiny_fasta
 
 from s2t2_dist.config import load_config
 from s2t2_dist.data.shards import ShardFile

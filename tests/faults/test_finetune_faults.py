@@ -14,7 +14,7 @@ import os
 import signal
 
 import pytest
-from conftest import DS_ZERO3, Job, finetune_args, ledger
+from tests.helpers.faults_suite import DS_ZERO3, Job, finetune_args, ledger
 from safetensors.torch import load_file
 
 from s2t2_dist.faults import effective_history, read_trace

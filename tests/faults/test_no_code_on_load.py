@@ -14,7 +14,7 @@ import pickle
 
 import pytest
 import torch
-from conftest import REPO, ledger
+from tests.helpers.faults_suite import REPO, ledger
 
 pytestmark = pytest.mark.faults
 

@@ -12,13 +12,13 @@ import sys
 import time
 
 import pytest
-from conftest import base_env, translate_args
-from misuse_table import remove_at_once
+from tests.helpers.faults_suite import base_env, translate_args
+from tests.helpers.scripts.misuse_table import remove_at_once
 
 from s2t2_dist.utils import rundir
 from s2t2_dist.utils.rundir import claim, release_all, verify
 from s2t2_dist.errors import RunDirError
-from stage_fixtures import REPO
+from tests.helpers.stage_fixtures import REPO
 
 pytestmark = pytest.mark.faults
 

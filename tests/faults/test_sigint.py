@@ -12,11 +12,11 @@ import sys
 import time
 
 import pytest
-from conftest import base_env, finetune_args, ledger, translate_args
+from tests.helpers.faults_suite import base_env, finetune_args, ledger, translate_args
 
 from s2t2_dist import faults
 from s2t2_dist.train.checkpoint import Checkpointer
-from stage_fixtures import REPO
+from tests.helpers.stage_fixtures import REPO
 
 
 def _launch(stage: str, args: list[str], trace, log):
@@ -81,7 +81,7 @@ def test_ctrl_c_during_finetune_checkpoints_at_the_step_boundary(tiny_data, stor
 def test_ctrl_c_under_torchrun_checkpoints_every_rank(tiny_data, stories, tmp_path):
     """Two ranks under torchrun: Ctrl-C reaches the launcher and both ranks; the ranks agree to stop at the same
     step boundary, write one checkpoint together, and exit before the launcher's grace period ends."""
-    from conftest import Job
+    from tests.helpers.faults_suite import Job
 
     run = tmp_path / "run"
     job = Job("translate.py", translate_args(tiny_data, stories, run, "train.steps=60", "train.ckpt_every=0"),

@@ -18,11 +18,11 @@ import sys
 import time
 
 import pytest
-from conftest import base_env, ledger, translate_args
+from tests.helpers.faults_suite import base_env, ledger, translate_args
 
 from s2t2_dist import faults
 from s2t2_dist.translator.pfile import load_p
-from stage_fixtures import REPO
+from tests.helpers.stage_fixtures import REPO
 
 pytestmark = pytest.mark.faults
 
@@ -176,7 +176,7 @@ exit "$rc"
 def test_batch_script_does_not_requeue_a_finished_run(tmp_path, tiny_data, stories):
     """The warning reaches the batch shell after the step's work: the run is finished (result written), so it is not
     requeued (before: requeued, and the next attempt exported and evaluated it again). A step stopped with work left
-    is requeued: the test above (before its first step) and tests/test_slurm_cluster.py (at the time limit)."""
+    is requeued: the test above (before its first step) and tests/cluster/test_slurm_cluster.py (at the time limit)."""
     run = tmp_path / "run"
     cmd, env = _batch_shell(tmp_path, LATE_SRUN, " ".join(translate_args(tiny_data, stories, run, "train.steps=4")),
                             TMPDIR=str(tmp_path))

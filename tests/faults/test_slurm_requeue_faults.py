@@ -2,7 +2,7 @@
 USR2, handed to the loop) and a preemption (`scontrol requeue`: SIGTERM to the step, SLURM requeues) each make the
 job checkpoint at a step boundary, exit cleanly and come back as a requeued attempt that resumes; the final result
 is exactly the uninterrupted run's (losses of every step, samples, P). Skipped without the SLURM packages (CI
-installs them: .ci/install_slurm.sh), as tests/test_slurm_cluster.py."""
+installs them: .ci/install_slurm.sh), as tests/cluster/test_slurm_cluster.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import os
 import time
 
 import pytest
-from conftest import REPO, TRANSLATE_STEPS, ledger, translate_args
+from tests.helpers.faults_suite import REPO, TRANSLATE_STEPS, ledger, translate_args
 
 from s2t2_dist.translator.pfile import load_p
 from s2t2_dist import faults

@@ -15,7 +15,7 @@ import os
 import signal
 
 import pytest
-from conftest import TRANSLATE_STEPS, Job, ledger, translate_args
+from tests.helpers.faults_suite import TRANSLATE_STEPS, Job, ledger, translate_args
 
 from s2t2_dist.translator.pfile import load_p
 from s2t2_dist.faults import effective_history

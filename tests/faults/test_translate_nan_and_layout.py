@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import Job, ledger, translate_args
+from tests.helpers.faults_suite import Job, ledger, translate_args
 
 from s2t2_dist.config import load_config
 from s2t2_dist.stages.translate import TranslateConfig, run
@@ -84,7 +84,7 @@ def _in_process(monkeypatch, *args):
 
 
 def test_checkpoint_of_two_ranks_resumed_by_one(nan_run, tiny_data, stories, monkeypatch, caplog):
-    """Elastic: C's columns and Adam moments of the 2 ranks are reassembled for 1 (tests/test_translate_elastic.py
+    """Elastic: C's columns and Adam moments of the 2 ranks are reassembled for 1 (tests/stages/test_translate_elastic.py
     checks the arithmetic against an uninterrupted run)."""
     run_dir, _ = nan_run
     with caplog.at_level("WARNING", logger="s2t2.checkpoint"):

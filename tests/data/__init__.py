@@ -1,0 +1,1 @@
+"""Tests of s2t2_dist/data/: records, split, BPE, shards, loaders and the prepare pipeline."""

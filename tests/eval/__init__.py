@@ -1,0 +1,1 @@
+"""Tests of s2t2_dist/eval/: bits per byte."""

@@ -1,0 +1,1 @@
+"""The reliability suite: faults injected into real runs (docs/reliability.md)."""

@@ -1,0 +1,291 @@
+"""The layout's promises (docs/DESIGN.md): the public math API, the import direction (the product never imports the
+research recipes, the cluster launchers or the test harness), the one E'/L' definition and P statistics shared by
+training and export, and the test suite's own layout (a folder per part of the package, helpers in one package)."""
+import ast
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+PKG = Path(__file__).resolve().parents[2] / "s2t2_dist"
+TESTS = PKG.parent / "tests"
+
+
+def test_public_ot_api():
+    from s2t2_dist.ot import SparseSinkhorn, softmax_sinkhorn, sparse_sinkhorn, sparsemax
+
+    one_row = SparseSinkhorn(torch.tensor([1.0]), torch.tensor([0.5, 0.5]))(torch.tensor([[3.0, 1.0]]), 1)
+    assert torch.allclose(one_row, torch.tensor([[0.5, 0.5]]))  # one row: its columns hold nu
+    g = torch.Generator().manual_seed(0)
+    C = torch.randn(6, 4, generator=g, dtype=torch.float64)
+    mu, nu = torch.full((6,), 1 / 6, dtype=torch.float64), torch.full((4,), 1 / 4, dtype=torch.float64)
+    for plan in (sparse_sinkhorn(C, mu, nu, n_iter=50), softmax_sinkhorn(C, mu, nu, n_iter=50)):
+        assert plan.shape == (6, 4) and (plan >= 0).all()
+        assert torch.allclose(plan.sum(0), nu, atol=1e-9) and torch.allclose(plan.sum(1), mu, atol=1e-3)  # columns last: exact
+    assert torch.equal(sparsemax(torch.tensor([[3.0, 1.0, 0.0]]), 2.0), torch.tensor([[2.0, 0.0, 0.0]]))  # Algorithm 2
+
+
+def _package_imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            base = node.module if node.level == 0 else "s2t2_dist." + ".".join(
+                path.relative_to(PKG.parent).with_suffix("").parts[1:-node.level] + (node.module,))
+            names |= {base} | {f"{base}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+    return {n for n in names if n.startswith("s2t2_dist")}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in PKG.rglob("*.py")}
+
+
+def _imports_of(path: Path) -> list[tuple[str, str | None]]:
+    """(module, imported name or None) of every import of the package in `path`, at the top or inside functions
+    (a lazy import closes a cycle as surely as a top-level one)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or node.level):
+            base = node.module or ""
+            if node.level:
+                pkg = _module_name(path).split(".")
+                pkg = pkg[:len(pkg) - node.level + (1 if path.name == "__init__.py" else 0)]
+                base = ".".join(pkg + ([base] if base else []))
+            out += [(base, a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            out += [(a.name, None) for a in node.names]
+    return [(m, n) for m, n in out if m.split(".")[0] == "s2t2_dist"]
+
+
+def _import_graph() -> dict[str, set[str]]:
+    graph = {}
+    for mod, path in MODULES.items():
+        deps = set()
+        for m, name in _imports_of(path):
+            target = f"{m}.{name}" if name and f"{m}.{name}" in MODULES else m
+            if target in MODULES and target != mod:
+                deps.add(target)
+        graph[mod] = deps
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_static_or_lazy():
+    """No two modules of the package import each other, directly or round a loop, counting imports inside
+    functions: each cycle is listed with its modules."""
+    assert _cycles(_import_graph()) == []
+
+
+def test_cycle_finder_sees_lazy_imports():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_every_import_of_the_package_resolves():
+    """Lazy imports (inside functions) fail only when they run: each one names a module and a name that exist."""
+    import importlib
+
+    bad = []
+    for mod, path in MODULES.items():
+        for m, name in _imports_of(path):
+            if m not in MODULES:
+                bad.append(f"{mod}: no module {m}")
+            elif name and name != "*" and f"{m}.{name}" not in MODULES \
+                    and not hasattr(importlib.import_module(m), name):
+                bad.append(f"{mod}: {m} has no {name}")
+    assert bad == []
+
+
+def _part(module: str) -> str:
+    return module.split(".")[1] if "." in module else module
+
+
+def test_no_module_imports_a_private_name_of_another_part():
+    """A part (a subpackage, or a top-level module such as config.py) keeps its `_private` names and modules to
+    itself: another part imports only public names."""
+    bad = []
+    for mod, path in MODULES.items():
+        for m, name in _imports_of(path):
+            if _part(m) == _part(mod):
+                continue
+            private_module = any(p.startswith("_") and p != "__init__" for p in m.split("."))
+            if private_module or (name and name.startswith("_") and f"{m}.{name}" not in MODULES):
+                bad.append(f"{mod}: {m}{'.' + name if name else ''}")
+            elif name and name.startswith("_"):
+                bad.append(f"{mod}: {m}.{name} (a private module)")
+    assert bad == []
+
+
+def test_product_never_imports_recipes_cluster_or_testing():
+    outside = ("recipes", "cluster", "testing")
+    bad = []
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG)
+        if rel.parts[0] in outside or rel.name == "cli.py":  # cli.py names every command (as strings)
+            continue
+        for name in _package_imports(path):
+            if (name.split(".") + [""])[1] in outside:
+                bad.append(f"{rel}: {name}")
+    assert bad == []
+
+
+#: what the math may import of the package: the record of which route ran (a leaf module importing nothing)
+OT_MAY_IMPORT = {"s2t2_dist.utils.routes", "s2t2_dist.utils.routes.record"}
+
+
+def test_ot_imports_nothing_else_of_the_package():
+    for path in (PKG / "ot").rglob("*.py"):
+        others = {n for n in _package_imports(path) if not n.startswith("s2t2_dist.ot")} - OT_MAY_IMPORT
+        assert others == set(), path
+    assert _package_imports(PKG / "utils" / "routes.py") == set()  # the leaf stays a leaf
+
+
+def test_stages_take_model_and_tokenizer_helpers_from_their_homes():
+    """Model helpers are models/hf.py's and tokenizer helpers data/tokenizers.py's: a stage takes from engines/ only
+    the engine it drives (stage 1: TorchEngine for P's optimiser; finetune and evaluate: engines.build; the
+    launchers' arguments). No product module parses a tokenizer itself."""
+    engine_names = {"TorchEngine", "EngineConfig", "build_model_and_engine", "engine_kind", "engine_overrides"}
+    bad = [f"{path.name}: {m}.{n}" for path in (PKG / "stages").glob("*.py") for m, n in _imports_of(path)
+           if m.startswith("s2t2_dist.engines") and n not in engine_names]
+    assert bad == []
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG)
+        if rel.as_posix() == "data/tokenizers.py" or rel.parts[0] in ("recipes", "cluster", "testing"):
+            continue
+        calls = {(n.func.value.id, n.func.attr) for n in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)}
+        assert not calls & {("Tokenizer", "from_file"), ("AutoTokenizer", "from_pretrained")}, path
+
+
+@pytest.mark.parametrize("normalization,config", [("convex", "olmo-1b"), ("convex", "olmo-7b"),
+                                                  ("paper", "olmo-1b"), ("paper", "olmo-7b")])
+def test_export_builds_the_rows_training_used(normalization, config):
+    """stage 2's initial E'/L' (init_model, from the P file) equal stage 1's (TokenTranslator), tied and untied."""
+    from s2t2_dist.models.hf import get_embedding_and_head
+    from s2t2_dist.translator.pfile import SparseP
+    from s2t2_dist.recipes.tiny import tiny_from_config
+    from s2t2_dist.stages.init_model import translated_embeddings
+    from s2t2_dist.translator import PStats, TokenTranslator
+
+    model = tiny_from_config(config, vocab=64, seed=3)
+    E, L, _ = get_embedding_and_head(model)
+    v, u = 40, 12
+    g = torch.Generator().manual_seed(1)
+    mu = torch.rand(v, generator=g) + 0.5
+    nu = torch.rand(u, generator=g) + 0.5
+    tr = TokenTranslator.from_frequencies(mu, nu, normalization=normalization)
+    with torch.no_grad():
+        tr.C.add_(torch.randn(tr.C.shape, generator=g) * 0.05)
+    src_ids = torch.randperm(64, generator=g)[:v]
+    E1, L1 = tr.embed_and_head(E.detach(), L.detach(), src_ids)
+    ex = tr.export_sparse()
+    p = SparseP(ex["indices"], ex["values"], tr.mu, tr.nu, src_ids, "s", "t", normalization=normalization)
+    E2, L2 = translated_embeddings(model, p)
+    assert torch.allclose(E1, E2, atol=1e-6) and torch.allclose(L1, L2, atol=1e-6)
+    assert (ex["values"] == 0).sum() == 0 and 0 < ex["values"].numel() < v * u  # a sparse P, not a trivial one
+    # one place for P's statistics: the P file's agree with the live translator's
+    live, filed = PStats(tr).density_stats(), p.stats()
+    assert {k: filed[k] for k in live} == pytest.approx(live)
+    # ... and the P file's mass-based sparsity (W = P / nu from the non-zeros) agrees with the translator's dense one
+    mass = PStats(tr).mass_stats()
+    assert {k: filed[k] for k in mass} == pytest.approx(mass, rel=1e-5)
+    assert 0 < filed["max_weight_mean"] <= 1 and 0 <= filed["col_entropy_mean"] <= math.log(v) + 1e-9
+
+
+#: what bench/ may still take from the stages: the stage configs and tasks it drives as a user would, and the one
+#: initialisation of stage 2 (everything else it needs lives in the package's parts: the translator's start in
+#: translator/start.py, P statistics in translator/stats.py)
+BENCH_STAGE_NAMES = {"TranslateConfig", "EvaluateConfig", "FinetuneConfig", "TranslateTask", "FinetuneTask",
+                     "translated_embeddings"}
+
+
+def test_bench_reaches_the_translator_start_and_p_statistics_without_the_stages():
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    taken = {(p.name, m, n) for p in bench.glob("*.py") for m, n in _imports_of(p) if m.startswith("s2t2_dist.stages")}
+    assert all(n in BENCH_STAGE_NAMES for _, _, n in taken), sorted(taken)
+    for part in ("translator", "ot"):  # and the start itself climbs back into no stage
+        for path in (PKG / part).rglob("*.py"):
+            assert not [m for m in _package_imports(path) if m.startswith("s2t2_dist.stages")], path
+    from s2t2_dist.translator.start import start_translator, surface_decomposition, surface_prior  # noqa: F401
+    from s2t2_dist.translator.stats import column_split, translator_column_split, unbuilt_columns  # noqa: F401
+
+
+# ------------------------------------------------------------------------------------------------ the test suite
+#: folders of tests/ that are no part of the package: tests of bench/, of the package's top-level modules
+#: (s2t2_dist/*.py), repository-wide rules, the reliability suite, and the shared helpers (no tests)
+TEST_FOLDERS_BESIDE_THE_PARTS = {"bench", "core", "project", "faults", "helpers"}
+#: the helpers' package: imported as tests.helpers.<module>; holds no test module
+HELPERS = TESTS / "helpers"
+
+
+def _suite_files(pattern: str = "*") -> list[Path]:
+    return [p for p in TESTS.rglob(pattern) if p.is_file() and "__pycache__" not in p.parts]
+
+
+def test_tests_have_a_folder_per_part_of_the_package():
+    """tests/<part>/ for s2t2_dist/<part>/, each folder a package (so two folders may hold modules of one name), no
+    test module left at the top, and the helpers in tests/helpers/ only."""
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    parts = {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders - TEST_FOLDERS_BESIDE_THE_PARTS <= parts, sorted(folders - TEST_FOLDERS_BESIDE_THE_PARTS - parts)
+    top = sorted(p.name for p in TESTS.glob("*.py"))
+    assert top == ["__init__.py", "conftest.py"], top
+    for folder in {p.parent for p in _suite_files("*.py")}:
+        assert (folder / "__init__.py").is_file(), f"{folder.relative_to(TESTS.parent)} is not a package"
+
+
+def test_every_test_module_is_named_test_and_the_helpers_hold_none():
+    """Outside tests/helpers/ every module is a test module (test_*.py), a conftest.py or a package's __init__.py:
+    scripts the tests start and suites they run in a pytest of their own live in tests/helpers/scripts/."""
+    misnamed = sorted(str(p.relative_to(TESTS.parent)) for p in _suite_files("*.py")
+                      if HELPERS not in p.parents and not p.name.startswith("test_")
+                      and p.name not in ("conftest.py", "__init__.py"))
+    assert not misnamed, misnamed
+    in_helpers = sorted(str(p.relative_to(TESTS.parent)) for p in HELPERS.rglob("test_*.py"))
+    assert not in_helpers, in_helpers
+
+
+def test_no_file_of_the_tests_edits_sys_path():
+    """Helpers are imported as `tests.helpers.<module>` (pytest's `pythonpath = .`, setup.cfg), never through a
+    folder put on sys.path by hand."""
+    edit = "sys.path" + ".insert"  # (spelled so that this file does not name it)
+    offenders = sorted(str(p.relative_to(TESTS.parent)) for p in _suite_files()
+                       if p.suffix in (".py", ".sh", ".md", ".txt", ".cfg", ".toml") and edit in p.read_text())
+    assert not offenders, offenders

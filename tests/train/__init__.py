@@ -1,0 +1,1 @@
+"""Tests of s2t2_dist/train/: the loop, its callbacks, the optimiser."""
