@@ -148,7 +148,8 @@ def table1_markdown(results: dict) -> str:
         if "all" in r["seeds"]:
             per = [_f(r["seeds"]["all"]["bpb"])] * len(seeds)
         paper = results["paper"].get(key, {}).get("bpb")
-        lines.append(f"| {lab} | {_f(b.get('mean'))} +- {_f(b.get('sd'), 3)} | " + " | ".join(per)
+        spread = f"+- {_f(b.get('sd'), 3)}" if b.get("n", 0) > 1 else "(1 seed)"  # no sd from one seed
+        lines.append(f"| {lab} | {_f(b.get('mean'))} {spread} | " + " | ".join(per)
                      + f" | {_f(r['perplexity'].get('mean'), 1)} | {_f(paper, 2)} |")
     rg = next((r.get("random_guess_bpb") for r in results["rows"].values() if r.get("random_guess_bpb")), None)
     lines += ["", f"References on the same held-out bytes: residue unigram {_f(refs['residue_unigram']['bpb'])} BpB, "
