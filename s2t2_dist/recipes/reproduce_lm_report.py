@@ -126,6 +126,12 @@ def _f(x, nd=4) -> str:
     return "-" if x is None or not isinstance(x, (int, float)) or not math.isfinite(x) else f"{x:.{nd}f}"
 
 
+def _mark(key: str, provisional: set[str]) -> str:
+    """The suffix " *" of a row read by a choice still provisional (its P column's, or the finetuning step's)."""
+    by_ft = "ft_lr" in provisional and (key.endswith("_cft") or key.startswith("ft_"))
+    return " *" if key.removesuffix("_cft") in provisional or by_ft else ""
+
+
 def table1_markdown(results: dict) -> str:
     refs = results["references"]
     seeds = sorted({s for r in results["rows"].values() for s in r["seeds"] if s != "all"})
@@ -141,9 +147,7 @@ def table1_markdown(results: dict) -> str:
         if not r:
             continue
         b = r["bpb"]
-        col = key.removesuffix("_cft")
-        lab = label(key) + (" *" if col in prov or ("ft_lr" in prov and (key.endswith("_cft")
-                                                                         or key.startswith("ft_"))) else "")
+        lab = label(key) + _mark(key, prov)
         per = [_f(r["seeds"].get(s, {}).get("bpb")) for s in seeds]
         if "all" in r["seeds"]:
             per = [_f(r["seeds"]["all"]["bpb"])] * len(seeds)
@@ -222,11 +226,12 @@ def plots(results: dict, out: Path) -> dict[str, Path]:
             ax.bar(i, statistics.fmean(vals), color="C1" if k.startswith("s2t2") else "C7", alpha=0.6)
         _unigram_lines(ax, refs)
         ax.set_xticks(range(len(keys)))
-        ax.set_xticklabels([label(k) for k in keys], rotation=30, ha="right", fontsize=8)
+        prov = set(results.get("provisional") or [])
+        ax.set_xticklabels([label(k) + _mark(k, prov) for k in keys], rotation=30, ha="right", fontsize=8)
         lo = min(min(v["bpb"] for v in results["rows"][k]["seeds"].values()) for k in keys)
         ax.set_ylim(lo - 0.15, max(refs["residue_unigram"]["bpb"], refs["unigram_bpe"]["bpb"]) + 0.6)
         ax.set_ylabel("held-out bits per byte (dots: seeds)")
-        ax.set_title("Table 1 with SmolLM2-135M on proteins")
+        ax.set_title("Table 1 with SmolLM2-135M on proteins" + (" (*: provisional choice)" if prov else ""))
         paths["table1"] = _save(fig, ax, d / "table1.png")
     if results["curve"]:
         fig, ax = plt.subplots(figsize=(6, 4))
