@@ -86,7 +86,7 @@ def test_ctrl_c_during_the_final_export_is_an_interrupt(tmp_path, tiny_data, sto
 def test_disk_full_while_writing_the_p_file_names_it(tmp_path, tiny_data, stories, monkeypatch):
     """A real full disk (tmpfs) at the P-file write, in the process of `s2t2 translate` (the fill happens as the
     export begins, through the export's fault point)."""
-    from test_disk_full import fill
+    from tests.faults.test_disk_full import fill
 
     disk = tmp_path / "small_disk"
     disk.mkdir()

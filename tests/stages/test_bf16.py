@@ -48,7 +48,7 @@ def test_translate_stage_in_bf16_follows_float32(tmp_path):
     from s2t2_dist.recipes.llama2c import save_hf
     from s2t2_dist.stages.translate import TranslateConfig, run
     from tests.helpers.stage_fixtures import REPO, prepare_small
-    from test_translate_stage import _losses, _overrides
+    from tests.stages.test_translate_stage import _losses, _overrides
 
     data, model = prepare_small(tmp_path / "data"), save_hf(tmp_path / "stories260k")
     curves = {}
