@@ -3,6 +3,7 @@ research recipes, the cluster launchers or the test harness), the one E'/L' defi
 training and export, and the test suite's own layout (a folder per part of the package, helpers in one package)."""
 import ast
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -288,4 +289,13 @@ def test_no_file_of_the_tests_edits_sys_path():
     edit = "sys.path" + ".insert"  # (spelled so that this file does not name it)
     offenders = sorted(str(p.relative_to(TESTS.parent)) for p in _suite_files()
                        if p.suffix in (".py", ".sh", ".md", ".txt", ".cfg", ".toml") and edit in p.read_text())
+    assert not offenders, offenders
+
+
+def test_tests_import_each_other_by_package_path():
+    """A test module reaches another one as `tests.<part>.test_x` (a bare `from test_x import` worked only while
+    every module sat in one folder on sys.path)."""
+    bare = re.compile(r"^\s*(from|import)\s+(test_|conftest\b)", re.M)
+    offenders = sorted(str(p.relative_to(TESTS.parent)) for p in _suite_files()
+                       if p.suffix == ".py" and bare.search(p.read_text()))
     assert not offenders, offenders
