@@ -219,9 +219,9 @@ def select(plan: LmPlan) -> dict:
                     "live_grad_frac": (r.get("gradient_on_C") or {}).get("live_grad_frac_at_end")}
         out["p"][col] = {k: v for k, (_, v) in scores.items()}
         done = [(v, a) for a, v in scores.values() if v is not None]
-        chosen[col] = asdict(min(done, key=lambda t: t[0])[1]) if len(done) == len(scores) else None
-        if done and not chosen[col]:  # for a report of a run still under way only: never run from
-            best = min(done, key=lambda t: t[0])[1]
+        best = min(done, key=lambda t: t[0])[1] if done else None
+        chosen[col] = asdict(best) if len(done) == len(scores) else None
+        if best is not None and not chosen[col]:  # for a report of a run still under way only: never run from
             out.setdefault("provisional", {})[col] = asdict(best)
             out.setdefault("provisional_label", {})[col] = best.label()
         if chosen[col]:
@@ -237,10 +237,10 @@ def select(plan: LmPlan) -> dict:
                                 "mean": None if a is None or b is None else (a + b) / 2}
     out["ft"] = ft_scores
     done_ft = {k: v["mean"] for k, v in ft_scores.items() if v["mean"] is not None}
-    out["chosen"] = {"p": chosen, "ft_lr": float(min(done_ft, key=done_ft.get)) if len(done_ft) == len(ft_scores)
-                     else None}
-    if done_ft and out["chosen"]["ft_lr"] is None:
-        out.setdefault("provisional", {})["ft_lr"] = float(min(done_ft, key=done_ft.get))
+    best_ft = float(min(done_ft, key=done_ft.get)) if done_ft else None
+    out["chosen"] = {"p": chosen, "ft_lr": best_ft if len(done_ft) == len(ft_scores) else None}
+    if best_ft is not None and out["chosen"]["ft_lr"] is None:
+        out.setdefault("provisional", {})["ft_lr"] = best_ft
     return out
 
 
@@ -466,15 +466,12 @@ def run_smollm2(cfg: ReproduceConfig, out: Path, *, cache: Path | None = None, e
     sel = select(plan)
     atomic_write_json(out / "selection.json", sel)
     say("[select] " + json.dumps(sel["chosen"]))
-    chosen, ft_lr = sel["chosen"]["p"], sel["chosen"]["ft_lr"]
-    ready = ft_lr is not None and all(v is not None for v in chosen.values())
-    jobs = plan.table_jobs({k: Arm(**v) for k, v in chosen.items()}, ft_lr) if ready else []
+    # the table: by the selection's choices once it is complete (run then), else by the best so far (reported only)
+    arms, ft_lr, provisional = report_choices(sel)
+    jobs = plan.table_jobs(arms, ft_lr) if ft_lr is not None else []
+    ready = ft_lr is not None and not provisional and len(arms) == len(plan.columns())
     if ready and phase == "all" and not failed:
         failed = lanes.run(jobs, t0)
-    provisional: list[str] = []
-    if not ready:  # the table of what has finished, by the best choices so far (marked as such)
-        arms, p_ft_lr, provisional = report_choices(sel)
-        jobs = plan.table_jobs(arms, p_ft_lr) if p_ft_lr is not None else []
     from s2t2_dist.recipes.reproduce_lm_report import collect
 
     results = collect(plan, jobs, sel, refs, extra={"config": asdict(cfg), "data": data_info, "failed": failed,

@@ -125,10 +125,10 @@ _sum_across = coll.sum_scalars
 
 
 class _Pending:
-    """Steps taken but not yet read back: (step, this rank's summed micro-batch losses, applied, grad norm, parameters
-    not finite) as device values. Nothing is read to the host on a step that does not log, checkpoint or stop (a GPU keeps
-    running ahead); the next step that does registers them into its StatsBatch and finishes them from the
-    reduced values: bad steps counted, losses recorded."""
+    """Steps taken but not yet read back: (step, this rank's summed micro-batch losses, applied, grad norm,
+    parameters not finite) as device values. Nothing is read to the host on a step that does not log, checkpoint
+    or stop (a GPU keeps running ahead); the next step that does registers them into its StatsBatch and finishes
+    them from the reduced values: bad steps counted, losses recorded."""
 
     def __init__(self, state: LoopState, callbacks: list[Callback]):
         self.state, self.callbacks, self.steps = state, callbacks, []
