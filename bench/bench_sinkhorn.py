@@ -11,7 +11,8 @@ What it prints (and writes with ``--out``):
   on CUDA between synchronize calls): the Triton kernels on CUDA, the torch steps elsewhere
   (``s2t2_dist.ot.dykstra.steps_for``);
 * the reference in the same run: the sort-based scaled sparsemax differentiated by autograd (the 15 lines of
-  ``../shared/gpu/ref_sinkhorn.py``), and its largest difference from the route in P and in C's gradient;
+  ``../shared/gpu/ref_sinkhorn.py``), and its largest difference from the route in P and in C's gradient; then
+  both gradients against that reference in float64 (on near-tied starts, float32 rounding decides supports);
 * the memory floor: the time of one copy of C on the device (9 such transfers: read C, the 3 x 2 projections'
   passes of a perfect kernel, and the gradient);
 * the kernels a CUDA forward + backward launches (aten ops on the CUDA route + Triton launches): counted on the
@@ -160,6 +161,19 @@ def main() -> None:
               f"({res['ref_fwd_bwd_s'][0] / res['fwd_bwd_s'][0]:.1f} x the route); largest difference P "
               f"{res['max_diff_P']:.2e}, C's gradient {res['max_diff_grad']:.2e} (of {res['max_grad']:.2e})",
               flush=True)
+        # the arbiter: the sort reference in float64. Near-tied entries (--start moved: all within 1e-3 of each
+        # other) fall on either side of a threshold by float32 rounding, in the route and the fp32 reference
+        # alike, and each flip moves that entry's gradient by O(|g|): the largest difference above says little
+        C64 = C0.double().requires_grad_(True)
+        (reference(C64, mu.double(), nu.double(), n) * G.double()).sum().backward()
+        g64 = C64.grad
+
+        def rel(x):
+            return float((x.double() - g64).norm() / g64.norm())
+
+        res["grad_rel_err_fp64"] = {"route": rel(g), "sort_fp32": rel(gr)}
+        print(f"against the sort reference in float64, C's gradient off by {100 * rel(g):.3g}% (route) and "
+              f"{100 * rel(gr):.3g}% (the sort reference in float32), relative Frobenius norm", flush=True)
     Cs = C0.clone().requires_grad_(True)
     with count_host_syncs() as c:
         dykstra(Cs, steps, n).backward(G)

@@ -4,8 +4,12 @@
 # ITEMS (comma list, run in this order; an item is skipped when fewer seconds than its cap are left, or when a
 # package it needs cannot be imported: the summary says which and why):
 #   A     bench/gpu_smoke.py (translate, ZeRO-3, FSDP2, evaluate; tiny model, NCCL, bf16)
+#   C0    bench/kernel_diag.py --device cuda: each launch of the Sinkhorn's kernels against the torch steps at the
+#         first-use check's plans of v = 50,304 and 50,280 (u = 512, 128), as specialised and without
+#         specialisation: which launch, slices and chunks disagree
 #   C1    bench/bench_sinkhorn.py --device cuda: the sparse Sinkhorn at 50,304 x 512 fp32 (Triton route, the 15-line
 #         sort reference and one copy of C in the same run, the kernel count, host reads)
+#   C1b   the same at 50,280 x 512 (OLMo's tokenizer; 50,304 is its padded embedding)
 #   C2    bench/bench_plan_product.py --device cuda: the product's Triton kernels against the GEMMs
 #   B1    stage 1 through launch/translate.py, OLMo-1B architecture (random weights), shipped config, 16 x 512, v = 243
 #   bare  bench/bare_step.py: a bare Hugging Face forward + backward of the same model and batch
@@ -14,12 +18,12 @@
 #         tokenizer, 16 x 512, 20 steps through torchrun (tokens/s, MFU, memory, step split, start-up phases). Not in
 #         the default list: they do not fit its 8 minutes with the rest; a second call runs them:
 #           OUT=/some/dir2 bash bench/gpu_check.sh 540 FT_fsdp,FT_zero3
-# Default SECONDS 480 (8 minutes), ITEMS A,C1,C2,B1,bare,B2. Writes $OUT/gpu_check.json (one JSON:
+# Default SECONDS 480 (8 minutes), ITEMS A,C0,C1,C1b,C2,B1,bare,B2. Writes $OUT/gpu_check.json (one JSON:
 # bench/gpu_check_report.py), $OUT/summary.txt (each item's exit code or why it was skipped, the routes the
 # Sinkhorn and the product took) and $OUT/logs.tgz. Exit status 1 when a route fell back (the torch steps or the
 # dense GEMMs where the kernels should run) or torch cannot be imported, else 0 (an item's failure is in its rc).
 # PYTHONPATH may point at extra packages: the machine may lack a registry.
-BUDGET=${1:-480}; ITEMS=${2:-A,C1,C2,B1,bare,B2}
+BUDGET=${1:-480}; ITEMS=${2:-A,C0,C1,C1b,C2,B1,bare,B2}
 T0=$(date +%s); W=${W:-${TMPDIR:-/tmp}/s2t2_gpu_check}; L=$W/logs; mkdir -p $L "$OUT"; S=$OUT/summary.txt
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 note() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a $S; }
@@ -37,7 +41,8 @@ for p in ('transformers', 'triton', 'deepspeed', 'webdataset'):
 [[ -n $MISSING ]] && note "missing packages:$MISSING"
 # an item's packages: the first one missing, else nothing
 missing_for() { local p; for p in "$@"; do [[ " $MISSING " == *" $p "* ]] && { echo $p; return; }; done; }
-declare -A NEEDS=([A]="triton transformers tokenizers webdataset deepspeed" [C1]="triton" [C2]="triton"
+declare -A NEEDS=([A]="triton transformers tokenizers webdataset deepspeed" [C0]="triton" [C1]="triton"
+  [C1b]="triton" [C2]="triton"
   [B1]="triton transformers tokenizers webdataset" [B2]="triton transformers tokenizers webdataset"
   [bare]="transformers tokenizers webdataset" [FT_fsdp]="transformers tokenizers webdataset"
   [FT_zero3]="transformers tokenizers webdataset deepspeed")
@@ -57,7 +62,9 @@ if need_model; then   # built on the CPUs while the first items use the GPU (eac
 BG=$!
 fi
 item A 150 python3 bench/gpu_smoke.py --out $W/smoke; cp $W/smoke/smoke.json $L/ 2>/dev/null
+item C0 90 python3 bench/kernel_diag.py --device cuda --out $L/kernel_diag.json
 item C1 60 python3 bench/bench_sinkhorn.py --device cuda --out $L/sinkhorn.json
+item C1b 60 python3 bench/bench_sinkhorn.py --device cuda --v 50280 --out $L/sinkhorn_50280.json
 item C2 60 python3 bench/bench_plan_product.py --device cuda
 if need_model; then   # a wait with a limit: the build's own caps, and what is left of the budget
   while kill -0 $BG 2> /dev/null && (( $(left) > 0 )); do sleep 2; done

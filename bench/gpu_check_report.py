@@ -34,6 +34,8 @@ def main() -> None:
         res["items"][name] = {"rc": rc.read_text().strip(), "seconds": int(secs.read_text()) if secs.is_file() else None}
     res["smoke"] = _json(logs / "smoke.json")
     res["sinkhorn"] = _json(logs / "sinkhorn.json")
+    res["sinkhorn_50280"] = _json(logs / "sinkhorn_50280.json")
+    res["kernel_diag"] = _json(logs / "kernel_diag.json")
     res["bare"] = _json(logs / "bare.json")
     res["finetune"] = {e: _json(logs / f"finetune_{e}.json") for e in ("fsdp", "zero3")
                        if (logs / f"finetune_{e}.json").is_file()} or None
@@ -52,7 +54,7 @@ def main() -> None:
         res["stage1_v50280_over_v243"] = tps["tr2"] / tps["tr1"]
     if tps["tr1"] and res["bare"]:
         res["stage1_v243_over_bare"] = tps["tr1"] / res["bare"]["tokens_per_s"]
-    res["routes"] = routes(work, res["sinkhorn"])
+    res["routes"] = routes(work, res["sinkhorn"], res["sinkhorn_50280"])
     fell = [f"{run} {line}" for run, s in res["routes"].items() for line in fallbacks(s)]
     res["fallbacks"] = fell
     out.write_text(json.dumps(res, indent=1))
@@ -67,16 +69,17 @@ def main() -> None:
     return 1 if fell else 0
 
 
-def routes(work: Path, sinkhorn: dict | None) -> dict:
-    """{run: routes summary} of the stage-1 runs (their result.json) and the Sinkhorn bench."""
+def routes(work: Path, sinkhorn: dict | None, sinkhorn_50280: dict | None = None) -> dict:
+    """{run: routes summary} of the stage-1 runs (their result.json) and the Sinkhorn benches."""
     out = {}
     for name, rj in (("A translate", work / "smoke" / "runs" / "translate" / "result.json"),
                      ("B1", work / "tr1" / "result.json"), ("B2", work / "tr2" / "result.json")):
         r = _json(rj)
         if r and r.get("routes"):
             out[name] = r["routes"]
-    if sinkhorn and sinkhorn.get("routes"):
-        out["C1"] = sinkhorn["routes"]
+    for name, bench in (("C1", sinkhorn), ("C1b", sinkhorn_50280)):
+        if bench and bench.get("routes"):
+            out[name] = bench["routes"]
     return out
 
 

@@ -211,10 +211,11 @@ def _check_problem(device: torch.device, v: int, u: int, dtype: torch.dtype):
     return C, mu, nu, torch.randn(v, u, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
 
 
-def _check_errors(device: torch.device, v: int, u: int, dtype: torch.dtype) -> float:
-    """The kernels' largest relative error against the torch steps on a v x u plan: Dykstra forward + backward
-    over 2 iterations (rows with and without the correction terms, columns, both backwards) and the thresholds
-    without the projection (the sharded rows' launch) along both sides of a column-major and a row-major copy."""
+def _check_errors(device: torch.device, v: int, u: int, dtype: torch.dtype) -> dict[str, float]:
+    """The kernels' largest relative error against the torch steps on a v x u plan, per part: Dykstra forward
+    (the plan) and backward (C's gradient) over 2 iterations (rows with and without the correction terms, columns,
+    both backwards), and the thresholds without the projection (the sharded rows' launch) along both sides of a
+    column-major and a row-major copy."""
     from s2t2_dist.ot.dykstra_triton import TritonSteps
 
     C, mu, nu, G = _check_problem(device, v, u, dtype)
@@ -225,15 +226,17 @@ def _check_errors(device: torch.device, v: int, u: int, dtype: torch.dtype) -> f
         (P * G).sum().backward()
         out.append((P.detach(), Cg.grad))
     (P1, g1), (P2, g2) = out
-    err = max(float((P1 - P2).abs().max()) * v, float((g1 - g2).abs().max()) / max(float(g2.abs().max()), 1e-30))
+    errs = {"the plan (forward)": float((P1 - P2).abs().max()) * v,
+            "C's gradient (backward)": float((g1 - g2).abs().max()) / max(float(g2.abs().max()), 1e-30)}
     kern = TritonSteps(None, None)
-    for Z in (C.t().contiguous().t(), C.contiguous()):
-        for dim, s in ((0, nu), (1, mu)):
+    for layout, Z in (("column-major", C.t().contiguous().t()), ("row-major", C.contiguous())):
+        for dim, s, side in ((0, nu, "columns"), (1, mu, "rows")):
             t1, c1 = kern.thresholds(Z, s, dim)
             t2, c2 = newton_thresholds(Z, s, dim)
-            err = max(err, float((t1 - t2).abs().max()) / max(float(t2.abs().max()), 1e-30),
-                      float((c1.long() - c2).abs().sum()) / max(float(c2.sum()), 1.0))
-    return err
+            errs[f"the thresholds of a {layout} plan's {side}"] = max(
+                float((t1 - t2).abs().max()) / max(float(t2.abs().max()), 1e-30),
+                float((c1.long() - c2).abs().sum()) / max(float(c2.sum()), 1.0))
+    return errs
 
 
 @functools.cache
@@ -242,10 +245,12 @@ def _first_use_check(device: torch.device, v: int, u: int, dtype: torch.dtype) -
     try:
         # whatever the caller's mode: stage 1's first plan is taken under no_grad, and the check runs a backward
         with torch.inference_mode(False), torch.enable_grad():
-            err = _check_errors(device, v, u, dtype)
-        if err < 1e-3:
+            errs = _check_errors(device, v, u, dtype)
+        errs = {k: e if e == e else float("inf") for k, e in errs.items()}  # a NaN fails
+        worst = max(errs, key=errs.get)
+        if errs[worst] < 1e-3:
             return ""
-        reason = f"they differ from the torch steps by {err:.2g} (relative)"
+        reason = f"they differ from the torch steps by {errs[worst]:.2g} (relative) in {worst}"
     except Exception as e:  # noqa: BLE001 - a kernel that does not compile on this device: the torch steps instead
         reason = f"{type(e).__name__}: {e}"
     reason = f"failed their first-use check at {v} x {u} {str(dtype).removeprefix('torch.')}: {reason}"

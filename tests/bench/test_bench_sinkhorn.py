@@ -44,16 +44,17 @@ def test_gpu_check_runs_as_typed_and_writes_one_json(tmp_path):
     (fake / "deepspeed").mkdir(parents=True)
     (fake / "deepspeed" / "__init__.py").write_text("raise ImportError('not installed here')\n")
     env = dict(os.environ, PYTHONPATH=f"{fake}{os.pathsep}{REPO}", OUT=str(out), W=str(work))
-    proc = subprocess.run(["bash", str(REPO / "bench" / "gpu_check.sh"), "400", "A,C1,FT_zero3"], env=env,
+    proc = subprocess.run(["bash", str(REPO / "bench" / "gpu_check.sh"), "400", "A,C0,C1,FT_zero3"], env=env,
                           capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     r = json.loads((out / "gpu_check.json").read_text())
-    assert r["items"]["C1"]["rc"] == "1", r
+    assert r["items"]["C1"]["rc"] == "1" and r["items"]["C0"]["rc"] == "2", r
     assert r["items"]["A"]["rc"] == r["items"]["FT_zero3"]["rc"] == "skipped: no deepspeed", r
     summary = (out / "summary.txt").read_text()
     assert "missing packages: deepspeed" in summary and "A skipped (deepspeed cannot be imported)" in summary
     assert "routes: none recorded" in summary and r["fallbacks"] == []
     assert "no CUDA device" in (work / "logs" / "C1.log").read_text()
+    assert (work / "logs" / "C0.log").read_text().startswith("--device cuda: no CUDA device here")
     assert (out / "summary.txt").is_file() and (out / "logs.tgz").is_file()
 
 

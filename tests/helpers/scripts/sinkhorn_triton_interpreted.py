@@ -5,6 +5,7 @@ TRITON_INTERPRET=1 in the environment from the start (Triton reads the switch wh
 The route is taken by building its steps directly (on a CPU tensor ``steps_for`` gives the torch steps).
 """
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +18,8 @@ from s2t2_dist.ot.dykstra import dykstra
 from s2t2_dist.ot.dykstra_triton import TritonSteps, dry_run
 from s2t2_dist.utils.syncs import count_host_syncs
 from tests.helpers.sinkhorn_reference import assert_equals_reference, edge_problem, problem, sort_thresholds
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 assert os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -231,8 +234,52 @@ def test_a_launch_the_check_covers_fails_it(monkeypatch, caplog):
     assert sum("failed their first-use check at 40 x 6" in r.message for r in caplog.records) == 1
     r = routes.summary()["sinkhorn"]
     assert r["route"] == "torch steps" and r["fallback"] and "differ from the torch steps" in r["why"], r
+    assert "(relative) in the thresholds of a " in r["why"], r  # the part that failed, named
     monkeypatch.setattr(TritonSteps, "thresholds", real)
     dy.kernels_ok.cache_clear()
     assert isinstance(dy.steps_for(torch.device("cpu"), mu, nu, ((40, 6),)), TritonSteps)
     assert routes.summary()["sinkhorn"]["route"] == "kernels"
     dy.kernels_ok.cache_clear()
+
+
+def _kernel_diag():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kernel_diag", REPO_ROOT / "bench" / "kernel_diag.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_kernel_diag_every_launch_agrees_in_every_variant(monkeypatch):
+    """bench/kernel_diag.py (what a GPU run uses to find a launch that fails the first-use check): on a plan whose
+    columns stream in two chunks, every launch agrees with the torch steps, specialised by Triton or not."""
+    kd = _kernel_diag()
+    variants = kd.variants()
+    assert {"specialised", "none"} <= set(variants)
+    for name, kernels in variants.items():
+        monkeypatch.setattr(dt, "_get", lambda k=kernels: k)
+        r = kd.diagnose(torch.device("cpu"), dt.BLOCK_N + 52, 5)
+        parts = {k: x for k, x in r.items() if "n_off" in x}
+        assert len(parts) == 28 and not [k for k, x in parts.items() if x["n_off"]], (name, r)
+        assert max(r["whole check (2 Dykstra iterations)"]["parts"].values()) < 1e-5
+
+
+def test_kernel_diag_names_the_launch_and_the_chunk_that_is_off(monkeypatch):
+    """A column projection wrong in its second chunk only: the diagnosis names that launch and that chunk, and
+    every other launch agrees."""
+    kd = _kernel_diag()
+    real = TritonSteps.col
+
+    def col(self, Qc, X):
+        out = real(self, Qc, X)
+        X[dt.BLOCK_N + 3, 1] += 1.0
+        return out
+
+    monkeypatch.setattr(TritonSteps, "col", col)
+    r = kd.diagnose(torch.device("cpu"), dt.BLOCK_N + 52, 5)
+    off = {k: x for k, x in r.items() if x.get("n_off")}
+    assert set(off) == {"column projection: projection", "column projection, second: projection"}, off
+    assert off["column projection: projection"]["chunks_off"] == [1]
+    assert off["column projection: projection"]["slices_off"] == [1]
+    assert off["column projection: projection"]["first_off"] == [dt.BLOCK_N + 3, 1]
