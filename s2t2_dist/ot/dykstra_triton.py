@@ -6,8 +6,9 @@ strided by v. A projection is a set of independent slices, so one kernel serves 
 
 * the COLUMN projection: one program per column, its v entries streamed in chunks of ``BLOCK_N``;
 * the ROW projection: one program per ``BLOCK_S`` rows, each row's u entries held whole in registers
-  (``ONE_CHUNK``, u <= 512: at least ``MIN_ROWS`` rows a program, loads coalesced along the rows); a longer row is
-  a program of its own, streamed in chunks as a column is.
+  (``ONE_CHUNK``, u <= 512: at least ``MIN_ROWS`` rows a program, loads coalesced along the rows); longer rows are
+  streamed in chunks, ``STRIDED_ROWS`` of them a program, so that each load still reads ``STRIDED_ROWS``
+  consecutive entries along the strided dimension (a whole 128-byte line) instead of one float in each.
 
 The threshold of each slice is EXACT, found in the program without anything read back to the host: the largest
 entry minus the scale and the mean bound (both lower bounds of the threshold), then Newton steps on
@@ -47,6 +48,12 @@ ROW_TILE = 2048
 #: at least this many slices per program on the registers path: 16 bytes of float32 along the strided dim, the
 #: other half of each 32-byte sector read by the neighbouring program (from L2)
 MIN_ROWS = 4
+#: slices per program of a streamed slice whose entries are strided (a row of u > 512 in a column-major plan): a
+#: 128-byte line of float32 per load along the strided dim, in chunks of STRIDED_TILE // STRIDED_ROWS entries
+#: (compiled offline, 16 x 64 and 16 x 128 tiles spilled on sm_80 in the row projection with corrections; 32 x 32
+#: and 8 x 128 do not)
+STRIDED_ROWS = 32
+STRIDED_TILE = 1024
 #: 256 threads a program
 NUM_WARPS = 8
 
@@ -87,11 +94,15 @@ def dry_run() -> Iterator[None]:
 launches = [0]
 
 
-def _shape(S: int, N: int) -> tuple[int, int, bool]:
-    """(BLOCK_S, BLOCK_N, ONE_CHUNK): short slices whole in registers, several per program; long ones streamed."""
+def _shape(S: int, N: int, strided: bool = False) -> tuple[int, int, bool]:
+    """(BLOCK_S, BLOCK_N, ONE_CHUNK): short slices whole in registers, several per program; long ones streamed,
+    one a program where its entries are contiguous, else (``strided``: rows, as many as v) ``STRIDED_ROWS`` a
+    program, coalesced across rows. Columns (u of them: too few programs to share) stay one a program."""
     bn = 1 << max(N - 1, 0).bit_length()
     if bn <= ROW_TILE // MIN_ROWS:
         return ROW_TILE // bn, bn, True
+    if strided:
+        return STRIDED_ROWS, max(STRIDED_TILE // STRIDED_ROWS, 1), False
     return 1, BLOCK_N, N <= BLOCK_N
 
 
@@ -123,9 +134,9 @@ class TritonSteps:
         mask = self.mask(pos)
         cnt = torch.empty(S, dtype=torch.int32, device=z1.device)
         if S:
-            bs, bn, one = _shape(S, N)
-            project, _ = _get()
             a, b = _slices(z1, dim), _slices(pos, dim)
+            bs, bn, one = _shape(S, N, dim == 1 and (a[1] != 1 or b[1] != 1))
+            project, _ = _get()
             launches[0] += 1
             project[(-(-S // bs),)](z1, z1 if z2 is None else z2, pos if add is None else add, pos, corr,
                                     mask.view(torch.uint8), scale, cnt, cnt, S, N, *a, *b, HAS_Z2=z2 is not None,
@@ -146,10 +157,10 @@ class TritonSteps:
         tau = torch.empty(S, dtype=torch.float64, device=Z.device)
         cnt = torch.empty(S, dtype=torch.int32, device=Z.device)
         if S:
-            bs, bn, one = _shape(S, N)
+            a = _slices(Z, dim)
+            bs, bn, one = _shape(S, N, dim == 1 and a[1] != 1)
             project, _ = _get()
             launches[0] += 1
-            a = _slices(Z, dim)
             project[(-(-S // bs),)](Z, Z, Z, Z, Z, cnt, scale, tau, cnt, S, N, *a, *a, HAS_Z2=False, HAS_ADD=False,
                                     APPLY=False, BS=bs, BN=bn, ONE_CHUNK=one, num_warps=NUM_WARPS)
         return tau, cnt
@@ -159,7 +170,7 @@ class TritonSteps:
                                                             device=g.device)
         S, N = mask.shape[1 - dim], mask.shape[dim]
         if S:
-            bs, bn, one = _shape(S, N)
+            bs, bn, one = _shape(S, N, dim == 1 and (g.stride(1) != 1 or out.stride(1) != 1))
             _, backward = _get()
             launches[0] += 1
             backward[(-(-S // bs),)](g, out if gc is None else gc, out, mask.view(torch.uint8), cnt, S, N,

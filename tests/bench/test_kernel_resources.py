@@ -1,6 +1,6 @@
 """The Triton kernels the GPU routes launch, compiled offline for sm_80 and sm_90 (Triton's compiler and the
 wheel's ptxas; no GPU) as the launches specialise them: no register spills, and room for at least 2 programs per
-SM. A representative subset (the heaviest launches at OLMo's v = 50,280, not a multiple of 16, and u = 512);
+SM. A representative subset (the heaviest launches at OLMo's v = 50,280, not a multiple of 16, and u = 512 and 4,096);
 bench/kernel_resources.py compiles the whole grid into bench/kernel_resources.md."""
 import shutil
 from pathlib import Path
@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import bench.kernel_resources as kr
+from s2t2_dist.ot.dykstra_triton import STRIDED_ROWS
 
 triton = pytest.importorskip("triton")
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
@@ -33,8 +34,10 @@ def test_programs_per_sm_follow_the_sm_limits():
 @pytest.mark.parametrize("arch", [80, 90])
 def test_the_heaviest_launches_do_not_spill_and_fit_two_programs_per_sm(arch):
     heavy = ("row projection (with corrections)", "row backward (with gc)")  # (the two that spilled)
-    rows = kr.measure([50280], [512], [arch], only=lambda role: role in heavy, log=lambda s: None)
-    assert {r["role"] for r in rows} == set(heavy)
+    rows = kr.measure([50280], [512, 4096], [arch], only=lambda role: role in heavy, log=lambda s: None)
+    assert {r["role"] for r in rows} == set(heavy) and len(rows) == 4
+    # rows of 4,096 are streamed several a program (tiles of 16 x 64 spilled on sm_80 there)
+    assert {r["launch"]["BS"] for r in rows if r["u"] == 4096} == {STRIDED_ROWS}
     for r in rows:
         assert r["spill_stores"] == r["spill_loads"] == 0, r
         assert r["programs_per_sm"] >= 2, r

@@ -44,7 +44,8 @@ def test_shipped_tiles():
     """The shipped tiling (rows 4 a program at u = 512, rows of 3,000 streamed in chunks of 2,048): exact."""
     assert (dt.ROW_TILE, dt.BLOCK_N, dt.MIN_ROWS) == (2048, 2048, 4)
     assert dt._shape(40, 512) == (4, 512, True) and dt._shape(5, 3000) == (1, 2048, False)
-    for v, u in ((40, 512), (3000, 5)):
+    assert dt._shape(40, 700, strided=True) == (32, 32, False)  # long rows: 32 a program, chunks of 32
+    for v, u in ((40, 512), (3000, 5), (40, 700)):
         C, mu, nu = problem(v, u, 1e-2, seed=v, nonuniform=True, dtype=torch.float32)
         up = torch.randn(v, u, dtype=torch.float32, generator=torch.Generator().manual_seed(1))
         assert_equals_reference(lambda c: dykstra(c, TritonSteps(mu, nu), 2), C, mu, nu, up, 1e-6, 1e-5, n_iter=2)
@@ -58,6 +59,8 @@ def blocks(request, monkeypatch):
     if request.param == "chunks":
         monkeypatch.setattr(dt, "BLOCK_N", 16)
         monkeypatch.setattr(dt, "ROW_TILE", 16)
+        monkeypatch.setattr(dt, "STRIDED_ROWS", 4)
+        monkeypatch.setattr(dt, "STRIDED_TILE", 16)
     return request.param
 
 
@@ -79,6 +82,34 @@ def test_streamed_in_chunks(blocks):
     up = torch.randn(18, 20, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     assert dt._shape(20, 18)[2] is (blocks == "registers") and dt._shape(18, 20)[2] is (blocks == "registers")
     assert_equals_reference(lambda c: dykstra(c, TritonSteps(mu, nu), 2), C, mu, nu, up, n_iter=2)
+
+
+def test_long_rows_are_read_several_a_program_and_columns_one():
+    """Rows of u > 512 in the column-major plan (strided by v) are streamed STRIDED_ROWS a program, so a load reads
+    consecutive entries along the strided dimension; columns (contiguous) stay one a program, forward and backward;
+    the thresholds-only launch on row-major rows (contiguous) too."""
+    seen = []
+
+    class Rec:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: seen.append((kw.get("HAS_GC", kw.get("APPLY")), a[9] if "APPLY" in kw else a[5],
+                                                 kw["BS"], kw["BN"], kw["ONE_CHUNK"]))
+
+    v, u = 5000, 700
+    real = dt._get
+    dt._get = lambda: (Rec(), Rec())
+    try:
+        mu, nu = torch.full((v,), 1.0 / v), torch.full((u,), 1.0 / u)
+        C = torch.rand(v, u, requires_grad=True)
+        dykstra(C, TritonSteps(mu, nu), 1).backward(torch.ones(v, u))
+        TritonSteps(None, None).thresholds(torch.rand(8, u), mu[:8], 1)
+    finally:
+        dt._get = real
+    rows = [s for s in seen if s[1] == v]
+    cols = [s for s in seen if s[1] == u]
+    assert len(rows) == 2 and all(s[2:] == (dt.STRIDED_ROWS, dt.STRIDED_TILE // dt.STRIDED_ROWS, False) for s in rows)
+    assert len(cols) == 2 and all(s[2:] == (1, dt.BLOCK_N, False) for s in cols)
+    assert seen[-1][1:] == (8, 1, dt.BLOCK_N, True)
 
 
 def test_edge_cases():
