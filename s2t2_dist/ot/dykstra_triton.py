@@ -169,6 +169,10 @@ class TritonSteps:
         out = gc if gc is not None else torch.empty_strided(mask.shape, mask.stride(), dtype=g.dtype,
                                                             device=g.device)
         S, N = mask.shape[1 - dim], mask.shape[dim]
+        if dim == 0 and g.stride(0) != 1:
+            # an upstream gradient in another layout than the plan's (the product's dP has P's): one copy, so that
+            # the streamed columns read it coalesced rather than one float per 32-byte sector
+            g = g.t().contiguous().t()
         if S:
             bs, bn, one = _shape(S, N, dim == 1 and (g.stride(1) != 1 or out.stride(1) != 1))
             _, backward = _get()

@@ -87,13 +87,18 @@ def test_streamed_in_chunks(blocks):
 def test_long_rows_are_read_several_a_program_and_columns_one():
     """Rows of u > 512 in the column-major plan (strided by v) are streamed STRIDED_ROWS a program, so a load reads
     consecutive entries along the strided dimension; columns (contiguous) stay one a program, forward and backward;
-    the thresholds-only launch on row-major rows (contiguous) too."""
-    seen = []
+    the thresholds-only launch on row-major rows (contiguous) too. A row-major upstream gradient is read by the
+    column backward from a column-major copy (contiguous along the columns)."""
+    seen, g_strides = [], []
 
     class Rec:
         def __getitem__(self, grid):
-            return lambda *a, **kw: seen.append((kw.get("HAS_GC", kw.get("APPLY")), a[9] if "APPLY" in kw else a[5],
-                                                 kw["BS"], kw["BN"], kw["ONE_CHUNK"]))
+            def launch(*a, **kw):
+                seen.append((kw.get("HAS_GC", kw.get("APPLY")), a[9] if "APPLY" in kw else a[5], kw["BS"], kw["BN"],
+                             kw["ONE_CHUNK"]))
+                if "HAS_GC" in kw and a[5] == u:
+                    g_strides.append(a[7:9])
+            return launch
 
     v, u = 5000, 700
     real = dt._get
@@ -110,6 +115,7 @@ def test_long_rows_are_read_several_a_program_and_columns_one():
     assert len(rows) == 2 and all(s[2:] == (dt.STRIDED_ROWS, dt.STRIDED_TILE // dt.STRIDED_ROWS, False) for s in rows)
     assert len(cols) == 2 and all(s[2:] == (1, dt.BLOCK_N, False) for s in cols)
     assert seen[-1][1:] == (8, 1, dt.BLOCK_N, True)
+    assert g_strides == [(v, 1)], g_strides  # (between columns, along a column)
 
 
 def test_edge_cases():
