@@ -10,7 +10,7 @@ the host never waits. fp32 throughout (``input_precision="ieee"``: no TF32, as t
 
 Tested on a CPU by Triton's interpreter (``TRITON_INTERPRET=1``, tests/translator/test_plan_product.py) against the
 dense product; the kernels are built on first use, so that the interpreter switch, read when a kernel is defined, can be
-set by then. Unmeasured on a GPU (bench/bench_plan_product.py --device cuda measures them there).
+set by then. On a GPU: bench/bench_plan_product.py --device cuda (BENCHMARKS.md, "GPU").
 """
 from __future__ import annotations
 
