@@ -62,7 +62,7 @@ if need_model; then   # built on the CPUs while the first items use the GPU (eac
 BG=$!
 fi
 item A 150 python3 bench/gpu_smoke.py --out $W/smoke; cp $W/smoke/smoke.json $L/ 2>/dev/null
-item C0 90 python3 bench/kernel_diag.py --device cuda --out $L/kernel_diag.json
+item C0 120 python3 bench/kernel_diag.py --device cuda --out $L/kernel_diag.json
 item C1 60 python3 bench/bench_sinkhorn.py --device cuda --out $L/sinkhorn.json
 item C1b 60 python3 bench/bench_sinkhorn.py --device cuda --v 50280 --out $L/sinkhorn_50280.json
 item C2 60 python3 bench/bench_plan_product.py --device cuda

@@ -152,10 +152,11 @@ def main() -> int:
         print(f"--variants: one of {', '.join(allv)}, got {a.variants!r}", file=sys.stderr)
         return 2
     real_get, out, ok = DT._get, {}, True
+    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (Triton's interpreter)"
     try:
-        for name in names:
-            DT._get = lambda k=allv[name]: k
-            for v, u in shapes:
+        for v, u in shapes:  # shape by shape, every variant: the first shape's answer comes first
+            for name in names:
+                DT._get = lambda k=allv[name]: k
                 try:
                     r = diagnose(dev, v, u)
                 except Exception as e:  # noqa: BLE001 - a variant that does not compile: say so, go on
@@ -169,11 +170,10 @@ def main() -> int:
                       f"whole check {max(whole.values()) if whole else float('nan'):.2g}", flush=True)
                 for k, x in bad.items():
                     print(f"    {k}: {x}", flush=True)
+                if a.out:  # after each result: a run stopped at its time limit keeps what it found
+                    Path(a.out).write_text(json.dumps({"device": where, "variants": out}, indent=1))
     finally:
         DT._get = real_get
-    if a.out:
-        Path(a.out).write_text(json.dumps({"device": torch.cuda.get_device_name(dev) if dev.type == "cuda"
-                                           else "cpu (Triton's interpreter)", "variants": out}, indent=1))
     return 0 if ok else 1
 
 
