@@ -52,7 +52,7 @@ class FakeLM(torch.nn.Module):
 def bench_init(out: Path) -> list[dict]:
     from tests.helpers.finetune_fixtures import random_p
     from s2t2_dist.translator.pfile import load_p, save_p
-    from s2t2_dist.stages.init_model import translated_embeddings
+    from s2t2_dist.api import translated_embeddings
 
     v, u = 50280, 512
     src = torch.arange(v)

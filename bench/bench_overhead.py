@@ -119,8 +119,7 @@ def main(argv=None) -> int:
     from s2t2_dist.models.hf import get_embedding_and_head
     from s2t2_dist.recipes.tiny import tiny_config
     from s2t2_dist.models.translated import TranslatedLM, materialize
-    from s2t2_dist.stages.finetune import FinetuneTask
-    from s2t2_dist.stages.translate import TranslateTask
+    from s2t2_dist.api import FinetuneTask, TranslateTask
     from s2t2_dist.translator import TokenTranslator, TranslatorConfig
     from s2t2_dist.train.config import OptimConfig
 

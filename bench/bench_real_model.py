@@ -170,7 +170,7 @@ class Bench:
     def translate(self, name: str, regime: str, kind: str, init: str, weight: float, recipe: str, lr: float,
                   extra: dict | None = None) -> dict:
         from s2t2_dist.recipes.demo import write_config
-        from s2t2_dist.stages.translate import TranslateConfig
+        from s2t2_dist.api import TranslateConfig
 
         def run(tag: str, steps: int):
             run_dir = self.runs / regime / f"{name}{tag}"
@@ -195,7 +195,7 @@ class Bench:
 
     def evaluate(self, name: str, regime: str, init: dict, source: bool = False) -> float:
         from s2t2_dist.recipes.demo import write_config
-        from s2t2_dist.stages.evaluate import EvaluateConfig
+        from s2t2_dist.api import EvaluateConfig
 
         run_dir = self.runs / regime / f"eval_{name}"
         d = self.data(source, regime)
@@ -212,7 +212,7 @@ class Bench:
 
     def finetune(self, name: str, regime: str, init: dict, source: bool = False) -> float:
         from s2t2_dist.recipes.demo import write_config
-        from s2t2_dist.stages.finetune import FinetuneConfig
+        from s2t2_dist.api import FinetuneConfig
 
         run_dir = self.runs / regime / f"ft_{name}"
         cfg = write_config(self.cfgs / regime / f"ft_{name}.yaml", {

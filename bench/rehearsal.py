@@ -305,7 +305,7 @@ def shipped_translator(model_dir: str, src_tok, src_ids, tok_dir: Path, floor: f
 
     from s2t2_dist.config import load_config
     from s2t2_dist.data.tokenizers import load_tokenizer
-    from s2t2_dist.stages.translate import TranslateConfig
+    from s2t2_dist.api import TranslateConfig
     from s2t2_dist.translator.start import start_translator
 
     cfg = load_config(TranslateConfig, REPO / "configs" / "translate_olmo1b.yaml",
