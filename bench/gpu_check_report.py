@@ -54,7 +54,7 @@ def main() -> None:
         res["stage1_v50280_over_v243"] = tps["tr2"] / tps["tr1"]
     if tps["tr1"] and res["bare"]:
         res["stage1_v243_over_bare"] = tps["tr1"] / res["bare"]["tokens_per_s"]
-    res["routes"] = routes(work, res["sinkhorn"], res["sinkhorn_50280"])
+    res["routes"] = routes(work, {"C1": res["sinkhorn"], "C1b": res["sinkhorn_50280"]})
     fell = [f"{run} {line}" for run, s in res["routes"].items() for line in fallbacks(s)]
     res["fallbacks"] = fell
     out.write_text(json.dumps(res, indent=1))
@@ -69,15 +69,15 @@ def main() -> None:
     return 1 if fell else 0
 
 
-def routes(work: Path, sinkhorn: dict | None, sinkhorn_50280: dict | None = None) -> dict:
-    """{run: routes summary} of the stage-1 runs (their result.json) and the Sinkhorn benches."""
+def routes(work: Path, benches: dict[str, dict | None]) -> dict:
+    """{run: routes summary} of the stage-1 runs (their result.json) and the Sinkhorn benches ({item: its JSON})."""
     out = {}
     for name, rj in (("A translate", work / "smoke" / "runs" / "translate" / "result.json"),
                      ("B1", work / "tr1" / "result.json"), ("B2", work / "tr2" / "result.json")):
         r = _json(rj)
         if r and r.get("routes"):
             out[name] = r["routes"]
-    for name, bench in (("C1", sinkhorn), ("C1b", sinkhorn_50280)):
+    for name, bench in benches.items():
         if bench and bench.get("routes"):
             out[name] = bench["routes"]
     return out

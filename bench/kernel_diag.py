@@ -86,26 +86,29 @@ def diagnose(dev: torch.device, v: int, u: int) -> dict:
     Pt, Qt, Xt = T.buffers(C)
     Pk, Qk, Xk = K.buffers(C)
     masks = {}
-    for step, first in (("row projection, first", True), ("column projection", None),
-                        ("row projection, with corrections", False), ("column projection, second", None)):
-        if first is None:
-            Qk.copy_(Qt)
-            mk, ck = K.col(Qk, Xk)
-            mt, ct = T.col(Qt, Xt)
-            outs = (("projection", Xk, Xt), ("correction", Qk, Qt))
-            dim = 0
-        else:
-            if not first:
-                Xk.copy_(Xt), Pk.copy_(Pt), Qk.copy_(Qt)
-            mk, ck = K.row(C if first else Xk, Pk, Qk, first)
-            mt, ct = T.row(C if first else Xt, Pt, Qt, first)
-            outs = (("projection", Qk, Qt), ("correction", Pk, Pt))
-            dim = 1
-        masks.setdefault(dim, (mt, ct))
+
+    def record(step: str, dim: int, kernels, torch_steps, outs) -> None:
+        (mk, ck), (mt, ct) = kernels, torch_steps
+        masks.setdefault(dim, (mt, ct))  # the first projection's supports: what the backward launches read
         for part, a, b in outs:
             res[f"{step}: {part}"] = compare(a, b, dim)
         res[f"{step}: support"] = compare(mk.float(), mt.float(), dim)
         res[f"{step}: counts"] = compare(ck.long(), ct.long(), 0)
+
+    def row(step: str, first: bool) -> None:
+        if not first:  # the torch steps' state in, so an earlier launch's error does not travel on
+            Xk.copy_(Xt), Pk.copy_(Pt), Qk.copy_(Qt)
+        record(step, 1, K.row(C if first else Xk, Pk, Qk, first), T.row(C if first else Xt, Pt, Qt, first),
+               (("projection", Qk, Qt), ("correction", Pk, Pt)))
+
+    def col(step: str) -> None:
+        Qk.copy_(Qt)
+        record(step, 0, K.col(Qk, Xk), T.col(Qt, Xt), (("projection", Xk, Xt), ("correction", Qk, Qt)))
+
+    row("row projection, first", True)
+    col("column projection")
+    row("row projection, with corrections", False)
+    col("column projection, second")
     g = torch.randn(v, u, generator=torch.Generator().manual_seed(3)).to(dev)
     gc = torch.randn(v, u, generator=torch.Generator().manual_seed(4)).to(dev)
     for name, dim in (("column backward", 0), ("row backward", 1)):

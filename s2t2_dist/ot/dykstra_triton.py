@@ -94,14 +94,15 @@ def dry_run() -> Iterator[None]:
 launches = [0]
 
 
-def _shape(S: int, N: int, strided: bool = False) -> tuple[int, int, bool]:
-    """(BLOCK_S, BLOCK_N, ONE_CHUNK): short slices whole in registers, several per program; long ones streamed,
-    one a program where its entries are contiguous, else (``strided``: rows, as many as v) ``STRIDED_ROWS`` a
-    program, coalesced across rows. Columns (u of them: too few programs to share) stay one a program."""
+def _shape(S: int, N: int, dim: int = 0, *operands: Tensor) -> tuple[int, int, bool]:
+    """(BLOCK_S, BLOCK_N, ONE_CHUNK) of S slices of N entries along ``dim``: short slices whole in registers,
+    several per program; long ones streamed, one a program, except rows (``dim`` 1: as many as v) whose entries
+    are strided in any of the launch's ``operands``: ``STRIDED_ROWS`` a program, coalesced across rows. Columns
+    (u of them: too few programs to share) stay one a program."""
     bn = 1 << max(N - 1, 0).bit_length()
     if bn <= ROW_TILE // MIN_ROWS:
         return ROW_TILE // bn, bn, True
-    if strided:
+    if dim == 1 and any(t.stride(1) != 1 for t in operands):
         return STRIDED_ROWS, max(STRIDED_TILE // STRIDED_ROWS, 1), False
     return 1, BLOCK_N, N <= BLOCK_N
 
@@ -135,7 +136,7 @@ class TritonSteps:
         cnt = torch.empty(S, dtype=torch.int32, device=z1.device)
         if S:
             a, b = _slices(z1, dim), _slices(pos, dim)
-            bs, bn, one = _shape(S, N, dim == 1 and (a[1] != 1 or b[1] != 1))
+            bs, bn, one = _shape(S, N, dim, z1, pos)
             project, _ = _get()
             launches[0] += 1
             project[(-(-S // bs),)](z1, z1 if z2 is None else z2, pos if add is None else add, pos, corr,
@@ -158,7 +159,7 @@ class TritonSteps:
         cnt = torch.empty(S, dtype=torch.int32, device=Z.device)
         if S:
             a = _slices(Z, dim)
-            bs, bn, one = _shape(S, N, dim == 1 and a[1] != 1)
+            bs, bn, one = _shape(S, N, dim, Z)
             project, _ = _get()
             launches[0] += 1
             project[(-(-S // bs),)](Z, Z, Z, Z, Z, cnt, scale, tau, cnt, S, N, *a, *a, HAS_Z2=False, HAS_ADD=False,
@@ -174,7 +175,7 @@ class TritonSteps:
             # the streamed columns read it coalesced rather than one float per 32-byte sector
             g = g.t().contiguous().t()
         if S:
-            bs, bn, one = _shape(S, N, dim == 1 and (g.stride(1) != 1 or out.stride(1) != 1))
+            bs, bn, one = _shape(S, N, dim, g, out)
             _, backward = _get()
             launches[0] += 1
             backward[(-(-S // bs),)](g, out if gc is None else gc, out, mask.view(torch.uint8), cnt, S, N,

@@ -5,7 +5,6 @@ TRITON_INTERPRET=1 in the environment from the start (Triton reads the switch wh
 The route is taken by building its steps directly (on a CPU tensor ``steps_for`` gives the torch steps).
 """
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,8 +17,6 @@ from s2t2_dist.ot.dykstra import dykstra
 from s2t2_dist.ot.dykstra_triton import TritonSteps, dry_run
 from s2t2_dist.utils.syncs import count_host_syncs
 from tests.helpers.sinkhorn_reference import assert_equals_reference, edge_problem, problem, sort_thresholds
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
 
 assert os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -44,7 +41,9 @@ def test_shipped_tiles():
     """The shipped tiling (rows 4 a program at u = 512, rows of 3,000 streamed in chunks of 2,048): exact."""
     assert (dt.ROW_TILE, dt.BLOCK_N, dt.MIN_ROWS) == (2048, 2048, 4)
     assert dt._shape(40, 512) == (4, 512, True) and dt._shape(5, 3000) == (1, 2048, False)
-    assert dt._shape(40, 700, strided=True) == (32, 32, False)  # long rows: 32 a program, chunks of 32
+    colmajor = torch.empty_strided((40, 700), (1, 40))
+    assert dt._shape(40, 700, 1, colmajor) == (32, 32, False)  # long strided rows: 32 a program, chunks of 32
+    assert dt._shape(40, 700, 1, colmajor.contiguous()) == (1, 2048, True)  # contiguous rows: one a program
     for v, u in ((40, 512), (3000, 5), (40, 700)):
         C, mu, nu = problem(v, u, 1e-2, seed=v, nonuniform=True, dtype=torch.float32)
         up = torch.randn(v, u, dtype=torch.float32, generator=torch.Generator().manual_seed(1))
@@ -279,19 +278,10 @@ def test_a_launch_the_check_covers_fails_it(monkeypatch, caplog):
     dy.kernels_ok.cache_clear()
 
 
-def _kernel_diag():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("kernel_diag", REPO_ROOT / "bench" / "kernel_diag.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_kernel_diag_every_launch_agrees_in_every_variant(monkeypatch):
     """bench/kernel_diag.py (what a GPU run uses to find a launch that fails the first-use check): on a plan whose
     columns stream in two chunks, every launch agrees with the torch steps, specialised by Triton or not."""
-    kd = _kernel_diag()
+    import bench.kernel_diag as kd
     variants = kd.variants()
     assert {"specialised", "none"} <= set(variants)
     for name, kernels in variants.items():
@@ -305,7 +295,7 @@ def test_kernel_diag_every_launch_agrees_in_every_variant(monkeypatch):
 def test_kernel_diag_names_the_launch_and_the_chunk_that_is_off(monkeypatch):
     """A column projection wrong in its second chunk only: the diagnosis names that launch and that chunk, and
     every other launch agrees."""
-    kd = _kernel_diag()
+    import bench.kernel_diag as kd
     real = TritonSteps.col
 
     def col(self, Qc, X):
