@@ -12,6 +12,7 @@ from the step it resumed at (out-of-order steps purge a tag's later points), so 
 from __future__ import annotations
 
 import contextlib
+import threading
 from pathlib import Path
 
 import torch
@@ -36,6 +37,7 @@ class MetricsLogger:
         if scope not in self._writers:
             from torch.utils.tensorboard import SummaryWriter
 
+            _quiet_writer_threads()
             self._writers[scope] = SummaryWriter(str(self.log_dir / self._dirs[scope]), flush_secs=self._flush_secs)
         return self._writers[scope]
 
@@ -109,6 +111,24 @@ class MetricsLogger:
             w.close()
         self._writers.clear()
         self._closed = True  # later writes are dropped, as before
+
+
+def _quiet_writer_threads() -> None:
+    """TensorBoard writes from a thread that keeps its error and re-raises it on the next write or flush (where
+    `_guard` says it in one line) but also lets it escape the thread, which prints a traceback: a write queued just
+    before the run directory was removed would print one beside the one-line error. Those escapes are dropped;
+    every other thread's error goes to the hook in place before (installed again if someone replaced it)."""
+    previous = threading.excepthook
+    if getattr(previous, "_s2t2_quiet_writers", False):
+        return
+
+    def hook(args):
+        if type(args.thread).__name__ == "_AsyncWriterThread" and isinstance(args.exc_value, OSError):
+            return  # kept in the thread's `exception`; raised in the writing thread at its next write
+        previous(args)
+
+    hook._s2t2_quiet_writers = True
+    threading.excepthook = hook
 
 
 def heatmap_image(matrix: torch.Tensor, max_pixels: int = 512, scale: int = 0):
