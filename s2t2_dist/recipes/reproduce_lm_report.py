@@ -57,6 +57,7 @@ def collect(plan, jobs, selection: dict, references: dict, extra: dict | None = 
                "references": references, "paper": {k: {"perplexity": a, "bpb": b}
                                                    for k, (a, b) in PAPER_TABLE1.items()}}
     results["curve"] = _curve(plan)
+    results["ft_curves"] = ft_curves(jobs)
     results["same_bytes"] = _same_bytes(rows)
     results.update(extra or {})
     results["checks"] = checks(results)
@@ -75,6 +76,33 @@ def _curve(plan) -> list[list[float]]:
             for s, v in series["points"]:
                 pts[int(s)] = float(v)
     return [[s, pts[s]] for s in sorted(pts)]
+
+
+#: the finetuned rows, in the table's order
+FT_ROWS = ("plain_p_cft", "sinkhorn_p_cft", "s2t2_cft", "ft_orig_tok", "ft_new_tok")
+
+
+def ft_curves(jobs) -> dict[str, dict[str, list[list[float]]]]:
+    """Each finetuned row's training loss per step, by seed, in bits per byte: nats per token over ln 2 times
+    tokens per byte of the run's own validation score (each row has its own tokenizer, so per-token losses do not
+    compare; the training split's bytes per token are the validation split's within sampling). What a row's seeds
+    did on the way to their held-out scores: a spike or a plateau shows here, not in the table."""
+    from s2t2_dist.recipes.arm_records import read_result
+
+    producer = {p: j for j in jobs for p in j.produces}
+    out: dict[str, dict[str, list[list[float]]]] = {}
+    for j in jobs:
+        if j.stage != "evaluate" or not j.role or j.role[1] not in FT_ROWS:
+            continue
+        ft = next((producer[c] for c in j.consumes if c in producer and producer[c].stage == "finetune"), None)
+        r = read_result(ft) if ft is not None else None
+        bpt = ((r or {}).get("eval") or {}).get("bytes_per_token")
+        if not r or not bpt or not r.get("losses"):
+            continue
+        k = 1.0 / (math.log(2) * bpt)
+        out.setdefault(j.role[1], {})[str(j.role[2])] = [[int(s), float(v) * k] for s, v in r["losses"]
+                                                         if math.isfinite(v)]
+    return out
 
 
 def _same_bytes(rows: dict) -> dict:
@@ -98,8 +126,7 @@ def checks(results: dict) -> list[dict]:
 
     add("every row scored on the same held-out documents and bytes", results["same_bytes"]["ok"],
         f"{results['same_bytes']['bytes_docs']}")
-    ft_rows = [k for k in ("plain_p_cft", "sinkhorn_p_cft", "s2t2_cft", "ft_orig_tok", "ft_new_tok")
-               if (results["rows"].get(k) or {}).get("bpb", {}).get("n")]
+    ft_rows = [k for k in FT_ROWS if (results["rows"].get(k) or {}).get("bpb", {}).get("n")]
     best = min(ft_rows, key=lambda k: results["rows"][k]["bpb"]["mean"]) if ft_rows else None
     add("valid run: a finetuned row below the residue unigram",
         None if best is None else results["rows"][best]["bpb"]["mean"] < residue,
@@ -242,7 +269,37 @@ def plots(results: dict, out: Path) -> dict[str, Path]:
         ax.set_xlabel("step (4 x 256 tokens)")
         ax.set_ylabel("bits per byte")
         paths["curve"] = _save(fig, ax, d / "curve.png")
+    curves = results.get("ft_curves") or {}
+    if curves:
+        paths["finetune"] = _ft_plot(curves, refs.get("validation") or refs, d / "finetune_curves.png")
     return paths
+
+
+def _ft_plot(curves: dict, refs: dict, path: Path, window: int = 10) -> Path:
+    """One panel per finetuned row, one line per seed: the training loss in BpB, a moving mean over `window`
+    steps (the raw points faint behind it)."""
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in FT_ROWS if k in curves]
+    fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 3.4), sharey=True, squeeze=False)
+    for ax, k in zip(axes[0], keys):
+        for i, (seed, pts) in enumerate(sorted(curves[k].items())):
+            xs, ys = zip(*pts)
+            sm = [statistics.fmean(ys[max(0, n - window + 1):n + 1]) for n in range(len(ys))]
+            ax.plot(xs, ys, color=f"C{i}", lw=0.5, alpha=0.25)
+            ax.plot(xs, sm, color=f"C{i}", lw=1.4, label=f"seed {seed}")
+        ax.axhline(refs["residue_unigram"]["bpb"], color="k", ls="--", lw=1, label="residue unigram (validation)")
+        ax.set_title(label(k), fontsize=9)
+        ax.set_xlabel("finetuning step")
+        ax.legend(fontsize=6)
+    axes[0][0].set_ylabel("training loss, bits per byte")
+    lo = min(v for k in keys for pts in curves[k].values() for _, v in pts)
+    axes[0][0].set_ylim(lo - 0.1, refs["residue_unigram"]["bpb"] + 1.2)
+    fig.suptitle("Finetuning runs of Table 1 (training split, moving mean over 10 steps)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def _unigram_lines(ax, refs: dict) -> None:

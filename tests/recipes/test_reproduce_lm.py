@@ -3,6 +3,7 @@ sequence), the lanes (inputs before consumers, a failure stops only what reads i
 selection on the validation split, the paired claims, and the whole command end to end on a tiny model."""
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -185,6 +186,13 @@ def test_smollm2_scale_end_to_end_on_a_tiny_model(tmp_path):
     assert r["selection"]["chosen_label"]["s2t2"] == min(s2t2, key=s2t2.get)
     assert len(r["curve"]) >= 2 and r["references"]["residue_unigram"]["bpb"] > 3.5
     assert (out / "plots" / "table1.png").read_bytes()[:4] == b"\x89PNG" and (out / "table1.md").is_file()
+    # each finetuned row's training curve, in bits per byte by its own run's bytes per token
+    assert sorted(r["ft_curves"]) == sorted(["plain_p_cft", "sinkhorn_p_cft", "s2t2_cft", "ft_orig_tok", "ft_new_tok"])
+    ft = json.loads((out / "runs" / "seed0" / "ft_new_tok_lr0.0001" / "result.json").read_text())
+    (s0, l0), bpt = ft["losses"][0], ft["eval"]["bytes_per_token"]
+    assert r["ft_curves"]["ft_new_tok"]["0"][0] == pytest.approx([s0, l0 / (math.log(2) * bpt)])
+    assert all(len(c["0"]) == 2 for c in r["ft_curves"].values())
+    assert (out / "plots" / "finetune_curves.png").read_bytes()[:4] == b"\x89PNG"
     # a rerun reuses every finished arm; the records alone suffice once the run directories are gone
     import shutil
 
