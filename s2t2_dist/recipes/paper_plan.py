@@ -83,6 +83,9 @@ class RealLMOptions:
     #: finetuning steps tried (one for every finetuning row: the best mean validation BpB of FT new tok. and FT
     #: orig. tok., the rows that do not depend on a P)
     ft_lr_sweep: list[float] = field(default_factory=lambda: [1e-4, 3e-4])
+    #: also run the finetuned rows at every other step of ft_lr_sweep, on every seed, each reported as a table of
+    #: its own: how far the finetuned ordering depends on the step (it chooses nothing; ~1 h a seed in two lanes)
+    ft_lr_check: bool = True
     #: checkpoint cadence of every arm (a killed lane resumes from here)
     ckpt_every: int = 50
 

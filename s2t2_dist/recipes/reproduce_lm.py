@@ -9,7 +9,8 @@ Phases (each arm a real `translate` / `finetune` / `evaluate` run in its own run
            rows that do not depend on a P (FT new tok., FT orig. tok.), so the baselines get their best step.
   table    every seed: Plain P, Sinkhorn P, S2T2 (each at its chosen step), each P-only and + CFT; FT orig. tok.;
            FT new tok.; the training-free FVT start; each scored on the held-out split. The seed-0 runs of the
-           chosen steps are the selection's runs (same arguments, reused).
+           chosen steps are the selection's runs (same arguments, reused). With `lm.ft_lr_check`, the finetuned
+           rows also at every other step of `ft_lr_sweep`, each a table of its own (a check: it chooses nothing).
 Arms run in `lanes` parallel processes (`OMP_NUM_THREADS` = cores / lanes). A rerun skips finished arms (their run
 directory, or their small result record in OUT/record, which can be kept across machines) and resumes interrupted
 ones from their latest checkpoint.
@@ -27,6 +28,7 @@ from pathlib import Path
 from s2t2_dist.recipes.arm_records import EXTRA_RECORDS, read_result, write_record
 from s2t2_dist.recipes.orchestrate import REPO_ROOT, Runner, StageFailed, fmt_seconds
 from s2t2_dist.recipes.paper_plan import Job, ReproduceConfig
+from s2t2_dist.recipes.reproduce_lm_report import FT_ROWS
 
 #: translator kind per P column of Table 1 (s2t2_a0: S2T2 at the paper's entropy weight 0, a P-only row)
 P_COLUMNS = {"plain_p": "unconstrained", "sinkhorn_p": "softmax", "s2t2": "sparse", "s2t2_a0": "sparse"}
@@ -189,6 +191,16 @@ class LmPlan:
                 jobs += [ft, self.evaluate(f"{s}/eval_{ft.name.split('/ft_', 1)[1]}", ft.produces[0], "as_is",
                                            role=("table1", col, seed), source_tokens=kind == "orig_tok")]
         return jobs
+
+
+    def check_jobs(self, chosen: dict[str, Arm], ft_lr: float) -> dict[float, list[Job]]:
+        """The finetuned rows at every other step of the finetuning sweep (`lm.ft_lr_check`), by step: the same
+        P's, seeds and budget as the table's; the P-only runs they read are the table's own."""
+        if not self.cfg.lm.ft_lr_check:
+            return {}
+        return {lr: [j for j in self.table_jobs(chosen, lr) if j.stage == "finetune" or (
+                    j.stage == "evaluate" and j.role and j.role[1] in FT_ROWS)]
+                for lr in self.cfg.lm.ft_lr_sweep if lr != ft_lr}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -470,13 +482,15 @@ def run_smollm2(cfg: ReproduceConfig, out: Path, *, cache: Path | None = None, e
     arms, ft_lr, provisional = report_choices(sel)
     jobs = plan.table_jobs(arms, ft_lr) if ft_lr is not None else []
     ready = ft_lr is not None and not provisional and len(arms) == len(plan.columns())
+    checks = plan.check_jobs(arms, ft_lr) if ft_lr is not None else {}
     if ready and phase == "all" and not failed:
-        failed = lanes.run(jobs, t0)
+        # the table first, then its finetuned rows at the sweep's other steps (one queue keeps both lanes busy)
+        failed = lanes.run(jobs + [j for js in checks.values() for j in js], t0)
     from s2t2_dist.recipes.reproduce_lm_report import collect
 
-    results = collect(plan, jobs, sel, refs, extra={"config": asdict(cfg), "data": data_info, "failed": failed,
-                                                    "provisional": provisional,
-                                                    "seconds": round(time.time() - t0, 1)})
+    results = collect(plan, jobs, sel, refs, step_checks=checks,
+                      extra={"config": asdict(cfg), "data": data_info, "failed": failed, "provisional": provisional,
+                             "seconds": round(time.time() - t0, 1)})
     for k, p in write_outputs(results, out).items():
         say(f"  {k:<12} {p}")
     return results

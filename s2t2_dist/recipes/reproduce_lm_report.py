@@ -13,11 +13,15 @@ from s2t2_dist.recipes.paper_plan import PAPER_TABLE1, TABLE1
 
 #: rows of the table, in order: key -> label (Table 1's columns, then the training-free references)
 ROWS = {**TABLE1, "s2t2_a0": "S2T2, alpha 0 (paper)", "fvt": "FVT start (no training)"}
-#: the paired claims: (better, worse, margin in BpB)
+#: the finetuned rows, in the table's order
+FT_ROWS = ("plain_p_cft", "sinkhorn_p_cft", "s2t2_cft", "ft_orig_tok", "ft_new_tok")
+
+
 def label(key: str) -> str:
     return f"{ROWS[key.removesuffix('_cft')]} + CFT" if key.endswith("_cft") else ROWS[key]
 
 
+#: the paired claims: (better, worse, margin in BpB)
 ORDERING = [("s2t2", "sinkhorn_p", 0.0), ("s2t2", "plain_p", 0.0), ("s2t2_cft", "ft_new_tok", 0.02),
             ("s2t2_cft", "plain_p_cft", 0.02), ("s2t2_cft", "sinkhorn_p_cft", 0.02)]
 
@@ -30,7 +34,8 @@ def _stats(xs: list[float]) -> dict:
             "min": min(xs), "max": max(xs)}
 
 
-def collect(plan, jobs, selection: dict, references: dict, extra: dict | None = None) -> dict:
+def _rows(jobs) -> tuple[dict[str, dict], list[str]]:
+    """Each table row's held-out scores by seed, from the finished evaluate jobs; and the jobs not finished."""
     from s2t2_dist.recipes.arm_records import read_result
 
     rows: dict[str, dict] = {}
@@ -53,14 +58,32 @@ def collect(plan, jobs, selection: dict, references: dict, extra: dict | None = 
         vals = list(row["seeds"].values())
         row["bpb"] = _stats([v["bpb"] for v in vals])
         row["perplexity"] = _stats([v["perplexity"] for v in vals])
+    return rows, missing
+
+
+def collect(plan, jobs, selection: dict, references: dict, step_checks: dict | None = None,
+            extra: dict | None = None) -> dict:
+    """The table's rows and claims from `jobs`; with `step_checks` ({finetuning step: jobs}), the finetuned rows
+    at each other step beside them, with the claims that read a finetuned row."""
+    rows, missing = _rows(jobs)
     results = {"scale": plan.cfg.scale, "rows": rows, "missing": missing, "selection": selection,
                "references": references, "paper": {k: {"perplexity": a, "bpb": b}
                                                    for k, (a, b) in PAPER_TABLE1.items()}}
     results["curve"] = _curve(plan)
     results["ft_curves"] = ft_curves(jobs)
-    results["same_bytes"] = _same_bytes(rows)
+    results["ft_lr_check"] = {}
+    for lr, js in (step_checks or {}).items():
+        ft_rows, ft_missing = _rows(js)
+        results["missing"] += ft_missing
+        results["ft_lr_check"][f"{lr:g}"] = {"rows": ft_rows, "ft_curves": ft_curves(js)}
+    every = [rows] + [c["rows"] for c in results["ft_lr_check"].values()]
+    results["same_bytes"] = _same_bytes({f"{i}/{k}": r for i, rs in enumerate(every) for k, r in rs.items()})
     results.update(extra or {})
     results["checks"] = checks(results)
+    for c in results["ft_lr_check"].values():
+        # the P-only rows are the table's own; the claims that read only them are the table's
+        merged = {**results, "rows": {**{k: r for k, r in rows.items() if k not in FT_ROWS}, **c["rows"]}}
+        c["checks"] = [x for x in checks(merged) if x["reads_finetuned"]]
     return results
 
 
@@ -76,10 +99,6 @@ def _curve(plan) -> list[list[float]]:
             for s, v in series["points"]:
                 pts[int(s)] = float(v)
     return [[s, pts[s]] for s in sorted(pts)]
-
-
-#: the finetuned rows, in the table's order
-FT_ROWS = ("plain_p_cft", "sinkhorn_p_cft", "s2t2_cft", "ft_orig_tok", "ft_new_tok")
 
 
 def ft_curves(jobs) -> dict[str, dict[str, list[list[float]]]]:
@@ -121,8 +140,8 @@ def checks(results: dict) -> list[dict]:
     refs = results["references"]
     residue = refs["residue_unigram"]["bpb"]
 
-    def add(claim, ok, detail):
-        out.append({"claim": claim, "holds": ok, "detail": detail})
+    def add(claim, ok, detail, reads_finetuned=False):
+        out.append({"claim": claim, "holds": ok, "detail": detail, "reads_finetuned": reads_finetuned})
 
     add("every row scored on the same held-out documents and bytes", results["same_bytes"]["ok"],
         f"{results['same_bytes']['bytes_docs']}")
@@ -131,7 +150,7 @@ def checks(results: dict) -> list[dict]:
     add("valid run: a finetuned row below the residue unigram",
         None if best is None else results["rows"][best]["bpb"]["mean"] < residue,
         "no finetuned row yet" if best is None else
-        f"best {best} {results['rows'][best]['bpb']['mean']:.4f} vs residue unigram {residue:.4f}")
+        f"best {best} {results['rows'][best]['bpb']['mean']:.4f} vs residue unigram {residue:.4f}", True)
     s2 = results["rows"].get("s2t2", {}).get("bpb", {})
     add("S2T2 P-only below the residue unigram", None if not s2.get("n") else s2["mean"] < residue,
         "missing" if not s2.get("n") else f"{s2['mean']:.4f} vs {residue:.4f}")
@@ -141,7 +160,8 @@ def checks(results: dict) -> list[dict]:
         wins = [s for s in paired if a[s] < b[s] - margin]
         diffs = ", ".join(f"seed {s}: {a[s] - b[s]:+.4f}" for s in paired)
         add(f"{label(better)} below {label(worse)} by >= {margin} BpB on every seed",
-            None if not paired else len(wins) == len(paired), f"{len(wins)}/{len(paired)} seeds; {diffs}")
+            None if not paired else len(wins) == len(paired), f"{len(wins)}/{len(paired)} seeds; {diffs}",
+            better in FT_ROWS or worse in FT_ROWS)
     return out
 
 
@@ -185,7 +205,33 @@ def table1_markdown(results: dict) -> str:
     rg = next((r.get("random_guess_bpb") for r in results["rows"].values() if r.get("random_guess_bpb")), None)
     lines += ["", f"References on the same held-out bytes: residue unigram {_f(refs['residue_unigram']['bpb'])} BpB, "
               f"512-BPE token unigram {_f(refs['unigram_bpe']['bpb'])}, random guess (log2 u per token) {_f(rg)}."]
+    for lr, c in (results.get("ft_lr_check") or {}).items():
+        lines += ["", step_check_markdown(results, lr, c, seeds)]
     return "\n".join(lines) + "\n"
+
+
+def step_check_markdown(results: dict, lr: str, check: dict, seeds: list[str]) -> str:
+    """The finetuned rows at another finetuning step, beside the table's: the same P's, seeds and budget."""
+    sel = results.get("selection") or {}
+    at = (sel.get("chosen") or {}).get("ft_lr") or (sel.get("provisional") or {}).get("ft_lr")
+    head = ["row", f"BpB at lr {lr} (mean +- sd)", *[f"seed {s}" for s in seeds], f"at the table's lr {'-' if at is None else f'{at:g}'}"]
+    lines = [f"The finetuned rows at finetuning step {lr} (a check: it chooses nothing; the table's step was chosen "
+             "on seed 0's validation split):", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for key in FT_ROWS:
+        r = check["rows"].get(key)
+        if not r:
+            continue
+        b = r["bpb"]
+        spread = f"+- {_f(b.get('sd'), 3)}" if b.get("n", 0) > 1 else "(1 seed)"
+        per = [_f(r["seeds"].get(s, {}).get("bpb")) for s in seeds]
+        table = ((results["rows"].get(key) or {}).get("bpb") or {}).get("mean")
+        lines.append(f"| {label(key)} | {_f(b.get('mean'))} {spread} | " + " | ".join(per) + f" | {_f(table)} |")
+    lines += [""] + [f"- {_verdict(c)}: {c['claim']} ({c['detail']})" for c in check.get("checks") or []]
+    return "\n".join(lines)
+
+
+def _verdict(c: dict) -> str:
+    return "HOLDS" if c["holds"] else "open" if c["holds"] is None else "FAILS"
 
 
 def selection_markdown(sel: dict) -> str:
@@ -216,8 +262,7 @@ def report_markdown(results: dict, plots: dict[str, Path], out: Path) -> str:
     parts += [f"Config: `{out / 'reproduce_config.yaml'}`. Seeds {cfg.get('seeds')}, P {cfg.get('p_steps')} steps, "
               f"finetuning {cfg.get('ft_steps')} steps, batch {cfg.get('batch_size')} x {cfg.get('context_len')}.", ""]
     parts += ["## Table 1 (held-out split)", "", table1_markdown(results)]
-    parts += ["## Claims", ""] + [f"- {'HOLDS' if c['holds'] else 'open' if c['holds'] is None else 'FAILS'}: "
-                                  f"{c['claim']} ({c['detail']})" for c in results["checks"]] + [""]
+    parts += ["## Claims", ""] + [f"- {_verdict(c)}: {c['claim']} ({c['detail']})" for c in results["checks"]] + [""]
     val = results["references"].get("validation") or {}
     parts += ["## Selection (seed 0, validation split)", "", selection_markdown(results["selection"]),
               f"Validation split: residue unigram {_f((val.get('residue_unigram') or {}).get('bpb'))}, 512-BPE "
@@ -251,11 +296,19 @@ def plots(results: dict, out: Path) -> dict[str, Path]:
             vals = [v["bpb"] for v in results["rows"][k]["seeds"].values()]
             ax.scatter([i] * len(vals), vals, color="C0", s=18, zorder=3)
             ax.bar(i, statistics.fmean(vals), color="C1" if k.startswith("s2t2") else "C7", alpha=0.6)
+        for n, (lr, c) in enumerate((results.get("ft_lr_check") or {}).items()):
+            pts = [(i + 0.22 * (n + 1), v["bpb"]) for i, k in enumerate(keys) if k in c["rows"]
+                   for v in c["rows"][k]["seeds"].values()]
+            if pts:
+                ax.scatter(*zip(*pts), facecolors="none", edgecolors=f"C{n + 2}", s=22, zorder=3,
+                           label=f"finetuned at lr {lr} (a check)")
         _unigram_lines(ax, refs)
         ax.set_xticks(range(len(keys)))
         prov = set(results.get("provisional") or [])
         ax.set_xticklabels([label(k) + _mark(k, prov) for k in keys], rotation=30, ha="right", fontsize=8)
-        lo = min(min(v["bpb"] for v in results["rows"][k]["seeds"].values()) for k in keys)
+        lo = min([v["bpb"] for k in keys for v in results["rows"][k]["seeds"].values()]
+                 + [v["bpb"] for c in (results.get("ft_lr_check") or {}).values() for r in c["rows"].values()
+                    for v in r["seeds"].values()])
         ax.set_ylim(lo - 0.15, max(refs["residue_unigram"]["bpb"], refs["unigram_bpe"]["bpb"]) + 0.6)
         ax.set_ylabel("held-out bits per byte (dots: seeds)")
         ax.set_title("Table 1 with SmolLM2-135M on proteins" + (" (*: provisional choice)" if prov else ""))

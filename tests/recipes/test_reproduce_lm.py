@@ -215,3 +215,50 @@ def test_a_table_under_way_marks_its_provisional_rows():
     assert f"| {label('s2t2')} |" in text and f"| {label('ft_new_tok')} |" in text  # final choices: unmarked
     res["provisional"] = []
     assert "*" not in table1_markdown(res) and "Provisional" not in table1_markdown(res)
+
+
+def _scored(job: Job, bpb: float) -> None:
+    Path(job.run_dir).mkdir(parents=True, exist_ok=True)
+    Path(job.result).write_text(json.dumps({"finished": True, "metrics": {
+        "bpb": bpb, "perplexity": 2 ** bpb, "nll_per_token": bpb, "tokens": 50, "bytes": 100, "docs": 2}}))
+
+
+def test_the_finetuned_rows_at_the_other_step_are_a_table_of_their_own(tmp_path):
+    from s2t2_dist.recipes.reproduce_lm_report import FT_ROWS, collect, table1_markdown
+
+    plan = _plan(tmp_path, ft_lr_sweep=[1e-4, 3e-4])
+    plan.cfg.seeds = [0, 1]
+    chosen = {c: plan.candidates(c)[0] for c in plan.columns()}
+    table, checks = plan.table_jobs(chosen, 3e-4), plan.check_jobs(chosen, 3e-4)
+    assert list(checks) == [1e-4]
+    # only the finetunes and their scores, on every seed, reading the table's own P's
+    jobs = checks[1e-4]
+    assert {j.stage for j in jobs} == {"finetune", "evaluate"} and len(jobs) == 2 * len(FT_ROWS) * 2
+    assert all(j.name.endswith("_lr0.0001") for j in jobs)
+    p_files = {p for j in table if j.stage == "translate" for p in j.produces}
+    read = lambda js: {c for j in js if j.stage == "finetune" for c in j.consumes} & p_files  # noqa: E731
+    assert read(jobs) == read(table) and len(read(jobs)) == 3 * 2  # Plain, Sinkhorn, S2T2 on both seeds
+    # the report: the table at its step, the check beside it with the claims that read a finetuned row
+    for j in table + jobs:
+        if j.stage == "evaluate":
+            key, seed = j.role[1], j.role[2] or 0
+            at_check = j in jobs
+            v = {"s2t2_cft": 4.0 if at_check else 4.3, "ft_new_tok": 4.1}.get(key, 4.25)
+            _scored(j, v + 0.001 * seed)
+    res = collect(plan, table, {"chosen": {"ft_lr": 3e-4}}, {"residue_unigram": {"bpb": 4.2},
+                                                             "unigram_bpe": {"bpb": 4.4}}, step_checks=checks)
+    assert res["missing"] == [] and res["same_bytes"]["ok"]
+    check = res["ft_lr_check"]["0.0001"]
+    assert sorted(check["rows"]) == sorted(FT_ROWS)
+    assert check["rows"]["s2t2_cft"]["bpb"]["mean"] == pytest.approx(4.0005)
+    assert res["rows"]["s2t2_cft"]["bpb"]["mean"] == pytest.approx(4.3005)
+    by = {c["claim"]: c["holds"] for c in check["checks"]}
+    assert by["S2T2 + CFT below FT new tok. by >= 0.02 BpB on every seed"] is True  # 4.0 against 4.1
+    assert by["valid run: a finetuned row below the residue unigram"] is True
+    assert not any(c.startswith("S2T2 below") for c in by)  # P-only claims are the table's alone
+    table_claims = {c["claim"]: c["holds"] for c in res["checks"]}
+    assert table_claims["S2T2 + CFT below FT new tok. by >= 0.02 BpB on every seed"] is False
+    text = table1_markdown(res)
+    assert "at finetuning step 0.0001" in text and "| S2T2 + CFT | 4.0005 +- 0.001 | 4.0000 | 4.0010 | 4.3005 |" in text
+    plan.cfg.lm.ft_lr_check = False
+    assert plan.check_jobs(chosen, 3e-4) == {}
