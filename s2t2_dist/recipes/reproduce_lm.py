@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -271,7 +272,7 @@ def report_choices(sel: dict) -> tuple[dict[str, Arm], float | None, list[str]]:
 
 class Lanes:
     """Runs jobs in `n` parallel subprocess lanes, each job once its inputs exist; skips recorded jobs whose outputs
-    nobody still needs."""
+    nobody still needs; removes a finetune's checkpoints once it has finished."""
 
     def __init__(self, n: int, runner_factory, say=print):
         self.n, self.runner_factory, self.say = n, runner_factory, say
@@ -288,6 +289,17 @@ class Lanes:
                 need.append(j)
                 wanted.update(j.consumes)
         return list(reversed(need))
+
+    @staticmethod
+    def _run_one(runner, job: Job):
+        r = runner.run(job.stage, ["--config", str(REPO_ROOT / job.config), *job.overrides], job.run_dir,
+                       job.name.replace("/", "_"), result_file=job.result)
+        write_record(job)
+        if job.stage == "finetune":
+            # only a resume reads them, and a finished arm is never resumed: ~1.6 GB an arm at SmolLM2's size,
+            # ~40 GB over a table (its export, which the scoring reads, stays)
+            shutil.rmtree(Path(job.run_dir) / "checkpoints", ignore_errors=True)
+        return r
 
     def run(self, jobs: list[Job], t0: float) -> list[str]:
         todo = self.needed(jobs)
@@ -337,10 +349,7 @@ class Lanes:
                          f"   (t = {fmt_seconds(time.time() - t0)}{eta})")
                 ok = False
                 try:
-                    r = runner.run(nxt.stage, ["--config", str(REPO_ROOT / nxt.config), *nxt.overrides],
-                                   nxt.run_dir, nxt.name.replace("/", "_"), result_file=nxt.result)
-                    write_record(nxt)
-                    self.history.append(r)
+                    self.history.append(self._run_one(runner, nxt))
                     ok = True
                 except StageFailed as e:
                     self.say(f"[lane {k}] {nxt.name} FAILED: {str(e).splitlines()[0]}")

@@ -74,8 +74,14 @@ def test_lanes_run_inputs_first_and_a_failure_stops_only_its_consumers(tmp_path)
         r.produces = {"a": a.produces, "c": c.produces}
         return r
 
-    failed = Lanes(2, factory, say=lambda m: None).run([b, a, d, c], 0.0)
+    ft = _job(tmp_path, "ft", consumes=["a/P"])
+    ft.stage = "finetune"
+    for j in (a, ft):  # checkpoints left by an earlier, interrupted attempt
+        (Path(j.run_dir) / "checkpoints" / "step_00000010").mkdir(parents=True)
+    failed = Lanes(2, factory, say=lambda m: None).run([b, a, d, c, ft], 0.0)
     assert sorted(failed) == ["c", "d"]  # d reads c's output: never started
+    # a finished finetune's checkpoints go (nothing resumes a finished arm); other stages' stay
+    assert not (Path(ft.run_dir) / "checkpoints").exists() and (Path(a.run_dir) / "checkpoints").is_dir()
     assert log.index("a") < log.index("b") and "d" not in log
     assert read_result(b) is not None and (tmp_path / "record" / "b.json").is_file()
     # finished arms are skipped on a rerun, unless a consumer still to run reads an output that is gone
