@@ -193,7 +193,6 @@ class LmPlan:
                                            role=("table1", col, seed), source_tokens=kind == "orig_tok")]
         return jobs
 
-
     def check_jobs(self, chosen: dict[str, Arm], ft_lr: float) -> dict[float, list[Job]]:
         """The finetuned rows at every other step of the finetuning sweep (`lm.ft_lr_check`), by step: the same
         P's, seeds and budget as the table's; the P-only runs they read are the table's own."""

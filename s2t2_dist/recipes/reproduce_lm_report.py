@@ -173,6 +173,10 @@ def _f(x, nd=4) -> str:
     return "-" if x is None or not isinstance(x, (int, float)) or not math.isfinite(x) else f"{x:.{nd}f}"
 
 
+def _spread(b: dict) -> str:
+    return f"+- {_f(b.get('sd'), 3)}" if b.get("n", 0) > 1 else "(1 seed)"  # no sd from one seed
+
+
 def _mark(key: str, provisional: set[str]) -> str:
     """The suffix " *" of a row read by a choice still provisional (its P column's, or the finetuning step's)."""
     by_ft = "ft_lr" in provisional and (key.endswith("_cft") or key.startswith("ft_"))
@@ -199,8 +203,7 @@ def table1_markdown(results: dict) -> str:
         if "all" in r["seeds"]:
             per = [_f(r["seeds"]["all"]["bpb"])] * len(seeds)
         paper = results["paper"].get(key, {}).get("bpb")
-        spread = f"+- {_f(b.get('sd'), 3)}" if b.get("n", 0) > 1 else "(1 seed)"  # no sd from one seed
-        lines.append(f"| {lab} | {_f(b.get('mean'))} {spread} | " + " | ".join(per)
+        lines.append(f"| {lab} | {_f(b.get('mean'))} {_spread(b)} | " + " | ".join(per)
                      + f" | {_f(r['perplexity'].get('mean'), 1)} | {_f(paper, 2)} |")
     rg = next((r.get("random_guess_bpb") for r in results["rows"].values() if r.get("random_guess_bpb")), None)
     lines += ["", f"References on the same held-out bytes: residue unigram {_f(refs['residue_unigram']['bpb'])} BpB, "
@@ -222,10 +225,9 @@ def step_check_markdown(results: dict, lr: str, check: dict, seeds: list[str]) -
         if not r:
             continue
         b = r["bpb"]
-        spread = f"+- {_f(b.get('sd'), 3)}" if b.get("n", 0) > 1 else "(1 seed)"
         per = [_f(r["seeds"].get(s, {}).get("bpb")) for s in seeds]
         table = ((results["rows"].get(key) or {}).get("bpb") or {}).get("mean")
-        lines.append(f"| {label(key)} | {_f(b.get('mean'))} {spread} | " + " | ".join(per) + f" | {_f(table)} |")
+        lines.append(f"| {label(key)} | {_f(b.get('mean'))} {_spread(b)} | " + " | ".join(per) + f" | {_f(table)} |")
     lines += [""] + [f"- {_verdict(c)}: {c['claim']} ({c['detail']})" for c in check.get("checks") or []]
     return "\n".join(lines)
 
