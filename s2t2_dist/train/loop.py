@@ -191,6 +191,8 @@ def _resume(cfg: TrainConfig, checkpointer: Checkpointer, engine, loader, result
     latest, state = resumed
     step, result.bad_steps = int(state["step"]), int(state["bad_steps"])
     result.final_loss = state.get("last_loss")
+    # the run's whole loss curve, not only this invocation's (result.json reads it)
+    result.losses = [(int(s), float(v)) for s, v in state.get("losses", []) if int(s) <= step]
     loader.load_state_dict(state["loader"])
     if state.get("world_size", world) == world:
         torch.set_rng_state(state["rng"])
@@ -235,6 +237,7 @@ def train(  # noqa: C901 - THE training loop: its branches are the step's phases
     def save(at_step: int) -> None:
         state = {"step": at_step, "bad_steps": result.bad_steps, "loader": loader.state_dict(),
                  "rng": torch.get_rng_state(), "last_loss": result.final_loss, "world_size": world,
+                 "losses": [[s, v] for s, v in result.losses],
                  "cuda_rng": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
         result.last_checkpoint = checkpointer.save(at_step, engine, state)
 
