@@ -217,7 +217,11 @@ class Runner:
     def _subprocess(self, cmd: list[str], name: str, printable: str) -> Path:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / f"{name}.log"
-        with open(log, "w") as f:
+        # a rerun (a resume, a retry) appends: the earlier attempt's output is what explains why it was rerun
+        again = log.is_file() and log.stat().st_size > 0
+        with open(log, "a") as f:
+            if again:
+                f.write(f"\n--- rerun at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n")
             f.write(f"$ {printable}\n")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=child_env(self.ranks, self.env), cwd=str(REPO_ROOT))
