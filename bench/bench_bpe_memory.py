@@ -1,4 +1,4 @@
-"""Peak memory of BPE training per record sampled (issue #20): the protein BPE of `s2t2 prepare` trained on N
+"""Peak memory of BPE training per record sampled: the protein BPE of `s2t2 prepare` trained on N
 records from /work/shared/data/protein (or any FASTA files), each size in its own process, peak RSS from
 getrusage. Records are reused cyclically with a rotation so every text is distinct (the trainer keeps one entry per
 distinct text, so duplicates would understate the cost).

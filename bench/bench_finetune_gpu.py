@@ -1,4 +1,4 @@
-"""Finetune throughput and start-up of both engines through the real launcher, in one JSON (issue #33; the items F
+"""Finetune throughput and start-up of both engines through the real launcher, in one JSON (the items F
 and Z of the shared GPU check, made the project's own):
 
     PYTHONPATH=. python bench/bench_finetune_gpu.py --out OUT            # on a GPU: full OLMo-1B, 16 x 512, 20 steps

@@ -1,4 +1,4 @@
-"""FSDP2 start-up at full OLMo-1B width by depth (issue #33): the engine's build phases from a saved model directory,
+"""FSDP2 start-up at full OLMo-1B width by depth: the engine's build phases from a saved model directory,
 the torchtitan way (meta-device model, fully_shard per block, each rank reads only its rows after sharding) against
 the whole-model way (the model loaded whole in float32, then sharded), each in a fresh process (1 rank, gloo).
 

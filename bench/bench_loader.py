@@ -1,6 +1,6 @@
 """Benchmark: training-loader batches/s (the stages' GlobalTrainLoader, rank 0 of 1 or more ranks) against the time
-a training step takes to consume one batch. (The per-rank-layout TrainLoader measured in earlier sections of
-BENCHMARKS.md was retired in #23.)
+a training step takes to consume one batch. (The per-rank-layout TrainLoader of earlier records
+was retired.)
 
 Assumed step (the paper's setting): OLMo-1B, batch 16 x 512 tokens on one H100.
     tokens/step          16 * 512                      = 8,192

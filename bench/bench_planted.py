@@ -54,7 +54,7 @@ class WarmUp:
     The first ``dense_frac`` of the run trains the softmax (dense Sinkhorn) plan of C at ``dense_lr``; then C is set
     so that the sparse plan starts at that P (:meth:`TokenTranslator.init_from_dense`) and the sparse plan trains the
     rest of the run at ``lr`` with a fresh AdamW state (``TorchEngine.set_phase``: each phase its own warm-up and
-    cosine). The exported P is sparse. (The stage dropped it: its FVT start is informed; BENCHMARKS.md #16a, #24.)"""
+    cosine). The exported P is sparse. (The stage dropped it: its FVT start is informed.)"""
 
     def __init__(self, kind: str, v: int, recipe: str, lr: float, init: str = "uniform", steps: int = 0,
                  dense_frac: float = 0.0, dense_lr: float = 0.0):

@@ -1,11 +1,11 @@
-"""Real-model benchmark of the translators (issues #16, #37): a pretrained English LM on English text of its own
+"""Real-model benchmark of the translators: a pretrained English LM on English text of its own
 kind and on proteins.
 
     python bench/bench_real_model.py            # every row: hours on a busy 2-core CPU; results in OUT/table.md
     python bench/bench_real_model.py --out /tmp/rm --steps 300 --ft-steps 100 --only s2t2_fvt
     python bench/bench_real_model.py --source smollm2 --text c4.json.gz --regimes "v>d,protein" --batch 4 ...
 
-`--source smollm2` (#37): SmolLM2-135M-Instruct (`s2t2 source-lm smollm2`: d = 576, a 49,152-token byte-level BPE)
+`--source smollm2`: SmolLM2-135M-Instruct (`s2t2 source-lm smollm2`: d = 576, a 49,152-token byte-level BPE)
 instead of stories260K; `--text FILES` (jsonl with a `text` field, e.g. web text such as C4 for SmolLM2) is the
 English corpus instead of samples drawn from the model (which a 135M model on a CPU makes too slowly).
 
@@ -33,7 +33,7 @@ parallel (`--only ROWS --tag T`, same --out) and a final plain invocation collec
 P's non-zeros are also given over the target columns some source piece builds ("built": translator/stats.py, column_split).
 `--score-start` also scores each translate row's start untrained (`train.steps=0`, runs NAME_start): column "start".
 The FVT-start rows leave translator.init_weight to the shipped default and record the value each run resolved;
-`--row NAME=s2t2_fvt:init_weight=0.9` tries another (#37: the start at v = 49,152, bench/start_anatomy.py).
+`--row NAME=s2t2_fvt:init_weight=0.9` tries another (the start at v = 49,152: bench/start_anatomy.py).
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO))
 
 #: translator rows: name -> (kind, init, init_weight, recipe, lr). init_weight None: the shipped default (one home:
 #: the translator config; the row records the value the run resolved). `recipe`: "default" (the
-#: stage's null keys: the kind's defaults; BENCHMARKS.md #16a, #24) or "paper" (configs/translate_paper.yaml's keys:
+#: stage's null keys: the kind's defaults) or "paper" (configs/translate_paper.yaml's keys:
 #: alpha 0, floor 0; the paper's literal uniform start uses its transfer-run lr 2e-5, which learns at v = 512). lr:
 #: absolute, 0: null (the kind's default step x C's natural scale). (The row "s2t2_warmup", a uniform start with the
 #: dense warm-up, went with the warm-up: bench/bench_planted.py keeps it.)
@@ -183,7 +183,7 @@ class Bench:
                 TranslateConfig)
             return run_dir, self.runner.run("translate", ["--config", str(cfg)], run_dir, f"{regime}-{name}{tag}")
 
-        # the start itself, scored untrained (train.steps=0): what training has to improve on (#37)
+        # the start itself, scored untrained (train.steps=0): what training has to improve on
         start = run("_start", 0)[1].result["eval"]["bpb"] if self.args.score_start else None
         t0 = time.time()
         run_dir, r = run("", self.args.steps)

@@ -1,6 +1,6 @@
 """Every scalar a short stage-1 run writes to TensorBoard, its text and images, and its result.json, as one JSON
 file: run it with two checkouts on PYTHONPATH and compare the files to show that a change of plumbing left the
-logged numbers alone (BENCHMARKS.md "#21 item 1 (session 5)").
+logged numbers alone (benchmarks/translator_share_cpu2_2026-11-24.md).
 
     PYTHONPATH=. python bench/dump_stage1_metrics.py --work /tmp/m --out after.json --ranks 2
     PYTHONPATH=/path/to/old/checkout python bench/dump_stage1_metrics.py --work /tmp/m --out before.json --ranks 2

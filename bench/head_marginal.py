@@ -1,4 +1,4 @@
-"""How much of the gap between FVT and the original tokenizer a P-only head cannot close (#37 diagnostic).
+"""How much of the gap between FVT and the original tokenizer a P-only head cannot close (a diagnostic).
 
 A P-only translator predicts target token j from the frozen LM's hidden state h with the logit
 ``sum_i W_ij (L_i . h)``: a convex average of source LOGITS. The quantity the LM actually knows is its
@@ -19,7 +19,7 @@ token the mean of its pieces' embeddings: exact for a target token that is one s
     PYTHONPATH=. python bench/head_marginal.py --model ~/.cache/s2t2/source_lm/smollm2-135m-instruct-q4_1 \\
         --tokenizer OUT/data/tokenizer --eval OUT/data/shards/new/eval [--p-file RUN/P.safetensors] --json OUT.json
 
-Seconds on a CPU (one forward over the eval split per row). Results: BENCHMARKS.md "#37 (session 15)".
+Seconds on a CPU (one forward over the eval split per row). Results: benchmarks/smollm2_cpu2_2026-11-28.md.
 """
 from __future__ import annotations
 

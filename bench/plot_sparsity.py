@@ -1,12 +1,13 @@
-"""BpB against the sparsity of P for every P of a bench_real_model.py output (issue #24): one PNG, one table.
+"""BpB against the sparsity of P for every P of a bench_real_model.py output: one PNG, one table.
 
     python bench/plot_sparsity.py --out /tmp/rm --png docs/sparsity_tradeoff.png [--default ship,pship]
 
 Every run directory OUT/runs/REGIME/NAME holding a P.safetensors is a point: its held-out BpB (the translate run's
 result.json, or the evaluate run OUT/runs/REGIME/eval_NAME for P files written after the fact), its non-zeros per
 target column, the mean largest weight and the mean entropy of the columns of W = P / nu (SparseP.stats). Names: the
-bench's rows (see BENCHMARKS.md "#24 (session 5)"; fvt: no training; ~sN: seed N) and post-hoc sparsifications of
-them (NAME_wT: weights below T dropped). Seeds of one row are drawn as one point: the mean, with the range as bars."""
+bench's rows (see benchmarks/stage1_stories260k_cpu2_2026-11-27.md; fvt: no training; ~sN: seed N) and post-hoc
+sparsifications of them (NAME_wT: weights below T dropped). Seeds of one row are drawn as one point: the mean, with
+the range as bars."""
 from __future__ import annotations
 
 import argparse
@@ -39,7 +40,7 @@ def points(out: Path) -> list[dict]:
 
 
 #: rows of bench_real_model.py that are baselines, not S2T2 candidates (drawn apart): the softmax and unconstrained
-#: kinds, the paper's uniform start and the default before #24 session 5 (`old`, `prev`: uniform source marginal,
+#: kinds, the paper's uniform start and the earlier defaults (`old`, `prev`: uniform source marginal,
 #: no floor); p-prefixed: the protein runs
 BASELINES = ("softmax", "softmax_fvt", "unconstrained", "unconstrained_fvt", "s2t2_uniform", "old", "prev",
              "psoftmax", "punc", "pold")

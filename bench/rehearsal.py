@@ -1,4 +1,4 @@
-"""Full-size rehearsal (issue #20, deliverable 2): every stage's REAL command on the OLMo-1B architecture.
+"""Full-size rehearsal: every stage's REAL command on the OLMo-1B architecture.
 
 The OLMo-1B architecture from the shipped config (`recipes.tiny`, random weights) is saved ONCE as a Hugging Face
 directory under --cache, so the real `from_pretrained` path loads it; then, as subprocesses, the commands a user
@@ -6,7 +6,7 @@ types: prepare (real UniRef50/UniProt FASTA) -> translate (1 rank single_byte fp
 2 ranks `all` bf16, C sharded) -> finetune (ZeRO-3 via `deepspeed`, FSDP2 via `torchrun`, 2 ranks, activation
 checkpointing, OLMo-1B width at --ft-layers blocks) -> export -> plain `transformers` load -> `launch/evaluate.py`.
 In the same run, in one process: a bare Hugging Face forward + backward of the same model and batch (the step-time
-reference) and the translator's share of a stage-1 step at v = 243 and v = 50,280 (#21 item 4).
+reference) and the translator's share of a stage-1 step at v = 243 and v = 50,280.
 
 For every leg: peak RSS per rank (VmHWM of each rank's process, polled every 0.2 s) against the memory model
 `predict_*` below, step time (TensorBoard node/step_time_s), checkpoint size and save time (the checkpoint's

@@ -1,8 +1,8 @@
-"""Anatomy of the sparse FVT start (#37): for each init_weight, how many source rows each target column keeps after
+"""Anatomy of the sparse FVT start: for each init_weight, how many source rows each target column keeps after
 the weight floor, and how much of the column's mass is the start's shared part (not the column's own FVT pieces).
 No model weights are read: tokenizers only, the start built as the translate stage builds it (`surface_prior`:
 source marginal "start", `ot.prior.start_plan`, uniform nu) and floored as the sparse kind floors it
-(`floor_plan_reference`). `--plain` builds the start of before #37 session 14 (the plain blend with mu nu^T, the
+(`floor_plan_reference`). `--plain` builds the earlier start (the plain blend with mu nu^T, the
 shared part left to the floor) for comparison.
 
     python bench/start_anatomy.py --model ~/.cache/s2t2/source_lm/smollm2-135m-instruct-q4_1 \
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokenizer", required=True, help="the new (target) tokenizer directory")
     ap.add_argument("--weights", default="0.5,0.8,0.9,0.95,1")
     ap.add_argument("--floor", type=float, default=1.0, help="translator.floor (units of 1/v)")
-    ap.add_argument("--plain", action="store_true", help="the start before #37 session 14 (plain blend)")
+    ap.add_argument("--plain", action="store_true", help="the earlier start (plain blend)")
     a = ap.parse_args(argv)
     print("| init_weight | v | u | rows with mu (1 - w) >= floor / v | rows of the shared part | non-zeros per built "
           "column | shared mass per built column |")

@@ -66,7 +66,7 @@ def test_score_start_as_typed(tmp_path):
         # (float64 here, float32 in the stage: a row at the floor's edge may tip either way)
         assert a["col_nnz_built"] == pytest.approx(start["col_nnz_mean_built"], abs=0.05), (name, a, start)
     assert anatomy[2]["spread_mass_built"] == 0.0
-    # the shared start (#37 session 14): a built column's weight outside its own pieces is 1 - init_weight (less what
+    # the shared start: a built column's weight outside its own pieces is 1 - init_weight (less what
     # of the shared part falls on its own pieces), at v = 512 as at any v
     for a in anatomy[:2]:
         assert a["spread_mass_built"] == pytest.approx(1 - a["init_weight"], abs=0.01), a

@@ -1,4 +1,4 @@
-"""bench/head_marginal.py's map from source tokens to the target token that begins them (#37 diagnostic): the
+"""bench/head_marginal.py's map from source tokens to the target token that begins them (a diagnostic): the
 longest target-token prefix of each source token's bytes, specials and tokens with no prefix left out."""
 import torch
 

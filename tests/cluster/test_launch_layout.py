@@ -1,4 +1,4 @@
-"""The shipped launch files without a cluster (issue #20): every shipped training config's batch layout at 1 to 32
+"""The shipped launch files without a cluster: every shipped training config's batch layout at 1 to 32
 ranks, the layouts the scripts and docs show, the refusal of an impossible layout before queueing (`s2t2 submit`)
 and before any rank starts (the scripts' pre-flight), the time-limit signal's lead from the checkpoint size, and
 every `configs/...` path that the scripts, docs and README name."""

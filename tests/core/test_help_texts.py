@@ -64,9 +64,9 @@ def test_recipe_help_has_no_measured_numbers(cmd, capsys):
 #: a citation of the project's history: "session 14", "#37" (what `grep -rInE` of the README's check looks for),
 #: "issue 36"
 HISTORY = re.compile(r"session [0-9]+|#[0-9]{2}\b|[Ii]ssue #?[0-9]+\b")
-#: where the product speaks: the package, the shipped configs, README and docs (bench/, tests/, BENCHMARKS.md's
-#: records and CHANGELOG.md keep history)
-PRODUCT = ["s2t2_dist", "configs", "README.md", "docs"]
+#: where the product speaks: the package, its launchers, the shipped configs and scripts, the benchmarks' code,
+#: README and docs (BENCHMARKS.md's dated records and CHANGELOG.md keep history)
+PRODUCT = ["s2t2_dist", "launch", "slurm", "configs", "bench", "setup.cfg", "README.md", "docs"]
 #: a key's help: two lines of the 120-column source, joined into one line by --help
 HELP_MAX_LINES = 2
 HELP_MAX_CHARS = 2 * 120

@@ -119,8 +119,8 @@ def test_missing_tokenizer_and_missing_eos_are_clear(tmp_path):
 
 
 def test_bpe_sample_is_bounded_by_the_character_budget(trained, tmp_path):
-    """BPE training memory grows with the characters sampled (~60 bytes each, BENCHMARKS.md #20): the character
-    budget caps the sample whatever the record cap, and the report states the estimated peak."""
+    """BPE training memory grows with the characters sampled (~60 bytes each, benchmarks/data_cpu2_2026-11-23.md):
+    the character budget caps the sample whatever the record cap, and the report states the estimated peak."""
     from s2t2_dist.data.bpe import BPE_BYTES_PER_CHAR, sample_for_tokenizer
     from s2t2_dist.data.split import load_split
 

@@ -195,7 +195,7 @@ def test_config_error_on_the_command_line_is_one_line_and_exit_2(tmp_path):
                         "train.stpes=3"], cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr[-3000:]
     errors = [ln for ln in r.stderr.splitlines() if "error" in ln.lower()]
-    # the key came from the command line, not from the YAML file: the message says so (#37)
+    # the key came from the command line, not from the YAML file: the message says so
     assert errors == ["s2t2 translate: error: ConfigError: command line train.stpes=3: unknown config key "
                       "'train.stpes' (did you mean 'steps'?); known keys of this section: " + errors[0].split(
                           "known keys of this section: ")[1]], r.stderr

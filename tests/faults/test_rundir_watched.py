@@ -1,4 +1,4 @@
-"""The run directory is watched (issue #35 item 4): rank 0 re-checks its lock file and owner marker before each
+"""The run directory is watched: rank 0 re-checks its lock file and owner marker before each
 checkpoint, each metrics write and the result; a lock file deleted or replaced, a marker of another run, or the
 directory removed mid-run stop the run with one line instead of writing on (before: a second identical run could
 work beside it; a removed directory was re-created and written into)."""

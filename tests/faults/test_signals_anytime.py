@@ -1,4 +1,4 @@
-"""Signals and a full disk outside the training loop (issue #35 item 3), on real `s2t2 translate` processes:
+"""Signals and a full disk outside the training loop, on real `s2t2 translate` processes:
 
 - SIGUSR1 / SIGTERM (what SLURM sends before the time limit / on preemption) during start-up or model loading, before
   the first step: a clean exit 0 with one line (slurm/common.sh requeues only a step that exited 0; before: killed,

@@ -89,7 +89,7 @@ def test_submitit_time_limit_and_preemption_lose_nothing(cluster, translate_refe
         assert h["starts"][1][1] in h["complete"] or r == 1
         assert h["losses"] == ref_hist[r]["losses"], (r, rng.seed_value)
         assert h["batches"] == ref_hist[r]["batches"], (r, rng.seed_value)
-    # one run per directory (#22): each requeued attempt took run_dir's lock after the previous attempt died; the
+    # one run per directory: each requeued attempt took run_dir's lock after the previous attempt died; the
     # lock file names the last holder, attempt 3's rank 0 (rank 1 on the other node never held it)
     holder = json.loads((run / ".s2t2.lock").read_text())
     starts = faults.effective_history(faults.read_trace(trace, 0))["starts"]

@@ -98,7 +98,7 @@ def test_checkpoint_of_one_rank_resumed_by_two_and_other_config_refused(stage1_p
                                                                          tmp_path):
     run_dir = tmp_path / "run"  # a copy of a 1-rank stage-1 run's checkpoint at step 2 (of train.steps=4)
     shutil.copytree(stage1_p.parent / "checkpoints", run_dir / "checkpoints")
-    shutil.rmtree(run_dir / "checkpoints" / "step_00000004")  # (#22: train.steps cannot grow on resume)
+    shutil.rmtree(run_dir / "checkpoints" / "step_00000004")  # (train.steps cannot grow on resume)
     with pytest.raises(CheckpointError, match=r"belongs to another configuration \(translator: checkpoint="):
         _in_process(monkeypatch, *translate_args(tiny_data, stories, run_dir, "train.steps=4", "translator.n_iter=2"))
     ledger("bad input: a checkpoint of another configuration (refused)")

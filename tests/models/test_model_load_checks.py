@@ -1,4 +1,4 @@
-"""A model that would load wrong is refused in one line naming the directory (issue #35 item 2): config.json lacking
+"""A model that would load wrong is refused in one line naming the directory: config.json lacking
 a field the architecture needs, config.json disagreeing with the weights' depth / width / vocabulary, weights
 missing or carrying tensors the model does not use. Real models: the shipped stories260K (5 layers, converted
 with its real config) and tiny models of every architecture tests/helpers/arch_fixtures.py knows."""

@@ -1,7 +1,7 @@
-"""The sparse FVT start's shared part (#37 session 14, `ot.prior.shared_start`): every column built from pieces gives
+"""The sparse FVT start's shared part (`ot.prior.shared_start`): every column built from pieces gives
 exactly 1 - init_weight of its weight to the most used pieces, whatever the source vocabulary's size v. The plain
 blend of before left that share to the weight floor (units of 1/v), so it was ~0.2 of a column at v = 512 and ~0.5
-at v = 49,152 for the same target tokens (BENCHMARKS.md "#37 (session 13)"). Counts, not times."""
+at v = 49,152 for the same target tokens (benchmarks/smollm2_cpu2_2026-11-28.md). Counts, not times."""
 import pytest
 import torch
 
@@ -64,7 +64,7 @@ def _flat(v, w, plain):
 
 
 def test_plain_blend_of_before_depended_on_v():
-    """The measured cause (BENCHMARKS.md "#37 (session 13)"), on a flat mu: at the same init_weight the floor (1/v)
+    """The measured cause (benchmarks/smollm2_cpu2_2026-11-28.md), on a flat mu: at the same init_weight the floor (1/v)
     dropped the old blend's whole shared part at v = 512 ((1 - w) mu_i = 0.5 / 384 < 1 / 512) and kept all of it at
     v = 49,152 (the FVT start at one v, half a mean of every row at the other). The shared start: 0.5 wherever the
     floor allows it (v >= 768 here), and FVT where a share of 0.5 over 384 tied rows would be below the floor."""

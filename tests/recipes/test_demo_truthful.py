@@ -1,4 +1,4 @@
-"""What a newcomer reads is true (issue #35 item 5): the demo marks a stage that scores worse than a training-free
+"""What a newcomer reads is true: the demo marks a stage that scores worse than a training-free
 baseline and says why; its split holds no eval text that is also a train text; stage 1's printed loss names its
 parts (ce, alpha*H); progress counts print as integers (59/59, not 59.0/59.0)."""
 

@@ -64,7 +64,7 @@ def test_translate_single_process_learns_and_exports(inputs, tmp_path):
     res = json.loads((tmp_path / "run" / "result.json").read_text())
     # result.json: P's sparsity at the start and the end, the end's from the exported file; no warning
     st = p.stats()
-    # the shipped start (FVT blend, source marginal start, floor 1) is sparse and stays so (#24 session 5)
+    # the shipped start (FVT blend, source marginal start, floor 1) is sparse and stays so
     assert res["P"]["start"]["density"] < 0.2 and res["P"]["end"]["density"] == pytest.approx(st["density"])
     assert res["P"]["end"]["col_nnz_mean"] == pytest.approx(st["col_nnz_mean"])
     assert res["P"]["end"]["col_nnz_mean"] <= res["P"]["start"]["col_nnz_mean"]
@@ -197,7 +197,7 @@ def test_translate_fvt_start_maps_shared_tokens_to_themselves(inputs, tmp_path, 
                       _overrides(data, model, tmp_path / "run", "train.steps=1", "train.micro_batch_size=4",
                                  "data.num_workers=0", "data.eval=", "optim.lr=1e-9", "translator.init=fvt",
                                  "translator.init_weight=0.9", "translator.source_marginal=uniform",
-                                 "translator.floor=0"))  # the dense blend start of before #24 session 5
+                                 "translator.floor=0"))  # the earlier dense blend start
     with caplog.at_level(logging.WARNING, logger="s2t2.translate"):
         summary = run(cfg)
     # one step at lr 1e-9: P is its start, which the summary warns about

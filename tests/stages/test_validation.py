@@ -1,4 +1,4 @@
-"""Every stage validates before it works and reports a user error as one line with exit 2 (issue #14).
+"""Every stage validates before it works and reports a user error as one line with exit 2.
 
 Real inputs: protein shards prepared from a real FASTA file, the shipped stories260K model; the stages are called
 through their command-line entry points (`main(argv)`), as `s2t2 <stage>` calls them."""
@@ -318,7 +318,7 @@ def test_prepare_after_fixing_a_bad_input_continues_in_the_same_output_dir(tmp_p
     assert prepare_stage.main(args) == 0, capsys.readouterr().err[-2000:]
 
 
-# -- issue #22: nothing lost, nothing silent (locks, literal values, checked values) ------------------------------
+# -- nothing lost, nothing silent (locks, literal values, checked values) ------------------------------
 
 
 def test_command_line_values_of_string_keys_are_taken_literally():

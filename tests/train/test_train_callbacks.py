@@ -290,7 +290,7 @@ def test_one_rank_group_under_torchrun(tmp_path):
 
 
 def test_train_is_short_and_probes_no_hooks():
-    """#34: the loop's extras are callbacks (train() <= 130 lines) and the task's hooks are the Task base class's,
+    """The loop's extras are callbacks (train() <= 130 lines) and the task's hooks are the Task base class's,
     called without getattr probing."""
     import ast
 

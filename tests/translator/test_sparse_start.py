@@ -1,4 +1,4 @@
-"""The shipped sparse start (#24): the FVT-like plan as the start, the source marginal its row sums and the floor
+"""The shipped sparse start: the FVT-like plan as the start, the source marginal its row sums and the floor
 on the weights. On a planted problem whose start has the right source and one wrong one per target, training keeps
 P as sparse as its start while it moves the mass to the right source; without the floor, the last column step
 refills every column that its row step left short with a full column of tiny weights."""
@@ -61,8 +61,8 @@ def test_sparse_start_stays_sparse_and_learns():
 
 def test_flat_column_takes_the_best_source_of_C():
     """A column the row step empties entirely comes back from the column step as nu_j / v on every source (all
-    tied, so the floor keeps them all: seen on stories260K, BENCHMARKS.md "#24 (session 5)"); the plan gives it C's
-    largest entry of that column instead, and leaves the other columns as they were."""
+    tied, so the floor keeps them all: seen on stories260K, benchmarks/stage1_stories260k_cpu2_2026-11-27.md); the
+    plan gives it C's largest entry of that column instead, and leaves the other columns as they were."""
     v, u = 8, 6
     tr = TokenTranslator(v, u, floor=1.0)
     C = torch.full((v, u), -1.0 / v, dtype=tr.C.dtype)

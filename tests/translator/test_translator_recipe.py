@@ -190,7 +190,8 @@ def test_the_translator_does_not_import_the_file_format():
 
 def test_freeze_warning_reads_the_scale_of_the_source_marginal():
     """The row projections act at mu_i: under an FVT start marginal on few rows (SmolLM2: ~487 of 49,152, where 0.025
-    / 487 learned best and did not freeze, BENCHMARKS.md "#37") the range starts at lr ~ 1/487, not 1/v."""
+    / 487 learned best and did not freeze, benchmarks/smollm2_cpu2_2026-11-28.md) the range starts at lr ~ 1/487,
+    not 1/v."""
     import torch
 
     from s2t2_dist.translator.recipe import effective_rows

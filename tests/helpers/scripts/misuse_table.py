@@ -374,7 +374,7 @@ _HOLDER = ("import sys, time\nfrom s2t2_dist.utils.rundir import claim\n"
 
 
 def new_cases(work, case, rows, model, data, other, base_fa, prep, targs, ok) -> None:
-    """Issue #22: locks, owners, literal values, checked values, resumes that tell the truth."""
+    """Locks, owners, literal values, checked values, resumes that tell the truth."""
     import torch
 
     ok_run = [*targs, *ok]
@@ -611,7 +611,7 @@ def _slurm_requeue(rows, what, env):
 
 
 def round4_cases(work, case, rows, model, data, targs, ok) -> None:
-    """Issue #35: environment variables, models that load wrong, signals outside the loop, the run directory
+    """Environment variables, models that load wrong, signals outside the loop, the run directory
     watched. Each of these was silent or a raw traceback before."""
     from s2t2_dist import faults
 
