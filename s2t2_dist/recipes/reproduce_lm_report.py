@@ -326,13 +326,20 @@ def plots(results: dict, out: Path) -> dict[str, Path]:
         paths["curve"] = _save(fig, ax, d / "curve.png")
     curves = results.get("ft_curves") or {}
     if curves:
-        paths["finetune"] = _ft_plot(curves, refs.get("validation") or refs, d / "finetune_curves.png")
+        sel = results.get("selection") or {}
+        lr = (sel.get("chosen") or {}).get("ft_lr") or (sel.get("provisional") or {}).get("ft_lr")
+        paths["finetune"] = _ft_plot(curves, refs.get("validation") or refs, d / "finetune_curves.png",
+                                     f"at lr {lr:g}" if lr else "")
+    for lr, c in (results.get("ft_lr_check") or {}).items():
+        if c.get("ft_curves"):
+            paths[f"finetune at lr {lr}"] = _ft_plot(c["ft_curves"], refs.get("validation") or refs,
+                                                      d / f"finetune_curves_lr{lr}.png", f"at lr {lr} (a check)")
     return paths
 
 
-def _ft_plot(curves: dict, refs: dict, path: Path, window: int = 10) -> Path:
+def _ft_plot(curves: dict, refs: dict, path: Path, at: str, window: int = 10) -> Path:
     """One panel per finetuned row, one line per seed: the training loss in BpB, a moving mean over `window`
-    steps (the raw points faint behind it)."""
+    steps (the raw points faint behind it); `at`: the finetuning step, for the title."""
     import matplotlib.pyplot as plt
 
     keys = [k for k in FT_ROWS if k in curves]
@@ -350,7 +357,8 @@ def _ft_plot(curves: dict, refs: dict, path: Path, window: int = 10) -> Path:
     axes[0][0].set_ylabel("training loss, bits per byte")
     lo = min(v for k in keys for pts in curves[k].values() for _, v in pts)
     axes[0][0].set_ylim(lo - 0.1, refs["residue_unigram"]["bpb"] + 1.2)
-    fig.suptitle(f"Finetuning runs of Table 1 (training split, moving mean over {window} steps)", fontsize=10)
+    fig.suptitle(f"Finetuning runs of Table 1 {at} (training split, moving mean over {window} steps)".replace("  ", " "),
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -230,7 +230,7 @@ def _scored(job: Job, bpb: float) -> None:
 
 
 def test_the_finetuned_rows_at_the_other_step_are_a_table_of_their_own(tmp_path):
-    from s2t2_dist.recipes.reproduce_lm_report import FT_ROWS, collect, table1_markdown
+    from s2t2_dist.recipes.reproduce_lm_report import FT_ROWS, collect, plots, table1_markdown
 
     plan = _plan(tmp_path, ft_lr_sweep=[1e-4, 3e-4])
     plan.cfg.seeds = [0, 1]
@@ -251,6 +251,10 @@ def test_the_finetuned_rows_at_the_other_step_are_a_table_of_their_own(tmp_path)
             at_check = j in jobs
             v = {"s2t2_cft": 4.0 if at_check else 4.3, "ft_new_tok": 4.1}.get(key, 4.25)
             _scored(j, v + 0.001 * seed)
+        elif j.stage == "finetune":  # a training curve: 2 bytes a token, 9 nats at the check's step, 7 at the table's
+            Path(j.run_dir).mkdir(parents=True, exist_ok=True)
+            Path(j.result).write_text(json.dumps({"finished": True, "eval": {"bytes_per_token": 2.0},
+                                                  "losses": [[1, 9.0 if j in jobs else 7.0], [2, 6.0]]}))
     res = collect(plan, table, {"chosen": {"ft_lr": 3e-4}}, {"residue_unigram": {"bpb": 4.2},
                                                              "unigram_bpe": {"bpb": 4.4}}, step_checks=checks)
     assert res["missing"] == [] and res["same_bytes"]["ok"]
@@ -266,5 +270,12 @@ def test_the_finetuned_rows_at_the_other_step_are_a_table_of_their_own(tmp_path)
     assert table_claims["S2T2 + CFT below FT new tok. by >= 0.02 BpB on every seed"] is False
     text = table1_markdown(res)
     assert "at finetuning step 0.0001" in text and "| S2T2 + CFT | 4.0005 +- 0.001 | 4.0000 | 4.0010 | 4.3005 |" in text
+    # each step's finetuning curves, in BpB (nats / ln 2 / bytes per token), and a plot of each
+    assert check["ft_curves"]["s2t2_cft"]["1"][0] == [1, pytest.approx(9 / math.log(2) / 2)]
+    assert res["ft_curves"]["s2t2_cft"]["1"][0] == [1, pytest.approx(7 / math.log(2) / 2)]
+    pl = plots(res, tmp_path / "report")
+    assert pl["finetune"].name == "finetune_curves.png"
+    assert pl["finetune at lr 0.0001"].name == "finetune_curves_lr0.0001.png"
+    assert all(p.stat().st_size > 1000 for p in pl.values())
     plan.cfg.lm.ft_lr_check = False
     assert plan.check_jobs(chosen, 3e-4) == {}
