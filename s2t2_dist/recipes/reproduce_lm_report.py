@@ -357,7 +357,7 @@ def _ft_plot(curves: dict, refs: dict, path: Path, at: str, window: int = 10) ->
     axes[0][0].set_ylabel("training loss, bits per byte")
     lo = min(v for k in keys for pts in curves[k].values() for _, v in pts)
     axes[0][0].set_ylim(lo - 0.1, refs["residue_unigram"]["bpb"] + 1.2)
-    fig.suptitle(f"Finetuning runs of Table 1 {at} (training split, moving mean over {window} steps)".replace("  ", " "),
+    fig.suptitle(f"Finetuning runs of Table 1{' ' + at if at else ''} (training split, moving mean over {window} steps)",
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
