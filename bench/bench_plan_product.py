@@ -40,7 +40,7 @@ import s2t2_dist.translator.product as product  # noqa: E402
 from s2t2_dist.translator.product import plan_product  # noqa: E402
 
 #: the shipped recipe's weight floor (sparse kind, FVT start; translator.floor: null)
-DEFAULT_FLOOR = TranslatorConfig().resolve(None).floor
+DEFAULT_FLOOR = TranslatorConfig().resolve(None, None).floor
 
 
 def dense(P, M, sparse=False):

@@ -11,10 +11,11 @@ held-out text is the oracle. Two regimes:
 
 Every translator (``TokenTranslator``: sparse = S2T2, softmax, unconstrained) is trained by the translate stage's
 own engine (AdamW, cosine schedule, clipping) from the uniform start, with the step size the stage resolves
-(``TranslatorConfig.resolve``: the kind's default step x its natural scale) and, for the sparse kind, the dense
-warm-up that the stage had before its FVT start replaced it (:class:`WarmUp`, kept here so the numbers of
-BENCHMARKS.md #16a reproduce). ``--lr`` is in units of C's natural scale (1/v for sparse and unconstrained, 1 for
-softmax) with ``--recipe default`` and absolute with ``--recipe paper`` (C = 1/v, no warm-up, 1e-3 by default). Reported: recovery (fraction of targets whose largest
+(``TranslatorConfig.resolve`` under the uniform source marginal: 0.025 x 1/v for the sparse kind) and, for the
+sparse kind, the dense warm-up that the stage had before its FVT start replaced it (:class:`WarmUp`, kept here so
+the planted records of benchmarks/stage1_planted_cpu2_2026-11-27.md reproduce). ``--lr`` is in units of C's scale
+(1/v for sparse and unconstrained, 1 for softmax) with ``--recipe default`` and absolute with ``--recipe paper``
+(C = 1/v, no warm-up, 1e-3 by default). Reported: recovery (fraction of targets whose largest
 weight is on sigma(j)), loss gap to the oracle (nats/token, held out), mass-based sparsity (mean largest weight per
 column of W, mean column entropy), the fraction of C with a live gradient at the end, and the loss of the uniform
 P (the start) for scale.
@@ -107,17 +108,18 @@ class WarmUp:
         return schedule
 
 
-def resolve(kind: str, v: int, *, recipe: str = "default", lr: float = 0.0, init: str = "",
+def resolve(kind: str, v: int, u: int, *, recipe: str = "default", lr: float = 0.0, init: str = "",
             dense_frac: float = -1.0, dense_lr: float = 0.0, steps: int = 0) -> WarmUp:
     """The bench's step: ``recipe="paper"``: C = 1/v, ``lr`` absolute (0: the paper's 1e-3), no warm-up;
-    ``"default"``: ``lr`` and ``dense_lr`` in units of C's natural scale (0: the stage's automatic lr, resolved by
-    ``TranslatorConfig.resolve``), a dense warm-up of ``DEFAULT_DENSE_FRAC`` for the sparse kind."""
+    ``"default"``: ``lr`` and ``dense_lr`` in units of C's scale (0: the stage's automatic lr from this uniform
+    start, resolved by ``TranslatorConfig.resolve``), a dense warm-up of ``DEFAULT_DENSE_FRAC`` for the sparse kind."""
     if recipe == "paper":
         return WarmUp(kind, v, recipe, lr or PAPER_LR, init or "uniform", steps, max(dense_frac, 0.0),
                       dense_lr or PAPER_LR)
     k, soft = REGISTRY[kind], REGISTRY["softmax"]
-    eff = lr * k.natural_scale(v) if lr else TranslatorConfig(kind=kind).resolve(v).lr
-    dense = (dense_lr or soft.default_step) * soft.natural_scale(v)
+    scale = 1.0 if k.scale_name == "1" else 1.0 / v  # C's own scale, for --lr
+    eff = lr * scale if lr else TranslatorConfig(kind=kind, init="uniform").resolve(v, u).lr
+    dense = (dense_lr or soft.default_step) * soft.natural_scale(v, u)
     return WarmUp(kind, v, recipe, eff, init or "uniform", steps,
                   dense_frac if dense_frac >= 0 else DEFAULT_DENSE_FRAC, dense)
 
@@ -206,7 +208,7 @@ def run_one(pb: Problem, kind: str, *, recipe: str = "default", lr: float = 0.0,
     if mu == "freq":
         m = torch.bincount(pb.sigma, minlength=pb.v).double() / pb.u * 0.99 + 0.01 / pb.v
     tr = TokenTranslator(pb.v, pb.u, kind=kind, mu=m)
-    step = resolve(kind, pb.v, recipe=recipe, lr=lr, init=init, dense_frac=dense_frac, dense_lr=dense_lr,
+    step = resolve(kind, pb.v, pb.u, recipe=recipe, lr=lr, init=init, dense_frac=dense_frac, dense_lr=dense_lr,
                    steps=steps)
     schedule = step.apply_init(tr)
     stats = PStats(tr)

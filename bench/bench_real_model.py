@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO))
 #: the translator config; the row records the value the run resolved). `recipe`: "default" (the
 #: stage's null keys: the kind's defaults) or "paper" (configs/translate_paper.yaml's keys:
 #: alpha 0, floor 0; the paper's literal uniform start uses its transfer-run lr 2e-5, which learns at v = 512). lr:
-#: absolute, 0: null (the kind's default step x C's natural scale). (The row "s2t2_warmup", a uniform start with the
+#: absolute, 0: null (the kind's automatic step). (The row "s2t2_warmup", a uniform start with the
 #: dense warm-up, went with the warm-up: bench/bench_planted.py keeps it.)
 TRANSLATORS = {
     "s2t2_uniform": ("sparse", "uniform", 0.0, "paper", 2e-5),

@@ -42,7 +42,7 @@ def measure(model, v: int, u: int, kind: str, micro_batches: int, batch: int, T:
     tr = TokenTranslator(v, u, kind=kind)
     if moved:  # a trained C rather than the 1/v start (where every support is full)
         with torch.no_grad():
-            tr.C.add_(torch.randn_like(tr.C) * (1e-3 if tr.plan_kind.scale_name == "1/v" else 1.0))  # C's scale
+            tr.C.add_(torch.randn_like(tr.C) * (1e-3 if tr.plan_kind.scale_name != "1" else 1.0))  # C's scale
     lm = TranslatedLM(model, freeze_model=True)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, u, (batch, T), generator=g)

@@ -383,7 +383,7 @@ def inner_share(model_dir: str, out: Path, reps: int, full_steps: list[str], dev
     # floor 0: the plain sparse kind; "<name>_recipe": the shipped recipe's weight floor (translator.floor: null);
     # both from a moved uniform C with the uniform source marginal. "all_shipped": the shipped recipe whole (FVT
     # start, its own source marginal, floor 1) on the protein tokenizer, after two AdamW steps at its lr.
-    DEFAULT_FLOOR = TranslatorConfig().resolve(None).floor  # the shipped recipe's (sparse, FVT start)
+    DEFAULT_FLOOR = TranslatorConfig().resolve(None, None).floor  # the shipped recipe's (sparse, FVT start)
     cases = [("single_byte", 0.0, "moved"), ("all", 0.0, "moved"), ("single_byte_recipe", DEFAULT_FLOOR, "moved"),
              ("all_recipe", DEFAULT_FLOOR, "moved"), ("all_shipped", DEFAULT_FLOOR, "shipped")]
     for name, floor, start in cases:

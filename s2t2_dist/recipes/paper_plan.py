@@ -47,9 +47,10 @@ class SourceRecipe:
 @dataclass
 class PLrSweep:
     """Step sizes (absolute AdamW lr) tried for each translator kind; each grid holds the kind's automatic step
-    (sparse 0.025/v, softmax 0.1, unconstrained 2.5/v; v = 235 at single_byte) and the paper's 1e-3."""
+    (sparse 0.015/u from its start, softmax 0.1, unconstrained 2.5/v; v = 235 at single_byte, u = 512) and the
+    paper's 1e-3."""
 
-    #: S2T2's steps (its automatic step is 0.025/v: 1.06e-4 at v = 235; on proteins the smaller the better down to 3e-5)
+    #: S2T2's steps (its automatic step is 0.015/u: 2.9e-5 at u = 512)
     sparse: list[float] = field(default_factory=lambda: [1e-5, 3e-5, 1e-4, 3e-4, 1e-3])
     #: Sinkhorn P's steps (automatic: 0.1)
     softmax: list[float] = field(default_factory=lambda: [1e-3, 1e-2, 1e-1, 1.0])

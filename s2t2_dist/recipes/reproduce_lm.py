@@ -153,8 +153,12 @@ class LmPlan:
         return self.finetune(f"seed{seed}/ft_{tag or kind}_{_lr_tag(lr)}", kind, lr, seed, p_file)
 
     def curve(self) -> Job:
-        c = self.cfg
-        return self.translate(f"seed{c.seeds[0]}/curve_s2t2", "sparse", None, c.seeds[0], c.lm.curve_steps,
+        from s2t2_dist.translator.kinds import REGISTRY
+
+        # at the automatic step; its rule is in the name, so that a record of another rule never stands for it
+        c, k = self.cfg, REGISTRY["sparse"]
+        rule = f"auto{k.default_step:g}" + k.scale_name.replace("1/", "_per_").replace("1", "")
+        return self.translate(f"seed{c.seeds[0]}/curve_s2t2_{rule}", "sparse", None, c.seeds[0], c.lm.curve_steps,
                               start="shipped", eval_every=c.lm.eval_every)
 
     def select_jobs(self) -> list[Job]:

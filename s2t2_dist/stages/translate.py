@@ -89,7 +89,8 @@ class TranslateTask(Task):
         self.E, self.L, self.src_ids = E, L, src_ids
         translator.register_source_ids(src_ids)  # (setup: its one host read is not a step's)
         self.cfg, self.rt = cfg, rt
-        self.resolved = resolved if resolved is not None else cfg.translator.resolve(translator.v, cfg.optim.lr)
+        self.resolved = (resolved if resolved is not None
+                         else cfg.translator.resolve(translator.v, translator.u, lr=cfg.optim.lr))
         self.alpha = self.resolved.alpha
         self.target_vocab, self.source_vocab = target_vocab, source_vocab
         self.eval_docs = eval_docs

@@ -33,7 +33,7 @@ class Kind:
     sparse_product = False
     #: :meth:`natural_scale` in words (messages, `s2t2 config translate`)
     scale_name = "1"
-    #: the default step size of C (AdamW's lr) in units of :meth:`natural_scale` (bench/bench_planted.py)
+    #: the default step size of C (AdamW's lr) in units of :meth:`natural_scale`
     default_step = 0.1
     #: the default entropy weight alpha (translator.alpha: null)
     default_alpha = 0.0
@@ -53,9 +53,19 @@ class Kind:
         self.tr = tr
 
     @staticmethod
-    def natural_scale(v: int) -> float:
-        """The scale of C's entries (the automatic lr is default_step in this unit: translator/recipe.py)."""
+    def natural_scale(v: int, u: int) -> float:
+        """The unit of the automatic step at ``v`` source x ``u`` target tokens (translator/recipe.py)."""
         raise NotImplementedError
+
+    @classmethod
+    def auto_lr(cls, v: int, u: int, uniform_mu: bool) -> float:
+        """The automatic lr: :attr:`default_step` x :meth:`natural_scale`; ``uniform_mu``: mu = 1/v."""
+        return cls.default_step * cls.natural_scale(v, u)
+
+    @classmethod
+    def auto_rule(cls, uniform_mu: bool) -> str:
+        """:meth:`auto_lr` in words."""
+        return f"{cls.default_step:g} x {cls.scale_name}"
 
     def plan(self, C: Tensor) -> Tensor:
         """This rank's block of P (v x u_local) from its block of C (differentiable)."""
@@ -71,14 +81,14 @@ START_MARGIN = 0.1
 
 
 class SparseKind(Kind):
-    """The paper's S2T2: sparse Sinkhorn (Dykstra with sparsemax projections). C lives at P's scale, 1/v."""
+    """The paper's S2T2: sparse Sinkhorn (Dykstra with sparsemax projections). C lives at P's scale."""
 
     name = "sparse"
     # sparsemax's Jacobian S * (h - mean_S h) and the floor's backward read the gradient on the support only
     sparse_product = True
     # why this step, alpha, floor and source marginal: docs/translator.md
-    default_step = 0.025
-    scale_name = "1/v"
+    default_step = 0.015
+    scale_name = "1/u"
     default_alpha = 0.3
     uses_floor = True
     default_floor_fvt = 1.0
@@ -91,10 +101,24 @@ class SparseKind(Kind):
         super().__init__(tr)
         self._solver = None
 
+    #: the automatic step under a uniform source marginal, in units of 1/v: from a start spread over all v rows
+    #: every entry of C has the 1/v scale of the row projections to travel (the planted bench, stories260K)
+    uniform_step = 0.025
+
     @staticmethod
-    def natural_scale(v: int) -> float:
-        # the row projections act at the 1/v scale of mu: AdamW moves every entry by ~lr, so lr is a fraction of 1/v
-        return 1.0 / v
+    def natural_scale(v: int, u: int) -> float:
+        # from the start's own marginal (a sparse start on few rows) the entries that matter are a column's few
+        # weights, each ~nu_j / k with nu_j = 1/u, and AdamW moves every entry of C by ~lr a step: the best step
+        # measured follows 1/u, not v (docs/translator.md, "Step size")
+        return 1.0 / u
+
+    @classmethod
+    def auto_lr(cls, v: int, u: int, uniform_mu: bool) -> float:
+        return cls.uniform_step / v if uniform_mu else cls.default_step * cls.natural_scale(v, u)
+
+    @classmethod
+    def auto_rule(cls, uniform_mu: bool) -> str:
+        return f"{cls.uniform_step:g} x 1/v" if uniform_mu else f"{cls.default_step:g} x {cls.scale_name}"
 
     def solver(self):
         """The Sinkhorn solver (one per run; it follows C's device and dtype)."""
@@ -134,7 +158,7 @@ class SoftmaxKind(Kind):
     default_step = 0.1
 
     @staticmethod
-    def natural_scale(v: int) -> float:
+    def natural_scale(v: int, u: int) -> float:
         return 1.0
 
     def plan(self, C: Tensor) -> Tensor:
@@ -156,7 +180,7 @@ class UnconstrainedKind(Kind):
     scale_name = "1/v"
 
     @staticmethod
-    def natural_scale(v: int) -> float:
+    def natural_scale(v: int, u: int) -> float:
         return 1.0 / v
 
     def plan(self, C: Tensor) -> Tensor:

@@ -3,9 +3,9 @@
 A key left out or given as null means "the kind's default" (translator/kinds.py holds every per-kind fact);
 :meth:`TranslatorConfig.resolve` turns the section (and ``optim.lr``) into the numbers the run uses, a
 :class:`Resolved`, and :meth:`TranslatorConfig.build` the translator (torchtitan's ``config.build()``). A given
-``optim.lr`` is absolute, as in finetune; the automatic one is the kind's default step times its natural scale
-(1/v for the sparse plan), so it needs the model's vocabulary. The paper's literal recipe is a config file,
-configs/translate_paper.yaml.
+``optim.lr`` is absolute, as in finetune; the automatic one is the kind's (translator/kinds.py ``auto_lr``: 1/u for
+the sparse plan from its start, 1/v unconstrained), so it needs both vocabularies. The paper's literal recipe is a
+config file, configs/translate_paper.yaml.
 """
 from __future__ import annotations
 
@@ -33,9 +33,11 @@ class Resolved:
     kind: str
     #: source tokens (rows of P); None: not known yet (the model's vocabulary)
     v: int | None
-    #: AdamW's peak lr of C, absolute; None until v is known when it is automatic
+    #: target tokens (columns of P); None: not known yet (the new tokenizer)
+    u: int | None
+    #: AdamW's peak lr of C, absolute; None until v and u are known when it is automatic
     lr: float | None
-    #: "given" (optim.lr) or "auto" (the kind's default step x its natural scale)
+    #: "given" (optim.lr) or "auto" (the kind's automatic step)
     lr_from: str
     alpha: float
     floor: float
@@ -54,7 +56,7 @@ class Resolved:
         """:func:`freeze_warning` for this run ('' while lr or v is unknown); ``mu``: the run's source marginal."""
         if self.lr is None or self.v is None:
             return ""
-        return freeze_warning(self.kind, self.v, self.lr, mu)
+        return freeze_warning(self.kind, self.v, self.lr, mu, u=self.u)
 
 
 @dataclass
@@ -122,23 +124,23 @@ class TranslatorConfig:
     def fvt_start(self) -> bool:
         return self.init == "fvt" and not self.init_p
 
-    def resolve(self, v: int | None, lr: float | None = None) -> Resolved:
+    def resolve(self, v: int | None, u: int | None, *, lr: float | None = None) -> Resolved:
         """The ONE resolver: every automatic key of this section, and ``lr`` (``optim.lr``: absolute, None: the
-        kind's default step x its natural scale at ``v``), as the run uses them. ``v`` (source tokens) None: the
-        automatic lr stays None (it waits for the model's vocabulary)."""
+        kind's automatic step at ``v`` source x ``u`` target tokens), as the run uses them. ``v`` or ``u`` None: the
+        automatic lr stays None (it waits for the model's and the tokenizer's vocabularies)."""
         kind = _kind(self.kind)
+        fvt = self.fvt_start
+        marginal = "start" if self.source_marginal == "start" and kind.start_marginal and fvt else "uniform"
         if lr is None:
-            lr = None if v is None else kind.default_step * kind.natural_scale(v)
+            lr = None if v is None or u is None else kind.auto_lr(v, u, uniform_mu=marginal == "uniform")
             lr_from = "auto"
         else:
             lr_from = "given"
-        fvt = self.fvt_start
         floor = self.floor if self.floor is not None else (kind.default_floor_fvt if fvt else 0.0)
         return Resolved(
-            kind=self.kind, v=v, lr=lr, lr_from=lr_from,
+            kind=self.kind, v=v, u=u, lr=lr, lr_from=lr_from,
             alpha=kind.default_alpha if self.alpha is None else float(self.alpha),
-            floor=float(floor),
-            source_marginal="start" if self.source_marginal == "start" and kind.start_marginal and fvt else "uniform",
+            floor=float(floor), source_marginal=marginal,
             init="p_file" if self.init_p else self.init)
 
     def build(self, v: int, u: int, *, resolved: Resolved | None = None, mu=None, group=None, device=None):
@@ -147,29 +149,29 @@ class TranslatorConfig:
         on ``device``."""
         from s2t2_dist.translator.module import TokenTranslator
 
-        r = resolved if resolved is not None else self.resolve(v)
+        r = resolved if resolved is not None else self.resolve(v, u)
         return TokenTranslator(v, u, kind=self.kind, n_iter=self.n_iter, normalization=self.normalization,
                                group=group, mu=mu, floor=r.floor).to(device)
 
     def describe(self, lr: float | None) -> dict:
         """What :meth:`resolve` gives without the model (`s2t2 config translate`): the values, and for what waits
         for the model's vocabulary v, the rule."""
-        r = self.resolve(None, lr)
+        r = self.resolve(None, None, lr=lr)
         out = r.as_dict()
-        del out["v"], out["lr_x_v"]
+        del out["v"], out["u"], out["lr_x_v"]
         out["lr_from"] = {"auto": "auto (optim.lr null, so the default step of the kind)",
                           "given": "given (optim.lr, absolute)"}[r.lr_from]
         if r.lr is None:
             kind = _kind(self.kind)
-            out["lr"] = (f"{kind.default_step:g} x {kind.scale_name} (the default step of the {self.kind} kind x "
-                         "its natural scale), once v is read from the model")
+            out["lr"] = (f"{kind.auto_rule(r.source_marginal == 'uniform')} (the automatic step of the {self.kind} "
+                         "kind), once v and u are read from the model and the tokenizer")
         return out
 
 
 @dataclass
 class TranslateOptimConfig(OptimConfig):
-    #: peak learning rate of C, absolute (as in finetune); null: the kind's default step x C's natural scale (1/v
-    #: for sparse and unconstrained, 1 for softmax), resolved once v is known (result.json's `resolved`)
+    #: peak learning rate of C, absolute (as in finetune); null: the kind's automatic step (sparse 0.015 x 1/u,
+    #: unconstrained 2.5 x 1/v, softmax 0.1), resolved once v and u are known (result.json's `resolved`)
     lr: float | None = None
 
     def validate(self) -> None:
@@ -190,12 +192,13 @@ def effective_rows(mu) -> float:
     return float(1.0 / (m * m).sum())
 
 
-def freeze_warning(kind: str, v: int, lr: float, mu=None) -> str:
+def freeze_warning(kind: str, v: int, lr: float, mu=None, u: int | None = None) -> str:
     """A one-line warning when ``lr`` (absolute) is in the range where the kind's plan freezes (translator/kinds.py
     ``freeze_lr_x_v``: for the sparse plan, AdamW moves every entry of C by ~lr per step; past the scale of the row
     projections, mu_i, every support collapses to one entry and sparsemax's Jacobian, hence the gradient on C, is
     exactly zero); '' otherwise. The scale is 1/v for a uniform ``mu`` (None) and 1/:func:`effective_rows` for the
-    start's marginal, which puts its mass on few rows: SmolLM2 learns best at lr x v = 2.4 and does not freeze."""
+    start's marginal, which puts its mass on few rows: SmolLM2 learns best at lr x v = 2.4 and does not freeze. ``u``
+    (target tokens), when known, lets the message give the automatic step's value."""
     k = _kind(kind)
     if k.freeze_lr_x_v is None:
         return ""
@@ -203,9 +206,9 @@ def freeze_warning(kind: str, v: int, lr: float, mu=None) -> str:
     uniform = abs(rows - v) <= 1e-6 * v
     if lr * rows < k.freeze_lr_x_v:
         return ""
-    auto = k.default_step * k.natural_scale(v)
     name, scale = ("v", "1/v") if uniform else ("the source marginal's effective rows", f"~1/{rows:.0f}")
+    auto = "" if u is None else f" = {k.auto_lr(v, u, uniform_mu=uniform):.3g} here"
     return (f"lr {lr:.3g} is in the freezing range of the {kind} translator for v={v} source tokens (lr x {name} = "
             f"{lr * rows:.3g} >= {k.freeze_lr_x_v:g}): AdamW moves every entry of C by ~lr per step, far past the "
             f"{scale} scale of the projections, and the gradient on C soon becomes exactly zero; lower optim.lr, or "
-            f"set it to null for the kind's default ({k.default_step:g} x 1/v = {auto:.3g} here)")
+            f"set it to null for the kind's automatic step ({k.auto_rule(uniform)}{auto})")

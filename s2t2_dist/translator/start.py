@@ -15,12 +15,12 @@ def start_translator(tc: TranslatorConfig, model_path: str, src_tok, src_ids: li
                      lr: float | None = None, trust_remote_code: bool = False, group=None,
                      device: torch.device | str = "cpu"):
     """The translator as stage 1 starts it (the stage and bench/rehearsal.py call this). The section ``tc``
-    resolved at v with ``lr`` (``optim.lr``; ``TranslatorConfig.resolve``: lr, alpha, floor, source marginal), the
+    resolved at v x u with ``lr`` (``optim.lr``; ``TranslatorConfig.resolve``: lr, alpha, floor, source marginal), the
     FVT prior (``translator.init=fvt``) with its source marginal, the translator built (``TranslatorConfig.build``)
     with C from the prior, on ``device``. Returns (translator, the prior's decomposition or None, the Resolved).
     ``translator.init_p`` is the caller's: it checks the P file against the run's tokenizers first."""
     v, u = len(src_ids), tgt.vocab_size
-    resolved = tc.resolve(v, lr)
+    resolved = tc.resolve(v, u, lr=lr)
     P0 = mu = dec = None
     if tc.fvt_start:
         uniform = (torch.full((v,), 1.0 / v, dtype=torch.float64), torch.full((u,), 1.0 / u, dtype=torch.float64))

@@ -138,7 +138,7 @@ def test_selection_takes_the_lowest_validation_bpb_and_waits_for_every_run(tmp_p
     # names: the shipped start is S2T2's own, the paper's the baselines'; the other start and alpha 0 are tagged
     names = {j.name for j in plan.select_jobs()}
     assert {"seed0/translate_sparse_lr0.0003", "seed0/translate_softmax_lr0.1", "seed0/translate_softmax_fvt_lr0.1",
-            "seed0/translate_sparse_a0_lr0.001", "seed0/curve_s2t2"} <= names
+            "seed0/translate_sparse_a0_lr0.001", "seed0/curve_s2t2_auto0.015_per_u"} <= names
     # the table's seed-0 arms at the chosen steps are the selection's runs
     chosen = {c: plan.candidates(c)[0] for c in plan.columns()}
     table = {j.name for j in plan.table_jobs(chosen, 3e-4)}

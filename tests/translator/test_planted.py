@@ -21,11 +21,12 @@ def test_planted_problem_oracle_beats_uniform():
 def test_default_recipe_learns_planted_map_and_stays_alive():
     pb = make_problem(16, 32, "split", n_train=512, n_held=128)
     r = run_one(pb, "sparse", steps=100)
-    assert r["lr_x_v"] == TranslatorConfig().resolve(16).lr * 16 == TranslatorConfig().resolve(16).lr_x_v
+    auto = TranslatorConfig(init="uniform").resolve(16, 32)  # the bench's start: C = 1/v, mu = 1/v
+    assert r["lr_x_v"] == auto.lr * 16 == auto.lr_x_v
     assert r["recovery"] >= 0.9, r
     assert r["held_loss"] - oracle_loss(pb) < 0.1, r
     assert r["grad_frozen_steps"] == 0 and r["grad_live_frac"] > 0.01, r
-    assert TranslatorConfig().resolve(50280).freeze_warning() == ""
+    assert TranslatorConfig(init="uniform").resolve(50280, 512).freeze_warning() == ""
 
 
 def test_paper_lr_at_large_lr_x_v_freezes_and_is_detected():
@@ -33,7 +34,7 @@ def test_paper_lr_at_large_lr_x_v_freezes_and_is_detected():
     r = run_one(pb, "sparse", recipe="paper", lr=0.05, steps=60)  # lr x v = 3.2, as the paper's 1e-3 at v = 3,200
     assert r["grad_live_frac"] == 0.0 and r["grad_frozen_steps"] >= 20, r
     assert "freezing range" in freeze_warning("sparse", 64, 0.05)
-    assert "freezing range" in TranslatorConfig().resolve(50280, 1e-3).freeze_warning()  # the paper's lr
+    assert "freezing range" in TranslatorConfig().resolve(50280, 512, lr=1e-3).freeze_warning()  # the paper's lr
     assert freeze_warning("softmax", 50280, 1e-3) == ""
 
 
@@ -43,7 +44,7 @@ def _train(pb, steps, total, tmp=None, resume=None):
     from s2t2_dist.translator import TokenTranslator
 
     tr = TokenTranslator(pb.v, pb.u, dtype=torch.float64)
-    schedule = resolve("sparse", pb.v, dense_frac=0.5, steps=total).apply_init(tr)
+    schedule = resolve("sparse", pb.v, pb.u, dense_frac=0.5, steps=total).apply_init(tr)
     eng = TorchEngine.build(tr, OptimConfig(lr=1.0), total, params="sharded")
     start = 0
     if resume is not None:

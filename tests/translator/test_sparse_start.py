@@ -31,7 +31,7 @@ def _train(pb, F, nu, floor, steps=120):
     tr = TokenTranslator(pb.v, pb.u, mu=row_marginal(F), nu=nu, floor=floor)
     tr.init_from_dense(F)
     nnz0 = int((tr.P() != 0).sum())
-    lr = TranslatorConfig(kind="sparse").resolve(pb.v).lr  # the stage's automatic lr
+    lr = TranslatorConfig(kind="sparse").resolve(pb.v, pb.u).lr  # the stage's automatic lr (the start's marginal)
     eng = TorchEngine.build(tr, OptimConfig(lr=lr, weight_decay=0.0), steps, params="sharded")
     g = torch.Generator().manual_seed(0)
     for _ in range(steps):

@@ -18,43 +18,56 @@ def _load(*overrides, config="translate_olmo1b.yaml"):
     return load_config(TranslateConfig, REPO / "configs" / config, ["model.path=m", *overrides])
 
 
-@pytest.mark.parametrize("v", [243, 512, 50280])
-def test_shipped_config_resolves_to_the_numbers_of_before(v):
-    """configs/translate_olmo1b.yaml (null lr and floor) resolves to what the `recipe: default` sentinels gave:
-    lr 0.025 x 1/v, alpha 0.3, floor 1 from the FVT start with its own source marginal."""
+@pytest.mark.parametrize("v,u", [(243, 512), (512, 512), (50280, 512), (243, 2048)])
+def test_shipped_config_resolves_to_the_shipped_recipe(v, u):
+    """configs/translate_olmo1b.yaml (null lr and floor) resolves to the shipped recipe: lr 0.015 x 1/u whatever v,
+    alpha 0.3, floor 1 from the FVT start with its own source marginal."""
     cfg = _load()
     assert cfg.optim.lr is None and cfg.translator.floor is None
-    r = cfg.translator.resolve(v, cfg.optim.lr)
-    assert (r.lr, r.lr_from, r.alpha, r.floor, r.source_marginal, r.init) == (0.025 * (1.0 / v), "auto", 0.3, 1.0,
+    r = cfg.translator.resolve(v, u, lr=cfg.optim.lr)
+    assert (r.lr, r.lr_from, r.alpha, r.floor, r.source_marginal, r.init) == (0.015 / u, "auto", 0.3, 1.0,
                                                                              "start", "fvt")
-    assert r.lr_x_v == pytest.approx(0.025) and r.freeze_warning() == ""
+    assert r.lr_x_v == pytest.approx(0.015 * v / u)
     # the stage's defaults (no file) are the same recipe
-    d = TranslatorConfig().resolve(v)
+    d = TranslatorConfig().resolve(v, u)
     assert (d.lr, d.alpha, d.floor, d.source_marginal) == (r.lr, r.alpha, r.floor, r.source_marginal)
 
 
+def test_the_automatic_step_under_a_uniform_source_marginal_is_the_1_over_v_one():
+    """Under mu = 1/v (a uniform start, or source_marginal: uniform) every entry of C has the 1/v scale of the row
+    projections to travel: the sparse kind's step is 0.025 x 1/v there, out of the freezing range at any v."""
+    for v in (243, 50280):
+        r = TranslatorConfig(init="uniform").resolve(v, 512)
+        assert r.source_marginal == "uniform" and r.lr == pytest.approx(0.025 / v) and r.freeze_warning() == ""
+        assert TranslatorConfig(source_marginal="uniform").resolve(v, 512).lr == r.lr
+    # the same v under the start's marginal (mass on few rows) takes the 1/u step
+    assert TranslatorConfig().resolve(50280, 512).lr == 0.015 / 512
+
+
 def test_the_kinds_defaults_and_a_given_lr_is_absolute():
-    v = 300
+    v, u = 300, 512
     for kind, lr, floor in (("softmax", 0.1, 0.0), ("unconstrained", 2.5 / v, 0.0)):
-        r = TranslatorConfig(kind=kind).resolve(v)
+        r = TranslatorConfig(kind=kind).resolve(v, u)
         assert (r.lr, r.alpha, r.floor, r.source_marginal) == (pytest.approx(lr), 0.0, floor, "uniform")
-    r = TranslatorConfig().resolve(v, 2e-5)
+    r = TranslatorConfig().resolve(v, u, lr=2e-5)
     assert (r.lr, r.lr_from) == (2e-5, "given")
     # a uniform start: no floor by default, the uniform source marginal whatever source_marginal says
-    r = TranslatorConfig(init="uniform").resolve(v)
+    r = TranslatorConfig(init="uniform").resolve(v, u)
     assert (r.floor, r.source_marginal, r.alpha) == (0.0, "uniform", 0.3)
-    assert TranslatorConfig(init_p="x.safetensors").resolve(v).init == "p_file"
-    # without v the automatic lr waits for the model (s2t2 config translate)
-    assert TranslatorConfig().resolve(None).lr is None and TranslatorConfig().resolve(None, 1e-3).lr == 1e-3
+    assert TranslatorConfig(init_p="x.safetensors").resolve(v, u).init == "p_file"
+    # without v or u the automatic lr waits for the model and the tokenizer (s2t2 config translate)
+    assert TranslatorConfig().resolve(None, None).lr is None and TranslatorConfig().resolve(v, None).lr is None
+    assert TranslatorConfig().resolve(None, None, lr=1e-3).lr == 1e-3
 
 
 def test_paper_config_is_the_papers_recipe():
     cfg = _load(config="translate_paper.yaml")
-    r = cfg.translator.resolve(243, cfg.optim.lr)
+    r = cfg.translator.resolve(243, 512, lr=cfg.optim.lr)
     assert (r.kind, r.lr, r.lr_from, r.alpha, r.floor, r.source_marginal, r.init) == (
         "sparse", 1e-3, "given", 0.0, 0.0, "uniform", "uniform")
     # at v = 50,280 the paper's lr is in the sparse plan's freezing range (lr x v >= 1): warned
-    assert "freezing range" in cfg.translator.resolve(50280, cfg.optim.lr).freeze_warning()
+    w = cfg.translator.resolve(50280, 512, lr=cfg.optim.lr).freeze_warning()
+    assert "freezing range" in w and "(0.025 x 1/v = 4.97e-07 here)" in w
     assert freeze_warning("softmax", 50280, 1e-3) == ""
 
 
@@ -93,7 +106,8 @@ def test_config_command_prints_null_and_what_it_resolves(capsys):
     out = capsys.readouterr().out
     head, _, resolved = out.partition("# resolved")
     assert "  lr: null" in head and "  floor: null" in head
-    assert "#   lr: 0.025 x 1/v (the default step of the sparse kind x its natural scale), once v is read" in resolved
+    assert ("#   lr: 0.015 x 1/u (the automatic step of the sparse kind), once v and u are read from the model and "
+            "the tokenizer") in resolved
     assert "#   floor: 1.0" in resolved and "#   alpha: 0.3" in resolved and "#   source_marginal: start" in resolved
     assert main(["translate", "--config", str(REPO / "configs" / "translate_paper.yaml")]) == 0
     assert "#   lr: 0.001" in capsys.readouterr().out
@@ -118,7 +132,7 @@ class ColumnSoftmaxKind(Kind):
     default_step = 0.1
 
     @staticmethod
-    def natural_scale(v: int) -> float:
+    def natural_scale(v: int, u: int) -> float:
         return 1.0
 
     def plan(self, C):
