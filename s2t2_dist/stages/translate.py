@@ -75,7 +75,8 @@ class TranslateConfig:
         """What `s2t2 config translate` can resolve without the model (the translator's recipe) and a note on
         what waits for it."""
         return self.translator.describe(self.optim.lr), ("v, the source vocabulary, is read from model.path "
-                                                         "(model.source_vocab) when the run starts")
+                                                         "(model.source_vocab) and u from data.tokenizer when the "
+                                                         "run starts")
 
 
 class TranslateTask(Task):

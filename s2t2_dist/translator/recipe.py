@@ -159,7 +159,7 @@ class TranslatorConfig:
         r = self.resolve(None, None, lr=lr)
         out = r.as_dict()
         del out["v"], out["u"], out["lr_x_v"]
-        out["lr_from"] = {"auto": "auto (optim.lr null, so the default step of the kind)",
+        out["lr_from"] = {"auto": "auto (optim.lr null, so the automatic step of the kind)",
                           "given": "given (optim.lr, absolute)"}[r.lr_from]
         if r.lr is None:
             kind = _kind(self.kind)

@@ -139,7 +139,7 @@ def test_config_says_what_auto_and_lr_from_mean(capsys):
     auto = out.partition("# auto (decided when the run starts):\n")[2].partition("# resolved")[0]
     assert "#   train.micro_batch_size: " in auto and "largest divisor" in auto  # the key's own help
     assert "#   train.precision: " in auto and "train.steps" not in auto  # only the keys set to auto
-    assert "#   lr_from: auto (optim.lr null, so the default step of the kind)" in out
+    assert "#   lr_from: auto (optim.lr null, so the automatic step of the kind)" in out
     assert cli(["config", "translate", "--config", cfg, "optim.lr=1e-4"]) == 0
     assert "#   lr_from: given (optim.lr, absolute)" in capsys.readouterr().out
 
