@@ -89,6 +89,9 @@ class SparseKind(Kind):
     # why this step, alpha, floor and source marginal: docs/translator.md
     default_step = 0.015
     scale_name = "1/u"
+    #: the automatic step under a uniform source marginal, in units of 1/v: from a start spread over all v rows
+    #: every entry of C has the 1/v scale of the row projections to travel (the planted bench, stories260K)
+    uniform_step = 0.025
     default_alpha = 0.3
     uses_floor = True
     default_floor_fvt = 1.0
@@ -100,10 +103,6 @@ class SparseKind(Kind):
     def __init__(self, tr):
         super().__init__(tr)
         self._solver = None
-
-    #: the automatic step under a uniform source marginal, in units of 1/v: from a start spread over all v rows
-    #: every entry of C has the 1/v scale of the row projections to travel (the planted bench, stories260K)
-    uniform_step = 0.025
 
     @staticmethod
     def natural_scale(v: int, u: int) -> float:
