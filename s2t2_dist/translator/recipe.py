@@ -10,6 +10,7 @@ config file, configs/translate_paper.yaml.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -128,6 +129,9 @@ class TranslatorConfig:
         """The ONE resolver: every automatic key of this section, and ``lr`` (``optim.lr``: absolute, None: the
         kind's automatic step at ``v`` source x ``u`` target tokens), as the run uses them. ``v`` or ``u`` None: the
         automatic lr stays None (it waits for the model's and the tokenizer's vocabularies)."""
+        for name, n in (("v", v), ("u", u)):  # (a float here is an lr passed where u goes)
+            if n is not None and (isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1):
+                raise TypeError(f"resolve: {name} must be a token count >= 1 or None, got {n!r}")
         kind = _kind(self.kind)
         fvt = self.fvt_start
         marginal = "start" if self.source_marginal == "start" and kind.start_marginal and fvt else "uniform"

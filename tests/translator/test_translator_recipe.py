@@ -58,6 +58,8 @@ def test_the_kinds_defaults_and_a_given_lr_is_absolute():
     # without v or u the automatic lr waits for the model and the tokenizer (s2t2 config translate)
     assert TranslatorConfig().resolve(None, None).lr is None and TranslatorConfig().resolve(v, None).lr is None
     assert TranslatorConfig().resolve(None, None, lr=1e-3).lr == 1e-3
+    with pytest.raises(TypeError, match="u must be a token count"):  # the lr where u goes (the old signature)
+        TranslatorConfig().resolve(v, 2e-5)
 
 
 def test_paper_config_is_the_papers_recipe():
