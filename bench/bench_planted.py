@@ -117,8 +117,7 @@ def resolve(kind: str, v: int, u: int, *, recipe: str = "default", lr: float = 0
         return WarmUp(kind, v, recipe, lr or PAPER_LR, init or "uniform", steps, max(dense_frac, 0.0),
                       dense_lr or PAPER_LR)
     k, soft = REGISTRY[kind], REGISTRY["softmax"]
-    scale = 1.0 if k.scale_name == "1" else 1.0 / v  # C's own scale, for --lr
-    eff = lr * scale if lr else TranslatorConfig(kind=kind, init="uniform").resolve(v, u).lr
+    eff = lr * k.c_scale(v) if lr else TranslatorConfig(kind=kind, init="uniform").resolve(v, u).lr
     dense = (dense_lr or soft.default_step) * soft.natural_scale(v, u)
     return WarmUp(kind, v, recipe, eff, init or "uniform", steps,
                   dense_frac if dense_frac >= 0 else DEFAULT_DENSE_FRAC, dense)

@@ -41,8 +41,10 @@ def measure(model, v: int, u: int, kind: str, micro_batches: int, batch: int, T:
     src_ids = torch.arange(v)
     tr = TokenTranslator(v, u, kind=kind)
     if moved:  # a trained C rather than the 1/v start (where every support is full)
+        # logits (scale 1) move by O(1); C at P's 1/v scale by 1e-3 at every v, as the recorded runs did
+        noise = 1.0 if tr.plan_kind.c_scale(v) == 1.0 else 1e-3
         with torch.no_grad():
-            tr.C.add_(torch.randn_like(tr.C) * (1e-3 if tr.plan_kind.scale_name != "1" else 1.0))  # C's scale
+            tr.C.add_(torch.randn_like(tr.C) * noise)
     lm = TranslatedLM(model, freeze_model=True)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, u, (batch, T), generator=g)

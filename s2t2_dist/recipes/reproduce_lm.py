@@ -156,8 +156,8 @@ class LmPlan:
         from s2t2_dist.translator.kinds import REGISTRY
 
         # at the automatic step; its rule is in the name, so that a record of another rule never stands for it
-        c, k = self.cfg, REGISTRY["sparse"]
-        rule = f"auto{k.default_step:g}" + k.scale_name.replace("1/", "_per_").replace("1", "")
+        # (the shipped start's marginal is its own, not uniform)
+        c, rule = self.cfg, REGISTRY["sparse"].auto_tag(uniform_mu=False)
         return self.translate(f"seed{c.seeds[0]}/curve_s2t2_{rule}", "sparse", None, c.seeds[0], c.lm.curve_steps,
                               start="shipped", eval_every=c.lm.eval_every)
 

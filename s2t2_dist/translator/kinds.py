@@ -57,6 +57,11 @@ class Kind:
         """The unit of the automatic step at ``v`` source x ``u`` target tokens (translator/recipe.py)."""
         raise NotImplementedError
 
+    @staticmethod
+    def c_scale(v: int) -> float:
+        """The size of C's entries at a uniform start over ``v`` source tokens (benches give steps in these units)."""
+        return 1.0
+
     @classmethod
     def auto_lr(cls, v: int, u: int, uniform_mu: bool) -> float:
         """The automatic lr: :attr:`default_step` x :meth:`natural_scale`; ``uniform_mu``: mu = 1/v."""
@@ -66,6 +71,13 @@ class Kind:
     def auto_rule(cls, uniform_mu: bool) -> str:
         """:meth:`auto_lr` in words."""
         return f"{cls.default_step:g} x {cls.scale_name}"
+
+    @classmethod
+    def auto_tag(cls, uniform_mu: bool) -> str:
+        """:meth:`auto_rule` as a name part ("0.015 x 1/u" -> "auto0.015_per_u"): a run named by it is never
+        mistaken for a run at another rule."""
+        step, unit = cls.auto_rule(uniform_mu).split(" x ")
+        return f"auto{step}" + ("" if unit == "1" else "_per_" + unit.removeprefix("1/"))
 
     def plan(self, C: Tensor) -> Tensor:
         """This rank's block of P (v x u_local) from its block of C (differentiable)."""
@@ -103,6 +115,10 @@ class SparseKind(Kind):
     def __init__(self, tr):
         super().__init__(tr)
         self._solver = None
+
+    @staticmethod
+    def c_scale(v: int) -> float:
+        return 1.0 / v
 
     @staticmethod
     def natural_scale(v: int, u: int) -> float:
@@ -177,6 +193,10 @@ class UnconstrainedKind(Kind):
     is_probability = False
     default_step = 2.5
     scale_name = "1/v"
+
+    @staticmethod
+    def c_scale(v: int) -> float:
+        return 1.0 / v
 
     @staticmethod
     def natural_scale(v: int, u: int) -> float:

@@ -44,6 +44,30 @@ def test_the_automatic_step_under_a_uniform_source_marginal_is_the_1_over_v_one(
     assert TranslatorConfig().resolve(50280, 512).lr == 0.015 / 512
 
 
+@pytest.mark.parametrize("kind", sorted(REGISTRY))
+@pytest.mark.parametrize("uniform", [False, True])
+def test_a_kinds_rule_tag_names_its_automatic_lr(kind, uniform):
+    """auto_tag (run names, e.g. the reproduce curve's) is auto_lr itself: "auto<step>[_per_<v|u>]" read back gives
+    the lr at any v, u, so a run at another rule never carries this rule's name."""
+    k = REGISTRY[kind]
+    tag = k.auto_tag(uniform)
+    step, _, unit = tag.removeprefix("auto").partition("_per_")
+    for v, u in ((235, 512), (50280, 2048)):
+        assert float(step) / {"": 1, "v": v, "u": u}[unit] == pytest.approx(k.auto_lr(v, u, uniform))
+    assert REGISTRY["sparse"].auto_tag(False) == "auto0.015_per_u"
+
+
+@pytest.mark.parametrize("kind", ["sparse", "unconstrained"])
+def test_c_scale_is_the_uniform_starts_entry(kind):
+    """c_scale(v), the unit benches give C's steps in, is the size of C's entries at the uniform start."""
+    from s2t2_dist.translator import TokenTranslator
+
+    for v in (27, 235):
+        tr = TokenTranslator(v, 64, kind=kind)
+        assert torch.allclose(tr.C.double(), torch.full_like(tr.C.double(), REGISTRY[kind].c_scale(v)))
+    assert REGISTRY["softmax"].c_scale(235) == 1.0  # logits: only differences of O(1) matter
+
+
 def test_the_kinds_defaults_and_a_given_lr_is_absolute():
     v, u = 300, 512
     for kind, lr, floor in (("softmax", 0.1, 0.0), ("unconstrained", 2.5 / v, 0.0)):
