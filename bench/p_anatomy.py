@@ -70,6 +70,7 @@ def top_k_plan(P: torch.Tensor, nu: torch.Tensor, k: int) -> tuple[torch.Tensor,
 def main(argv=None) -> int:
     from tokenizers import Tokenizer
 
+    from s2t2_dist.translator.module import translation_weights
     from s2t2_dist.translator.pfile import load_p, save_p
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -95,14 +96,15 @@ def main(argv=None) -> int:
         return 2
     P = p.dense(torch.float64)
     nu = p.nu.double()
-    W = P * torch.where(nu > 0, 1 / nu.clamp_min(1e-300), 0).unsqueeze(0)
+    W = translation_weights(P, p.mu.double(), nu, p.normalization, "head")  # P / nu, 0 where nu is 0
     report = {"p_file": a.p_file, "kind": p.kind, **letter_share(
         W, nu, [src.decode([int(i)]) for i in p.source_ids], [tgt.decode([j]) for j in range(p.shape[1])])}
     if a.top_k:
-        if not 1 <= a.top_k <= p.shape[0]:
-            print(f"--top-k: 1 to v = {p.shape[0]}, got {a.top_k}", file=sys.stderr)
+        try:
+            T, kept = top_k_plan(P, nu, a.top_k)
+        except ValueError as e:
+            print(f"--top-k: {e}", file=sys.stderr)
             return 2
-        T, kept = top_k_plan(P, nu, a.top_k)
         nz = (T != 0).nonzero().t().contiguous()
         save_p(a.write, replace(p, indices=nz, values=T[nz[0], nz[1]].float(), kind="unconstrained"))
         report["top_k"] = {"k": a.top_k, "mass_kept": kept, "file": a.write}
