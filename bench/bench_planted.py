@@ -118,7 +118,7 @@ def resolve(kind: str, v: int, u: int, *, recipe: str = "default", lr: float = 0
                       dense_lr or PAPER_LR)
     k, soft = REGISTRY[kind], REGISTRY["softmax"]
     eff = lr * k.c_scale(v) if lr else TranslatorConfig(kind=kind, init="uniform").resolve(v, u).lr
-    dense = (dense_lr or soft.default_step) * soft.natural_scale(v, u)
+    dense = dense_lr * soft.c_scale(v) if dense_lr else soft.auto_lr(v, u, uniform_mu=True)
     return WarmUp(kind, v, recipe, eff, init or "uniform", steps,
                   dense_frac if dense_frac >= 0 else DEFAULT_DENSE_FRAC, dense)
 

@@ -31,10 +31,10 @@ class Kind:
     #: P's rows are mostly all-zero and :meth:`plan`'s backward reads P's gradient only on P's support: the
     #: product E' = P^T E may take the live-row kernels (translator/product.py)
     sparse_product = False
-    #: :meth:`natural_scale` in words (messages, `s2t2 config translate`)
-    scale_name = "1"
-    #: the default step size of C (AdamW's lr) in units of :meth:`natural_scale`
+    #: the default step size of C (AdamW's lr) in units of :attr:`step_unit`
     default_step = 0.1
+    #: the unit of the automatic step: "1", "1/v" (source tokens) or "1/u" (target tokens)
+    step_unit = "1"
     #: the default entropy weight alpha (translator.alpha: null)
     default_alpha = 0.0
     #: :meth:`plan` reads the translator's weight floor (translator.floor); others refuse a floor > 0
@@ -53,31 +53,34 @@ class Kind:
         self.tr = tr
 
     @staticmethod
-    def natural_scale(v: int, u: int) -> float:
-        """The unit of the automatic step at ``v`` source x ``u`` target tokens (translator/recipe.py)."""
-        raise NotImplementedError
-
-    @staticmethod
     def c_scale(v: int) -> float:
         """The size of C's entries at a uniform start over ``v`` source tokens (benches give steps in these units)."""
         return 1.0
 
     @classmethod
+    def auto_step(cls, uniform_mu: bool) -> tuple[float, str]:
+        """The automatic step, the one home of its rule: (step, unit), the lr being step x unit with unit one of
+        "1", "1/v", "1/u"; ``uniform_mu``: the source marginal is mu = 1/v (else the start's own)."""
+        return cls.default_step, cls.step_unit
+
+    @classmethod
     def auto_lr(cls, v: int, u: int, uniform_mu: bool) -> float:
-        """The automatic lr: :attr:`default_step` x :meth:`natural_scale`; ``uniform_mu``: mu = 1/v."""
-        return cls.default_step * cls.natural_scale(v, u)
+        """The automatic lr at ``v`` source x ``u`` target tokens (translator/recipe.py)."""
+        step, unit = cls.auto_step(uniform_mu)
+        return step / {"1": 1, "1/v": v, "1/u": u}[unit]
 
     @classmethod
     def auto_rule(cls, uniform_mu: bool) -> str:
-        """:meth:`auto_lr` in words."""
-        return f"{cls.default_step:g} x {cls.scale_name}"
+        """:meth:`auto_step` in words ("0.015 x 1/u": messages, `s2t2 config translate`)."""
+        step, unit = cls.auto_step(uniform_mu)
+        return f"{step:g} x {unit}"
 
     @classmethod
     def auto_tag(cls, uniform_mu: bool) -> str:
-        """:meth:`auto_rule` as a name part ("0.015 x 1/u" -> "auto0.015_per_u"): a run named by it is never
-        mistaken for a run at another rule."""
-        step, unit = cls.auto_rule(uniform_mu).split(" x ")
-        return f"auto{step}" + ("" if unit == "1" else "_per_" + unit.removeprefix("1/"))
+        """:meth:`auto_step` as a name part ("auto0.015_per_u"): a run named by it is never mistaken for a run at
+        another rule."""
+        step, unit = cls.auto_step(uniform_mu)
+        return f"auto{step:g}" + ("" if unit == "1" else "_per_" + unit.removeprefix("1/"))
 
     def plan(self, C: Tensor) -> Tensor:
         """This rank's block of P (v x u_local) from its block of C (differentiable)."""
@@ -98,9 +101,11 @@ class SparseKind(Kind):
     name = "sparse"
     # sparsemax's Jacobian S * (h - mean_S h) and the floor's backward read the gradient on the support only
     sparse_product = True
-    # why this step, alpha, floor and source marginal: docs/translator.md
+    # why this step, alpha, floor and source marginal: docs/translator.md. From the start's own marginal (a sparse
+    # start on few rows) the entries that matter are a column's few weights, each ~nu_j / k with nu_j = 1/u, and
+    # AdamW moves every entry of C by ~lr a step: the best step measured follows 1/u, not v ("Step size")
     default_step = 0.015
-    scale_name = "1/u"
+    step_unit = "1/u"
     #: the automatic step under a uniform source marginal, in units of 1/v: from a start spread over all v rows
     #: every entry of C has the 1/v scale of the row projections to travel (the planted bench, stories260K)
     uniform_step = 0.025
@@ -120,20 +125,9 @@ class SparseKind(Kind):
     def c_scale(v: int) -> float:
         return 1.0 / v
 
-    @staticmethod
-    def natural_scale(v: int, u: int) -> float:
-        # from the start's own marginal (a sparse start on few rows) the entries that matter are a column's few
-        # weights, each ~nu_j / k with nu_j = 1/u, and AdamW moves every entry of C by ~lr a step: the best step
-        # measured follows 1/u, not v (docs/translator.md, "Step size")
-        return 1.0 / u
-
     @classmethod
-    def auto_lr(cls, v: int, u: int, uniform_mu: bool) -> float:
-        return cls.uniform_step / v if uniform_mu else cls.default_step * cls.natural_scale(v, u)
-
-    @classmethod
-    def auto_rule(cls, uniform_mu: bool) -> str:
-        return f"{cls.uniform_step:g} x 1/v" if uniform_mu else f"{cls.default_step:g} x {cls.scale_name}"
+    def auto_step(cls, uniform_mu: bool) -> tuple[float, str]:
+        return (cls.uniform_step, "1/v") if uniform_mu else (cls.default_step, cls.step_unit)
 
     def solver(self):
         """The Sinkhorn solver (one per run; it follows C's device and dtype)."""
@@ -172,10 +166,6 @@ class SoftmaxKind(Kind):
     name = "softmax"
     default_step = 0.1
 
-    @staticmethod
-    def natural_scale(v: int, u: int) -> float:
-        return 1.0
-
     def plan(self, C: Tensor) -> Tensor:
         tr = self.tr
         if tr.sharded:
@@ -192,14 +182,10 @@ class UnconstrainedKind(Kind):
     name = "unconstrained"
     is_probability = False
     default_step = 2.5
-    scale_name = "1/v"
+    step_unit = "1/v"
 
     @staticmethod
     def c_scale(v: int) -> float:
-        return 1.0 / v
-
-    @staticmethod
-    def natural_scale(v: int, u: int) -> float:
         return 1.0 / v
 
     def plan(self, C: Tensor) -> Tensor:

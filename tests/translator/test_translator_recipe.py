@@ -157,10 +157,6 @@ class ColumnSoftmaxKind(Kind):
     name = "column_softmax_test"
     default_step = 0.1
 
-    @staticmethod
-    def natural_scale(v: int, u: int) -> float:
-        return 1.0
-
     def plan(self, C):
         return torch.softmax(C, dim=0) * self.tr.nu_local.to(C.dtype)
 
