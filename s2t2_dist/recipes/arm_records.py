@@ -1,6 +1,8 @@
 """What a finished arm of a reproduction leaves for later phases and the report: OUT/record/<job name>.json, its
-result plus the validation curve from its TensorBoard logs. Small, so it can be kept (and committed) when the run
-directories cannot; a record stands for a finished arm wherever it is found."""
+result plus the validation curve from its TensorBoard logs and the arm's spec. Small, so it can be kept (and
+committed) when the run directories cannot; a record stands for a finished arm wherever it is found, as long as its
+spec is the arm's: a record of a 200-step finetune never stands for a 600-step one, nor the score of its export for
+the score of another's."""
 
 from __future__ import annotations
 
@@ -13,19 +15,41 @@ from s2t2_dist.recipes.paper_plan import Job
 EXTRA_RECORDS: list[Path] = []
 
 
+#: override keys that say where things are or how the run was kept, not what the arm is (paths differ between
+#: machines; checkpoints, logging and loader workers leave the result as it is)
+NOT_SPEC_KEYS = frozenset({"run_dir", "output", "model.path", "init.p_file", "eval.name", "data.train", "data.eval",
+                           "data.tokenizer", "data.num_workers", "train.ckpt_every", "train.keep_checkpoints",
+                           "train.log_every"})
+
+
+def arm_spec(job: Job) -> list[str]:
+    """What a finished arm stands for: its stage, config and every override that is not a path, then the specs of
+    the arms whose outputs it reads (``job.upstream``)."""
+    own = sorted(o for o in job.overrides if o.split("=", 1)[0] not in NOT_SPEC_KEYS)
+    return [job.stage, job.config, *own, *job.upstream]
+
+
+def upstream_of(*producers: Job) -> list[str]:
+    """``Job.upstream`` of a job that reads these jobs' outputs."""
+    return [json.dumps(arm_spec(p)) for p in producers]
+
+
 def record_path(job: Job) -> Path:
     return Path(job.run_dir).parents[len(Path(job.name).parts)] / "record" / f"{job.name}.json"
 
 
 def read_result(job: Job) -> dict | None:
-    # the record first: it is the result plus what the report reads from the run directory (the curve)
-    for p in (record_path(job), *(d / f"{job.name}.json" for d in EXTRA_RECORDS), Path(job.result)):
+    """The finished result that stands for `job`: its record, here or in EXTRA_RECORDS, with the job's spec (a
+    record without one, or of another spec, stands for nothing: the lanes run the arm again, and the run directory
+    they hand it to starts afresh if it ran another spec: orchestrate.Runner's identity)."""
+    spec = arm_spec(job)
+    for p in (record_path(job), *(d / f"{job.name}.json" for d in EXTRA_RECORDS)):
         if p.is_file():
             try:
                 r = json.loads(p.read_text())
             except ValueError:
                 continue
-            if r.get("finished", True):
+            if r.get("finished", True) and r.get("spec") == spec:
                 return r
     return None
 
@@ -36,6 +60,7 @@ def write_record(job: Job) -> None:
     r = json.loads(Path(job.result).read_text())
     if job.stage in ("translate", "finetune"):
         r["curve"] = _eval_curve(Path(job.run_dir))
+    r["spec"] = arm_spec(job)
     rp = record_path(job)
     rp.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(rp, r)

@@ -152,12 +152,15 @@ class Runner:
             return [sys.executable, *entry(stage), *argv]
         return torchrun_command(self.ranks, stage, argv)
 
-    def run(self, stage: str, argv: list[str], run_dir: str | Path, name: str, result_file: str | Path | None = None
-            ) -> StageRun:
-        """Run `stage` with `argv` (which must put its outputs under run_dir) and return its result JSON."""
+    def run(self, stage: str, argv: list[str], run_dir: str | Path, name: str, result_file: str | Path | None = None,
+            inputs: list[str] | None = None) -> StageRun:
+        """Run `stage` with `argv` (which must put its outputs under run_dir) and return its result JSON. `inputs`:
+        what the files it reads were made by (their paths stay the same when the runs that write them change)."""
         run_dir = Path(run_dir)
         result_path = Path(result_file) if result_file else run_dir / RESULT_FILES[stage]
         identity = {"stage": stage, "argv": list(argv), "ranks": self.ranks, "config_files": _config_hashes(argv)}
+        if inputs:
+            identity["inputs"] = list(inputs)
         info_path = run_dir / RUN_INFO
         cmd = self.command(stage, argv)
         printable = " ".join(shlex.quote(c) for c in cmd)

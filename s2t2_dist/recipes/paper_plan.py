@@ -203,6 +203,9 @@ class Job:
     sbatch: list[str] = field(default_factory=list)
     #: what the job's result is in the report: ("table1", method, seed) | ("transfer", bar, seed) | None
     role: tuple | None = None
+    #: what the jobs it reads from are (recipes/arm_records.py `arm_spec`, one string each): a result of this job
+    #: stands for it only while they are the same
+    upstream: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -11,9 +11,10 @@ Phases (each arm a real `translate` / `finetune` / `evaluate` run in its own run
            FT new tok.; the training-free FVT start; each scored on the held-out split. The seed-0 runs of the
            chosen steps are the selection's runs (same arguments, reused). With `lm.ft_lr_check`, the finetuned
            rows also at every other step of `ft_lr_sweep`, each a table of its own (a check: it chooses nothing).
-Arms run in `lanes` parallel processes (`OMP_NUM_THREADS` = cores / lanes). A rerun skips finished arms (their run
-directory, or their small result record in OUT/record, which can be kept across machines) and resumes interrupted
-ones from their latest checkpoint.
+Arms run in `lanes` parallel processes (`OMP_NUM_THREADS` = cores / lanes). A rerun skips finished arms (their small
+result record in OUT/record, which can be kept across machines: `--record`) and resumes interrupted ones from their
+latest checkpoint. A record stands for an arm only if it was made with the arm's spec (its steps, lrs, seed, ... and
+those of the arms it read: recipes/arm_records.py), so other steps or a P made another way run the arm again.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from s2t2_dist.recipes.arm_records import EXTRA_RECORDS, read_result, write_record
+from s2t2_dist.recipes.arm_records import EXTRA_RECORDS, read_result, upstream_of, write_record
 from s2t2_dist.recipes.orchestrate import REPO_ROOT, Runner, StageFailed, fmt_seconds
 from s2t2_dist.recipes.paper_plan import Job, ReproduceConfig
 from s2t2_dist.recipes.reproduce_lm_report import FT_ROWS
@@ -113,9 +114,10 @@ class LmPlan:
                    consumes=[str(d)] + ([p_file] if p_file else []), produces=[f"{rd}/final"])
 
     def evaluate(self, name: str, model: str, kind: str, p_file: str = "", role: tuple | None = None,
-                 source_tokens: bool = False) -> Job:
+                 source_tokens: bool = False, after: list[Job] = ()) -> Job:
         """Held-out score (fp32) of a model, or of the source model read through a P file. `source_tokens`: the
-        model speaks the source model's tokenizer (FT orig. tok.); else the new BPE (an export carries it)."""
+        model speaks the source model's tokenizer (FT orig. tok.); else the new BPE (an export carries it).
+        `after`: the jobs that write the model or the P file."""
         rd = str(self.p.runs / name)
         own = kind in ("orig_tok", "as_is")  # the model directory's own tokenizer
         ov = [f"run_dir={rd}", f"output={rd}/eval.json", f"model.path={model}", f"init.kind={kind}",
@@ -127,7 +129,7 @@ class LmPlan:
         cons = [str(self.p.data)] + ([p_file] if p_file else []) + ([model] if model.startswith(str(self.p.out))
                                                                      else [])
         return Job(name, "evaluate", "configs/evaluate_olmo1b.yaml", ov, rd, f"{rd}/eval.json", consumes=cons,
-                   role=role)
+                   role=role, upstream=upstream_of(*after))
 
     # -- phases -----------------------------------------------------------------------------------------------
     def candidates(self, col: str) -> list[Arm]:
@@ -176,7 +178,7 @@ class LmPlan:
         fvt = self.translate("refs/translate_fvt", "sparse", None, self.cfg.seeds[0], 0, start="shipped")
         fvt.overrides += ["translator.init=fvt", "translator.init_weight=1"]
         jobs += [fvt, self.evaluate("refs/eval_fvt", self.p.model, "translated", fvt.produces[0],
-                                    role=("table1", "fvt", None))]
+                                    role=("table1", "fvt", None), after=[fvt])]
         # every name spells the whole arm (its P's start, alpha and step; the finetuning step), so a record can
         # never stand for another choice than the one it was made with
         for seed in self.cfg.seeds:
@@ -185,16 +187,18 @@ class LmPlan:
                 t = self.p_arm(chosen[col], seed)
                 pf, arm = t.produces[0], t.name.split("/translate_", 1)[1]
                 jobs += [t, self.evaluate(f"{s}/eval_{arm}", self.p.model, "translated", pf,
-                                          role=("table1", col, seed))]
+                                          role=("table1", col, seed), after=[t])]
                 if col == "s2t2_a0":  # a P-only row beside S2T2's: the paper's entropy weight
                     continue
                 ft = self.ft_arm("translated", ft_lr, seed, pf, tag=f"cft_{arm}")
+                ft.upstream = upstream_of(t)
                 jobs += [ft, self.evaluate(f"{s}/eval_{ft.name.split('/ft_', 1)[1]}", ft.produces[0], "as_is",
-                                           role=("table1", f"{col}_cft", seed))]
+                                           role=("table1", f"{col}_cft", seed), after=[ft])]
             for kind, col in (("orig_tok", "ft_orig_tok"), ("new_tok_truncate", "ft_new_tok")):
                 ft = self.ft_arm(kind, ft_lr, seed, tag="new_tok" if kind == "new_tok_truncate" else "")
                 jobs += [ft, self.evaluate(f"{s}/eval_{ft.name.split('/ft_', 1)[1]}", ft.produces[0], "as_is",
-                                           role=("table1", col, seed), source_tokens=kind == "orig_tok")]
+                                           role=("table1", col, seed), source_tokens=kind == "orig_tok",
+                                           after=[ft])]
         return jobs
 
     def check_jobs(self, chosen: dict[str, Arm], ft_lr: float) -> dict[float, list[Job]]:
@@ -296,7 +300,7 @@ class Lanes:
     @staticmethod
     def _run_one(runner, job: Job):
         r = runner.run(job.stage, ["--config", str(REPO_ROOT / job.config), *job.overrides], job.run_dir,
-                       job.name.replace("/", "_"), result_file=job.result)
+                       job.name.replace("/", "_"), result_file=job.result, inputs=job.upstream)
         write_record(job)
         if job.stage == "finetune":
             # only a resume reads them, and a finished arm is never resumed: ~1.6 GB an arm at SmolLM2's size,

@@ -45,7 +45,7 @@ class _FakeRunner:
     def __init__(self, log: list, fail=()):
         self.log, self.fail = log, set(fail)
 
-    def run(self, stage, argv, run_dir, name, result_file=None):
+    def run(self, stage, argv, run_dir, name, result_file=None, inputs=None):
         if name in self.fail:
             raise StageFailed(f"{name}: exited with 1")
         Path(run_dir).mkdir(parents=True, exist_ok=True)
@@ -104,6 +104,73 @@ def _record(job: Job, bpb: float) -> None:
     Path(job.run_dir).mkdir(parents=True, exist_ok=True)
     Path(job.result).write_text(json.dumps({"finished": True, "eval": {"bpb": bpb}}))
     write_record(job)
+
+
+def _table(tmp_path, out="a", ft_lr=1e-4, **keys):
+    from s2t2_dist.recipes.reproduce_lm import Arm
+
+    cfg = preset("smollm2")
+    for k, v in keys.items():
+        setattr(cfg, k, v)
+    root = tmp_path / out
+    plan = LmPlan(cfg, LmPaths(out=root, model=str(root / "m"), data=root / "data", heldout_new="hn",
+                               heldout_source="hs"))
+    arms = {"plain_p": Arm("unconstrained", "paper", None, 1e-3), "sinkhorn_p": Arm("softmax", "paper", None, 0.1),
+            "s2t2": Arm("sparse", "shipped", None, 3e-5), "s2t2_a0": Arm("sparse", "shipped", 0.0, 3e-5)}
+    return {j.name: j for j in plan.table_jobs(arms, ft_lr)}
+
+
+def test_a_record_stands_for_its_own_arm_only_and_for_what_it_read(tmp_path, monkeypatch):
+    """A record is found by the arm's name, but stands for it only with the arm's spec: a 200-step finetune's record
+    never answers for 600 steps, nor its export's score for the score of a 600-step export; a P run at other steps
+    voids the finetunes and scores that read its P, not the rows that do not. Paths are not the spec: records kept
+    from another machine answer for the same arms here."""
+    from s2t2_dist.recipes import arm_records
+
+    done = _table(tmp_path)
+    for j in done.values():
+        if j.name.startswith("seed0/"):
+            _record(j, 4.3)
+    names = [n for n in done if n.startswith("seed0/")]
+    assert all(read_result(done[n]) is not None for n in names)
+    # the same arms from another machine: other paths, the records read through --record
+    monkeypatch.setattr(arm_records, "EXTRA_RECORDS", [tmp_path / "a" / "record"])
+    here = _table(tmp_path, out="b")
+    for n in names:  # the run directories here hold the P files (a rerun also makes a missing input again)
+        for f in here[n].produces:
+            Path(f).parent.mkdir(parents=True, exist_ok=True)
+            Path(f).write_text("out")
+    assert all(read_result(here[n]) is not None for n in names)
+    assert Lanes.needed([here[n] for n in names]) == []
+    # three times the finetuning: every finetune and its score again, nothing else
+    longer = _table(tmp_path, out="b", ft_steps=600)
+    again = {j.name for j in Lanes.needed([longer[n] for n in names])}
+    assert again == {n for n in names if "/ft_" in n or "/eval_cft_" in n or n.endswith(("new_tok_lr0.0001",
+                                                                                          "orig_tok_lr0.0001"))}
+    assert "seed0/eval_cft_sparse_lr3e-05_lr0.0001" in again and "seed0/eval_sparse_lr3e-05" not in again
+    # other P steps: the P runs, their scores and the finetunes from them; FT orig. / new tok. keep their records
+    other_p = _table(tmp_path, out="b", p_steps=300)
+    again = {j.name for j in Lanes.needed([other_p[n] for n in names])}
+    assert "seed0/eval_cft_softmax_lr0.1_lr0.0001" in again and "seed0/eval_sparse_a0_lr3e-05" in again
+    assert not again & {"seed0/ft_new_tok_lr0.0001", "seed0/eval_orig_tok_lr0.0001"}
+    # a record without a spec (written before specs were) stands for nothing
+    r = json.loads(Path(arm_records.record_path(done["seed0/ft_new_tok_lr0.0001"])).read_text())
+    del r["spec"]
+    Path(arm_records.record_path(done["seed0/ft_new_tok_lr0.0001"])).write_text(json.dumps(r))
+    assert read_result(here["seed0/ft_new_tok_lr0.0001"]) is None
+
+
+def test_the_kept_records_stand_for_the_shipped_plans_arms(monkeypatch):
+    """benchmarks/records/smollm2 (the table's finished arms, reused by --record on any machine) answer for the
+    shipped preset's arms: a change to what an arm is (an override, a step) shows here as records that no longer
+    stand for it, to be rerun rather than reused."""
+    from s2t2_dist.recipes import arm_records
+
+    kept = Path(__file__).resolve().parents[2] / "benchmarks" / "records" / "smollm2"
+    monkeypatch.setattr(arm_records, "EXTRA_RECORDS", [kept])
+    table = {**_table(Path("/elsewhere")), **_table(Path("/elsewhere"), ft_lr=3e-4)}
+    jobs = {n: j for n, j in table.items() if (kept / f"{n}.json").is_file()}
+    assert len(jobs) >= 80 and [n for n, j in jobs.items() if read_result(j) is None] == []
 
 
 def test_selection_takes_the_lowest_validation_bpb_and_waits_for_every_run(tmp_path):
@@ -227,6 +294,7 @@ def _scored(job: Job, bpb: float) -> None:
     Path(job.run_dir).mkdir(parents=True, exist_ok=True)
     Path(job.result).write_text(json.dumps({"finished": True, "metrics": {
         "bpb": bpb, "perplexity": 2 ** bpb, "nll_per_token": bpb, "tokens": 50, "bytes": 100, "docs": 2}}))
+    write_record(job)
 
 
 def test_the_finetuned_rows_at_the_other_step_are_a_table_of_their_own(tmp_path):
@@ -255,6 +323,7 @@ def test_the_finetuned_rows_at_the_other_step_are_a_table_of_their_own(tmp_path)
             Path(j.run_dir).mkdir(parents=True, exist_ok=True)
             Path(j.result).write_text(json.dumps({"finished": True, "eval": {"bytes_per_token": 2.0},
                                                   "losses": [[1, 9.0 if j in jobs else 7.0], [2, 6.0]]}))
+            write_record(j)
     res = collect(plan, table, {"chosen": {"ft_lr": 3e-4}}, {"residue_unigram": {"bpb": 4.2},
                                                              "unigram_bpe": {"bpb": 4.4}}, step_checks=checks)
     assert res["missing"] == [] and res["same_bytes"]["ok"]

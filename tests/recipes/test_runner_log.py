@@ -14,3 +14,17 @@ def test_a_rerun_appends_to_the_jobs_log_and_keeps_the_failed_attempt(tmp_path):
     text = log.read_text()
     assert text.startswith("$ fail-cmd\nfirst attempt: out of memory\n")
     assert "--- rerun at " in text and text.index("first attempt") < text.index("$ ok-cmd") < text.index("second attempt")
+
+
+def test_a_finished_run_is_reused_only_while_what_it_read_was_made_the_same_way(tmp_path, monkeypatch):
+    """Runner.run's `inputs` (how the files a job reads were made) are part of the run's identity: the same argv
+    over an input made another way (a P file rewritten by a longer run, at the same path) starts afresh."""
+    r = Runner(ranks=1, in_process=False, log_dir=tmp_path / "logs", echo=False)
+    count, rd = tmp_path / "count", tmp_path / "run"
+    script = (f"import json, pathlib; c = pathlib.Path({str(count)!r}); c.write_text(str(int(c.read_text() or 0) + 1)"
+              f" if c.exists() else '1'); pathlib.Path({str(rd / 'result.json')!r}).write_text("
+              "json.dumps({'finished': True}))")
+    monkeypatch.setattr(r, "command", lambda stage, argv: [sys.executable, "-c", script])
+    runs = [r.run("evaluate", ["x=1"], rd, "job", result_file=rd / "result.json", inputs=ins).reused
+            for ins in (["P at 200 steps"], ["P at 200 steps"], ["P at 600 steps"], None)]
+    assert runs == [False, True, False, False] and count.read_text() == "3"
