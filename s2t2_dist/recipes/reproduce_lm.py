@@ -101,7 +101,9 @@ class LmPlan:
         return Job(name, "translate", "configs/translate_olmo1b.yaml", ov, rd, f"{rd}/result.json",
                    consumes=[str(d)], produces=[f"{rd}/P.safetensors"])
 
-    def finetune(self, name: str, kind: str, lr: float, seed: int, p_file: str = "") -> Job:
+    def finetune(self, name: str, kind: str, lr: float, seed: int, p_file: str = "", after: tuple[Job, ...] = ()
+                 ) -> Job:
+        """`after`: the job that writes the P file."""
         d, rd = self.p.data, str(self.p.runs / name)
         split = "source" if kind == "orig_tok" else "new"
         tok = self.p.model if kind == "orig_tok" else f"{d}/tokenizer"
@@ -111,10 +113,11 @@ class LmPlan:
               f"train.steps={self.cfg.ft_steps}", "train.eval_every=0", "train.keep_checkpoints=1",
               *self._common(seed)]
         return Job(name, "finetune", "configs/finetune_olmo1b.yaml", ov, rd, f"{rd}/result.json",
-                   consumes=[str(d)] + ([p_file] if p_file else []), produces=[f"{rd}/final"])
+                   consumes=[str(d)] + ([p_file] if p_file else []), produces=[f"{rd}/final"],
+                   upstream=upstream_of(*after))
 
     def evaluate(self, name: str, model: str, kind: str, p_file: str = "", role: tuple | None = None,
-                 source_tokens: bool = False, after: list[Job] = ()) -> Job:
+                 source_tokens: bool = False, after: tuple[Job, ...] = ()) -> Job:
         """Held-out score (fp32) of a model, or of the source model read through a P file. `source_tokens`: the
         model speaks the source model's tokenizer (FT orig. tok.); else the new BPE (an export carries it).
         `after`: the jobs that write the model or the P file."""
@@ -151,8 +154,9 @@ class LmPlan:
         return self.translate(f"seed{seed}/translate_{arm.kind}{tag}_{_lr_tag(arm.lr)}", arm.kind, arm.lr, seed,
                               self.cfg.p_steps, start=arm.start, alpha=arm.alpha)
 
-    def ft_arm(self, kind: str, lr: float, seed: int, p_file: str = "", tag: str = "") -> Job:
-        return self.finetune(f"seed{seed}/ft_{tag or kind}_{_lr_tag(lr)}", kind, lr, seed, p_file)
+    def ft_arm(self, kind: str, lr: float, seed: int, p_file: str = "", tag: str = "", after: tuple[Job, ...] = ()
+               ) -> Job:
+        return self.finetune(f"seed{seed}/ft_{tag or kind}_{_lr_tag(lr)}", kind, lr, seed, p_file, after)
 
     def curve(self) -> Job:
         from s2t2_dist.translator.kinds import REGISTRY
@@ -178,27 +182,26 @@ class LmPlan:
         fvt = self.translate("refs/translate_fvt", "sparse", None, self.cfg.seeds[0], 0, start="shipped")
         fvt.overrides += ["translator.init=fvt", "translator.init_weight=1"]
         jobs += [fvt, self.evaluate("refs/eval_fvt", self.p.model, "translated", fvt.produces[0],
-                                    role=("table1", "fvt", None), after=[fvt])]
-        # every name spells the whole arm (its P's start, alpha and step; the finetuning step), so a record can
-        # never stand for another choice than the one it was made with
+                                    role=("table1", "fvt", None), after=(fvt,))]
+        # every name spells the choices (its P's start, alpha and step; the finetuning step); the rest of what an
+        # arm is (steps, batch, what it read) is its spec, which a record must match (recipes/arm_records.py)
         for seed in self.cfg.seeds:
             s = f"seed{seed}"
             for col in (c for c in self.columns() if c in chosen):  # a report under way may lack a column
                 t = self.p_arm(chosen[col], seed)
                 pf, arm = t.produces[0], t.name.split("/translate_", 1)[1]
                 jobs += [t, self.evaluate(f"{s}/eval_{arm}", self.p.model, "translated", pf,
-                                          role=("table1", col, seed), after=[t])]
+                                          role=("table1", col, seed), after=(t,))]
                 if col == "s2t2_a0":  # a P-only row beside S2T2's: the paper's entropy weight
                     continue
-                ft = self.ft_arm("translated", ft_lr, seed, pf, tag=f"cft_{arm}")
-                ft.upstream = upstream_of(t)
+                ft = self.ft_arm("translated", ft_lr, seed, pf, tag=f"cft_{arm}", after=(t,))
                 jobs += [ft, self.evaluate(f"{s}/eval_{ft.name.split('/ft_', 1)[1]}", ft.produces[0], "as_is",
-                                           role=("table1", f"{col}_cft", seed), after=[ft])]
+                                           role=("table1", f"{col}_cft", seed), after=(ft,))]
             for kind, col in (("orig_tok", "ft_orig_tok"), ("new_tok_truncate", "ft_new_tok")):
                 ft = self.ft_arm(kind, ft_lr, seed, tag="new_tok" if kind == "new_tok_truncate" else "")
                 jobs += [ft, self.evaluate(f"{s}/eval_{ft.name.split('/ft_', 1)[1]}", ft.produces[0], "as_is",
                                            role=("table1", col, seed), source_tokens=kind == "orig_tok",
-                                           after=[ft])]
+                                           after=(ft,))]
         return jobs
 
     def check_jobs(self, chosen: dict[str, Arm], ft_lr: float) -> dict[float, list[Job]]:
