@@ -91,13 +91,8 @@ class FinetuneTask(Task):
         self.engine, self.rt, self.plan, self.cfg = engine, rt, plan, cfg
         self.eval_docs = eval_docs
         self.autocast = engine_kind(cfg.engine.kind).autocast(rt.dtype)
-        self.step = 0
-        self.last_eval: tuple[int, dict] | None = None
         # the loss in chunks of the head (None: transformers' loss over the full logits)
         self.head = chunked_loss.install(engine.model, cfg.engine.loss_chunk_tokens)
-
-    def on_step(self, step: int, loss: float) -> None:
-        self.step = step
 
     def loss(self, batch):
         ids = batch["input_ids"].to(self.engine.device, non_blocking=True)
@@ -126,7 +121,6 @@ class FinetuneTask(Task):
         metrics, _ = evaluate_documents(self.logits_fn(), self.eval_docs, self.cfg.train.context_len,
                                         vocab_size=self.plan.vocab_size, batch_size=self.cfg.eval.batch_size,
                                         pad_id=_pad(self.plan), max_docs=self.cfg.train.eval_max_docs)
-        self.last_eval = (self.step, metrics)
         return metrics
 
 
@@ -314,6 +308,7 @@ def run(cfg: FinetuneConfig, *, progress: bool = True) -> dict:
 def _train(cfg: FinetuneConfig, rt: Runtime, resolved: tuple[InitPlan, dict] | None) -> dict:
     from s2t2_dist.stages.init_model import resolve_plan
     from s2t2_dist.train.checkpoint import Checkpointer
+    from s2t2_dist.train.callbacks import final_evaluation
     from s2t2_dist.train.loop import train
     from s2t2_dist.utils.rundir import run_id
 
@@ -335,7 +330,7 @@ def _train(cfg: FinetuneConfig, rt: Runtime, resolved: tuple[InitPlan, dict] | N
     task, model, engine, loader, plan = build(cfg, rt, resolved)
     from s2t2_dist.train.flops import flops_per_token
 
-    result = train(cfg.train, task, engine, loader, ck, rt.logger, on_step=task.on_step,
+    result = train(cfg.train, task, engine, loader, ck, rt.logger,
                    flops_per_token=flops_per_token(model, cfg.train.context_len), progress=rt.progress)
     summary: dict = {"step": result.step, "finished": result.finished, "preempted": result.preempted,
                      "bad_steps": result.bad_steps, "losses": result.losses,
@@ -343,15 +338,8 @@ def _train(cfg: FinetuneConfig, rt: Runtime, resolved: tuple[InitPlan, dict] | N
                      "init": plan.to_dict(), "world_size": rt.env.world_size, "engine": cfg.engine.kind,
                      "last_checkpoint": str(result.last_checkpoint) if result.last_checkpoint else None}
     if result.finished:
-        task.step = result.step
         if task.eval_docs is not None:
-            if task.last_eval is not None and task.last_eval[0] == result.step:
-                metrics = task.last_eval[1]
-            else:
-                engine.eval()
-                metrics = task.evaluate()
-                rt.logger.scalars(result.step, {f"eval/{k}": v for k, v in metrics.items()})
-            summary["eval"] = metrics
+            summary["eval"] = final_evaluation(result, task, engine, rt.logger)
         dtype = torch.float32 if cfg.export.dtype == "float32" else torch.bfloat16
         out = Path(cfg.export.dir or rt.run_dir / "final")
         probe = probe_logits(task)

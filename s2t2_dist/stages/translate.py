@@ -437,6 +437,7 @@ def record_resolved(rt: Runtime, cfg: TranslateConfig, resolved: Resolved) -> No
 def _train(cfg: TranslateConfig, rt: Runtime, inputs: TranslateInputs | None) -> dict:
     from s2t2_dist.train.checkpoint import Checkpointer
     from s2t2_dist.translator.stats import translator_column_split
+    from s2t2_dist.train.callbacks import final_evaluation
     from s2t2_dist.train.loop import train
 
     # the checkpoint is checked against this config before the model is loaded (hashes as build computes them)
@@ -473,10 +474,7 @@ def _train(cfg: TranslateConfig, rt: Runtime, inputs: TranslateInputs | None) ->
             faults.point("export.begin", result.step)
             summary["p_file"] = str(export_p(rt.run_dir / "P.safetensors", task, hashes))
         if task.eval_docs is not None:
-            engine.eval()
-            metrics = task.evaluate()
-            rt.logger.scalars(result.step, {f"eval/{k}": v for k, v in metrics.items()})
-            summary["eval"] = metrics
+            summary["eval"] = final_evaluation(result, task, engine, rt.logger)
     return summary
 
 

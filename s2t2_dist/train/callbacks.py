@@ -329,8 +329,22 @@ class Evaluation(Callback):
         every = state.cfg.eval_every
         if every and state.step % every == 0:
             state.engine.eval()
-            state.logger.scalars(state.step, {f"eval/{k}": v for k, v in state.task.evaluate().items()})
+            metrics = state.task.evaluate()
+            state.logger.scalars(state.step, {f"eval/{k}": v for k, v in metrics.items()})
+            state.result.last_eval = (state.step, metrics)
             state.engine.train()
+
+
+def final_evaluation(result, task, engine, logger) -> dict[str, float]:
+    """The held-out metrics of a finished run: the periodic evaluation's when it ran at the last step (a second
+    pass over the same documents with the same weights would only cost time), else evaluated and logged now.
+    Collective."""
+    if result.last_eval is not None and result.last_eval[0] == result.step:
+        return result.last_eval[1]
+    engine.eval()
+    metrics = task.evaluate()
+    logger.scalars(result.step, {f"eval/{k}": v for k, v in metrics.items()})
+    return metrics
 
 
 class FirstStep(Callback):

@@ -90,6 +90,8 @@ class LoopResult:
     last_checkpoint: Path | None = None
     #: loss of the last step taken, by this invocation or (resumed) by the run before it
     final_loss: float | None = None
+    #: (step, metrics) of this invocation's last periodic evaluation (train.eval_every)
+    last_eval: tuple[int, dict[str, float]] | None = None
 
 
 class _StopFlag:

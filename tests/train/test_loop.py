@@ -116,3 +116,29 @@ def test_sigterm_checkpoints_and_stops(tmp_path):
     res = train(tcfg, task, engine, loader, Checkpointer(tmp_path), log, progress=False, on_step=on_step)
     assert res.preempted and res.step == 4
     assert Checkpointer(tmp_path).complete_steps()[-1] == 4
+
+
+@pytest.mark.parametrize("every,passes,logged", [(4, 3, [4, 8, 12]), (5, 3, [5, 10, 12]), (0, 1, [12])])
+def test_final_evaluation_reuses_the_periodic_one_at_the_last_step(tmp_path, every, passes, logged):
+    """A run whose train.eval_every divides its steps scores the held-out documents once at the last step, not
+    twice; otherwise the end adds its own pass. Both are logged under eval/ at their steps."""
+    from s2t2_dist.train.callbacks import final_evaluation
+
+    tcfg, task, engine, loader = make(12, [f"eval_every={every}"])
+    seen = []
+
+    def evaluate():
+        seen.append(float(task.model.weight.detach().norm()))
+        return {"bpb": 1.0 / len(seen)}
+
+    task.evaluate = evaluate
+    log = MetricsLogger(tmp_path / "tb", rank=0, node_rank=0, local_rank=0)
+    res = train(tcfg, task, engine, loader, Checkpointer(tmp_path, keep=2, fingerprint={"cfg": "a"}), log,
+                progress=False)
+    metrics = final_evaluation(res, task, engine, log)
+    log.close()
+    assert res.finished and len(seen) == passes
+    assert metrics == {"bpb": 1.0 / passes}  # the last pass's, at the final weights
+    acc = EventAccumulator(str(tmp_path / "tb" / "global"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("eval/bpb")] == logged
