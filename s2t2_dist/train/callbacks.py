@@ -328,11 +328,16 @@ class Evaluation(Callback):
     def end_step(self, state):
         every = state.cfg.eval_every
         if every and state.step % every == 0:
-            state.engine.eval()
-            metrics = state.task.evaluate()
-            state.logger.scalars(state.step, {f"eval/{k}": v for k, v in metrics.items()})
-            state.result.last_eval = (state.step, metrics)
+            state.result.last_eval = (state.step, _evaluate(state.task, state.engine, state.logger, state.step))
             state.engine.train()
+
+
+def _evaluate(task, engine, logger, step: int) -> dict[str, float]:
+    """One pass over the held-out documents in eval mode, logged under eval/ at `step`. Collective."""
+    engine.eval()
+    metrics = task.evaluate()
+    logger.scalars(step, {f"eval/{k}": v for k, v in metrics.items()})
+    return metrics
 
 
 def final_evaluation(result, task, engine, logger) -> dict[str, float]:
@@ -341,10 +346,7 @@ def final_evaluation(result, task, engine, logger) -> dict[str, float]:
     Collective."""
     if result.last_eval is not None and result.last_eval[0] == result.step:
         return result.last_eval[1]
-    engine.eval()
-    metrics = task.evaluate()
-    logger.scalars(result.step, {f"eval/{k}": v for k, v in metrics.items()})
-    return metrics
+    return _evaluate(task, engine, logger, result.step)
 
 
 class FirstStep(Callback):
