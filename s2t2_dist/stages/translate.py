@@ -466,7 +466,7 @@ def _train(cfg: TranslateConfig, rt: Runtime, inputs: TranslateInputs | None) ->
                "routes": report_routes(rt, result.step)}
     summary["P"] = {"start": task.p_start, "end": {**end(reduced),
                                                    **translator_column_split(task.stats, task.unbuilt)}}
-    summary["P"]["warning"] = sparsity_warning(summary["P"]["start"], summary["P"]["end"])
+    summary["P"]["warning"] = sparsity_warning(summary["P"]["start"], summary["P"]["end"], result.step)
     if summary["P"]["warning"] and rt.env.is_main:
         log.warning("translate: %s", summary["P"]["warning"])
     if result.finished:

@@ -303,9 +303,12 @@ def p_sparsity(stats: PStats, batch=None):
     return finish(b.reduce()) if batch is None else finish
 
 
-def sparsity_warning(start: dict, end: dict) -> str:
+def sparsity_warning(start: dict, end: dict, steps: int) -> str:
     """'' unless the learned P has no fewer non-zeros per column than its start and no lower column entropy, and
-    more than 5% non-zeros (a sparse start that stays as sparse is what the shipped recipe does)."""
+    more than 5% non-zeros (a sparse start that stays as sparse is what the shipped recipe does). A run of no steps
+    (`train.steps=0`, which scores the start) learned nothing, so it is not told to raise alpha."""
+    if steps == 0:
+        return ""
     if end["col_nnz_mean"] < start["col_nnz_mean"] or end["col_entropy_mean"] < start["col_entropy_mean"] - 1e-6:
         return ""
     if end["density"] <= 0.05:
