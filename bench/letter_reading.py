@@ -28,22 +28,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from s2t2_dist.recipes.reproduce_lm import residue_frequencies, split_texts
+
 ADAPTIVE_K = (5, 10, 20, 50, 100, 200)
-
-
-def read_split(directory: Path) -> list[str]:
-    """The texts of a prepared split (``*.jsonl`` files of ``{"text": ...}``)."""
-    parts = sorted(directory.glob("*.jsonl"))
-    if not parts:
-        raise FileNotFoundError(f"{directory}: no *.jsonl split files")
-    return [json.loads(line)["text"] for p in parts for line in p.open() if line.strip()]
-
-
-def unigram(train: list[str], alphabet: list[str]) -> dict[str, float]:
-    """Add-one smoothed letter frequencies of ``train`` over ``alphabet``."""
-    counts = Counter("".join(train))
-    total = sum(counts[a] for a in alphabet) + len(alphabet)
-    return {a: (counts[a] + 1) / total for a in alphabet}
 
 
 def unigram_bits(p: dict[str, float], texts: list[str]) -> float:
@@ -114,7 +101,7 @@ def score(model_dir: str, train: list[str], texts: list[str], window: int, bos: 
                 own_tokens += x.shape[1] - 1
             if progress:
                 progress(n + 1, len(texts))
-    p = unigram(train, alphabet)
+    p = residue_frequencies(train, alphabet)  # the table's residue unigram
     return {"sequences": len(texts), "bytes": n_bytes, "alphabet": "".join(alphabet), "window": window,
             "bpb": {k: v / n_bytes for k, v in bits.items()},
             "own_tokenizer_bytes_per_token": n_bytes / own_tokens,
@@ -139,8 +126,8 @@ def main(argv=None) -> int:
         print(f"letter_reading: --model {a.model}: no config.json (not a model directory)", file=sys.stderr)
         return 2
     try:
-        train = read_split(Path(a.splits) / "train")
-        texts = read_split(Path(a.splits) / a.split)
+        train = split_texts(Path(a.splits) / "train")
+        texts = split_texts(Path(a.splits) / a.split)
     except (FileNotFoundError, KeyError, json.JSONDecodeError) as e:
         print(f"letter_reading: --splits: {e}", file=sys.stderr)
         return 2

@@ -414,12 +414,26 @@ def _prepare_summary(summary: dict) -> dict:
             "bytes_per_token": {k: v.get("bytes_per_token") for k, v in comp.items()}}
 
 
-def _split_texts(split_dir: Path) -> list[str]:
+def split_texts(split_dir: Path) -> list[str]:
+    """The texts of a prepared split (``*.jsonl`` files of ``{"text": ...}``); a split without files is an error,
+    never an empty reference."""
+    parts = sorted(Path(split_dir).glob("*.jsonl"))
+    if not parts:
+        raise FileNotFoundError(f"{split_dir}: no *.jsonl split files")
     out = []
-    for part in sorted(Path(split_dir).glob("*.jsonl")):
+    for part in parts:
         with open(part) as f:
-            out += [json.loads(line)["text"] for line in f]
+            out += [json.loads(line)["text"] for line in f if line.strip()]
     return out
+
+
+def residue_frequencies(train_texts: list[str], alphabet) -> dict[str, float]:
+    """Add-one smoothed letter frequencies of the train texts over ``alphabet`` (a superset of their letters)."""
+    from collections import Counter
+
+    counts = Counter("".join(train_texts))
+    total = sum(counts[a] for a in alphabet) + len(alphabet)
+    return {a: (counts[a] + 1) / total for a in alphabet}
 
 
 def residue_unigram(train_texts: list[str], scored_texts: list[str]) -> dict:
@@ -428,17 +442,13 @@ def residue_unigram(train_texts: list[str], scored_texts: list[str]) -> dict:
     import math
     from collections import Counter
 
-    counts: Counter = Counter()
-    for t in train_texts:
-        counts.update(t)
     scored: Counter = Counter()
     for t in scored_texts:
         scored.update(t.upper())
-    alphabet = set(counts) | set(scored)
-    total = sum(counts.values()) + len(alphabet)
+    p = residue_frequencies(train_texts, set("".join(train_texts)) | set(scored))
     n_bytes = sum(scored.values())
-    nll = -sum(n * math.log((counts[a] + 1) / total) for a, n in scored.items())
-    return {"bpb": nll / (math.log(2) * n_bytes), "letters": len(alphabet), "bytes": n_bytes}
+    nll = -sum(n * math.log(p[a]) for a, n in scored.items())
+    return {"bpb": nll / (math.log(2) * n_bytes), "letters": len(p), "bytes": n_bytes}
 
 
 def references(paths: LmPaths) -> dict:
@@ -446,13 +456,13 @@ def references(paths: LmPaths) -> dict:
     from s2t2_dist.data.fasta import read_fasta
     from s2t2_dist.recipes.orchestrate import unigram_reference
 
-    train = _split_texts(paths.data / "splits" / "train")
+    train = split_texts(paths.data / "splits" / "train")
     held = [r.text for r in read_fasta(paths.out / "data" / "corpus" / "heldout.fasta")]
     new = paths.data / "shards" / "new"
     return {"unigram_bpe": unigram_reference(new / "train", paths.heldout_new),
             "residue_unigram": residue_unigram(train, held),
             "validation": {"unigram_bpe": unigram_reference(new / "train", new / "eval"),
-                           "residue_unigram": residue_unigram(train, _split_texts(paths.data / "splits" / "eval"))}}
+                           "residue_unigram": residue_unigram(train, split_texts(paths.data / "splits" / "eval"))}}
 
 
 # ----------------------------------------------------------------------------------------------------------------

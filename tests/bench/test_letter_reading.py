@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from bench.letter_reading import adaptive_bits, letter_ids, main, unigram, unigram_bits, window_bits
+from bench.letter_reading import adaptive_bits, letter_ids, main, unigram_bits, window_bits
+from s2t2_dist.recipes.reproduce_lm import residue_frequencies as unigram
 
 
 def test_unigram_is_add_one_smoothed_over_the_alphabet():
