@@ -28,7 +28,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from s2t2_dist.recipes.reproduce_lm import residue_frequencies, split_texts
+from s2t2_dist.data.split import iter_split_texts
+from s2t2_dist.recipes.reproduce_lm import residue_frequencies
 
 ADAPTIVE_K = (5, 10, 20, 50, 100, 200)
 
@@ -126,9 +127,9 @@ def main(argv=None) -> int:
         print(f"letter_reading: --model {a.model}: no config.json (not a model directory)", file=sys.stderr)
         return 2
     try:
-        train = split_texts(Path(a.splits) / "train")
-        texts = split_texts(Path(a.splits) / a.split)
-    except (FileNotFoundError, KeyError, json.JSONDecodeError) as e:
+        train = list(iter_split_texts(a.splits, "train"))
+        texts = list(iter_split_texts(a.splits, a.split))
+    except (OSError, KeyError, ValueError) as e:  # DataError (no or a broken split manifest) is a ValueError
         print(f"letter_reading: --splits: {e}", file=sys.stderr)
         return 2
     if a.threads:

@@ -414,19 +414,6 @@ def _prepare_summary(summary: dict) -> dict:
             "bytes_per_token": {k: v.get("bytes_per_token") for k, v in comp.items()}}
 
 
-def split_texts(split_dir: Path) -> list[str]:
-    """The texts of a prepared split (``*.jsonl`` files of ``{"text": ...}``); a split without files is an error,
-    never an empty reference."""
-    parts = sorted(Path(split_dir).glob("*.jsonl"))
-    if not parts:
-        raise FileNotFoundError(f"{split_dir}: no *.jsonl split files")
-    out = []
-    for part in parts:
-        with open(part) as f:
-            out += [json.loads(line)["text"] for line in f if line.strip()]
-    return out
-
-
 def residue_frequencies(train_texts: list[str], alphabet) -> dict[str, float]:
     """Add-one smoothed letter frequencies of the train texts over ``alphabet`` (a superset of their letters)."""
     from collections import Counter
@@ -454,15 +441,16 @@ def residue_unigram(train_texts: list[str], scored_texts: list[str]) -> dict:
 def references(paths: LmPaths) -> dict:
     """The training-free lines, on the held-out split (the table's) and on the validation split (the curve's)."""
     from s2t2_dist.data.fasta import read_fasta
+    from s2t2_dist.data.split import iter_split_texts
     from s2t2_dist.recipes.orchestrate import unigram_reference
 
-    train = split_texts(paths.data / "splits" / "train")
+    train = list(iter_split_texts(paths.data / "splits", "train"))
     held = [r.text for r in read_fasta(paths.out / "data" / "corpus" / "heldout.fasta")]
     new = paths.data / "shards" / "new"
     return {"unigram_bpe": unigram_reference(new / "train", paths.heldout_new),
             "residue_unigram": residue_unigram(train, held),
             "validation": {"unigram_bpe": unigram_reference(new / "train", new / "eval"),
-                           "residue_unigram": residue_unigram(train, split_texts(paths.data / "splits" / "eval"))}}
+                           "residue_unigram": residue_unigram(train, list(iter_split_texts(paths.data / "splits", "eval")))}}
 
 
 # ----------------------------------------------------------------------------------------------------------------

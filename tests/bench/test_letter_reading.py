@@ -56,7 +56,7 @@ def test_refusals_name_the_argument(tmp_path, capsys):
     (tmp_path / "config.json").write_text("{}")
     assert main(["--model", str(tmp_path), "--splits", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
-    assert "--splits" in err and "no *.jsonl" in err
+    assert "--splits" in err and "split.json" in err
     (tmp_path / "s" / "train").mkdir(parents=True)
     (tmp_path / "s" / "train" / "part-0.jsonl").write_text(json.dumps({"text": "AB"}) + "\n")
     assert main(["--model", str(tmp_path), "--splits", str(tmp_path / "s"), "--window", "0"]) == 2
