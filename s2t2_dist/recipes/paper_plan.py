@@ -77,7 +77,8 @@ class RealLMOptions:
     eval_every: int = 100
     #: starts the dense baselines (Plain P, Sinkhorn P) are selected from: paper (C = 1/v, uniform mu), shipped (FVT)
     baseline_starts: list[str] = field(default_factory=lambda: ["paper", "shipped"])
-    #: also a P-only row of S2T2 at the paper's entropy weight alpha = 0 (its own step from the sparse grid)
+    #: also a P-only row of S2T2 at the paper's entropy weight alpha = 0, its start (shipped or the paper's) and
+    #: step chosen from the sparse grid
     s2t2_alpha0: bool = True
     #: the step sizes each P column is selected from (validation split, seed 0)
     p_lr_sweep: PLrSweep = field(default_factory=PLrSweep)

@@ -7,8 +7,10 @@ Phases (each arm a real `translate` / `finetune` / `evaluate` run in its own run
            the S2T2 P-only curve (`curve_steps`, validation BpB every `eval_every` steps); every P kind at each
            step size of its grid (`p_lr_sweep.*`, `p_steps` steps); the finetuning step (`ft_lr_sweep`) on the two
            rows that do not depend on a P (FT new tok., FT orig. tok.), so the baselines get their best step.
-  table    every seed: Plain P, Sinkhorn P, S2T2 (each at its chosen step), each P-only and + CFT; FT orig. tok.;
-           FT new tok.; the training-free FVT start; each scored on the held-out split. The seed-0 runs of the
+  table    every seed: Plain P, Sinkhorn P, S2T2 (each at its chosen start and step), each P-only and + CFT;
+           S2T2 P-only also at the paper's alpha 0, from the shipped or the paper's start (S2T2 + CFT finetunes the
+           shipped recipe's P: on seed 0's validation split CFT from the paper start's P, the better P-only, ended
+           worse); FT orig. tok.; FT new tok.; the training-free FVT start; each scored on the held-out split. The seed-0 runs of the
            chosen steps are the selection's runs (same arguments, reused). With `lm.ft_lr_check`, the finetuned
            rows also at every other step of `ft_lr_sweep`, each a table of its own (a check: it chooses nothing).
 Arms run in `lanes` parallel processes (`OMP_NUM_THREADS` = cores / lanes). A rerun skips finished arms (their small
@@ -32,7 +34,7 @@ from s2t2_dist.recipes.orchestrate import REPO_ROOT, Runner, StageFailed, fmt_se
 from s2t2_dist.recipes.paper_plan import Job, ReproduceConfig
 from s2t2_dist.recipes.reproduce_lm_report import FT_ROWS
 
-#: translator kind per P column of Table 1 (s2t2_a0: S2T2 at the paper's entropy weight 0, a P-only row)
+#: translator kind per P column of Table 1 (s2t2_a0: S2T2 at the paper's entropy weight 0)
 P_COLUMNS = {"plain_p": "unconstrained", "sinkhorn_p": "softmax", "s2t2": "sparse", "s2t2_a0": "sparse"}
 #: the validation split's hash seed inside the training split (the held-out split uses protein_corpus.HELDOUT_SEED)
 VALIDATION_SEED = 1
@@ -136,12 +138,15 @@ class LmPlan:
 
     # -- phases -----------------------------------------------------------------------------------------------
     def candidates(self, col: str) -> list[Arm]:
-        """Every (start, alpha, step) a P column is selected from: S2T2 from the shipped start (its alpha, or the
-        paper's 0), the dense baselines from each of `lm.baseline_starts`."""
+        """Every (start, alpha, step) a P column is selected from: S2T2 at the shipped alpha from the shipped start;
+        S2T2 at the paper's alpha 0 from either start (the paper's start is alpha 0 by definition); the dense
+        baselines from each of `lm.baseline_starts`."""
         kind = P_COLUMNS[col]
         grid = getattr(self.cfg.lm.p_lr_sweep, kind)
-        if kind == "sparse":
-            return [Arm(kind, "shipped", 0.0 if col == "s2t2_a0" else None, lr) for lr in grid]
+        if col == "s2t2":
+            return [Arm(kind, "shipped", None, lr) for lr in grid]
+        if col == "s2t2_a0":
+            return [Arm(kind, start, 0.0, lr) for start in ("shipped", "paper") for lr in grid]
         return [Arm(kind, start, None, lr) for start in self.cfg.lm.baseline_starts for lr in grid]
 
     def columns(self) -> list[str]:
@@ -149,7 +154,8 @@ class LmPlan:
 
     def p_arm(self, arm: Arm, seed: int) -> Job:
         # the shipped start is the sparse kind's own, the paper's the baselines' first: those names carry no tag
-        tag = ("_fvt" if arm.start == "shipped" and arm.kind != "sparse" else "") + \
+        other = "paper" if arm.kind == "sparse" else "shipped"
+        tag = ({"shipped": "_fvt", "paper": "_paper"}[other] if arm.start == other else "") + \
             ("_a0" if arm.alpha == 0 else "")
         return self.translate(f"seed{seed}/translate_{arm.kind}{tag}_{_lr_tag(arm.lr)}", arm.kind, arm.lr, seed,
                               self.cfg.p_steps, start=arm.start, alpha=arm.alpha)
@@ -192,7 +198,7 @@ class LmPlan:
                 pf, arm = t.produces[0], t.name.split("/translate_", 1)[1]
                 jobs += [t, self.evaluate(f"{s}/eval_{arm}", self.p.model, "translated", pf,
                                           role=("table1", col, seed), after=(t,))]
-                if col == "s2t2_a0":  # a P-only row beside S2T2's: the paper's entropy weight
+                if col == "s2t2_a0":  # P-only: S2T2 + CFT reads the shipped recipe's P (the s2t2 column's)
                     continue
                 ft = self.ft_arm("translated", ft_lr, seed, pf, tag=f"cft_{arm}", after=(t,))
                 jobs += [ft, self.evaluate(f"{s}/eval_{ft.name.split('/ft_', 1)[1]}", ft.produces[0], "as_is",
