@@ -10,9 +10,10 @@ Phases (each arm a real `translate` / `finetune` / `evaluate` run in its own run
   table    every seed: Plain P, Sinkhorn P, S2T2 (each at its chosen start and step), each P-only and + CFT;
            S2T2 P-only also at the paper's alpha 0, from the shipped or the paper's start (S2T2 + CFT finetunes the
            shipped recipe's P: on seed 0's validation split CFT from the paper start's P, the better P-only, ended
-           worse); FT orig. tok.; FT new tok.; the training-free FVT start; each scored on the held-out split. The seed-0 runs of the
-           chosen steps are the selection's runs (same arguments, reused). With `lm.ft_lr_check`, the finetuned
-           rows also at every other step of `ft_lr_sweep`, each a table of its own (a check: it chooses nothing).
+           worse); FT orig. tok.; FT new tok.; the training-free FVT start; each scored on the held-out split.
+           The seed-0 runs of the chosen steps are the selection's runs (same arguments, reused). With
+           `lm.ft_lr_check`, the finetuned rows also at every other step of `ft_lr_sweep`, each a table of its
+           own (a check: it chooses nothing).
 Arms run in `lanes` parallel processes (`OMP_NUM_THREADS` = cores / lanes). A rerun skips finished arms (their small
 result record in OUT/record, which can be kept across machines: `--record`) and resumes interrupted ones from their
 latest checkpoint. A record stands for an arm only if it was made with the arm's spec (its steps, lrs, seed, ... and
@@ -153,9 +154,9 @@ class LmPlan:
         return [c for c in P_COLUMNS if c != "s2t2_a0" or self.cfg.lm.s2t2_alpha0]
 
     def p_arm(self, arm: Arm, seed: int) -> Job:
-        # the shipped start is the sparse kind's own, the paper's the baselines' first: those names carry no tag
-        other = "paper" if arm.kind == "sparse" else "shipped"
-        tag = ({"shipped": "_fvt", "paper": "_paper"}[other] if arm.start == other else "") + \
+        # the shipped start is the sparse kind's own, the paper's the baselines' first: only the other is tagged
+        own = "shipped" if arm.kind == "sparse" else "paper"
+        tag = ("" if arm.start == own else {"shipped": "_fvt", "paper": "_paper"}[arm.start]) + \
             ("_a0" if arm.alpha == 0 else "")
         return self.translate(f"seed{seed}/translate_{arm.kind}{tag}_{_lr_tag(arm.lr)}", arm.kind, arm.lr, seed,
                               self.cfg.p_steps, start=arm.start, alpha=arm.alpha)
@@ -450,13 +451,14 @@ def references(paths: LmPaths) -> dict:
     from s2t2_dist.data.split import iter_split_texts
     from s2t2_dist.recipes.orchestrate import unigram_reference
 
-    train = list(iter_split_texts(paths.data / "splits", "train"))
+    splits = paths.data / "splits"
+    train = list(iter_split_texts(splits, "train"))
     held = [r.text for r in read_fasta(paths.out / "data" / "corpus" / "heldout.fasta")]
     new = paths.data / "shards" / "new"
     return {"unigram_bpe": unigram_reference(new / "train", paths.heldout_new),
             "residue_unigram": residue_unigram(train, held),
             "validation": {"unigram_bpe": unigram_reference(new / "train", new / "eval"),
-                           "residue_unigram": residue_unigram(train, list(iter_split_texts(paths.data / "splits", "eval")))}}
+                           "residue_unigram": residue_unigram(train, list(iter_split_texts(splits, "eval")))}}
 
 
 # ----------------------------------------------------------------------------------------------------------------

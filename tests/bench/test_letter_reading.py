@@ -7,17 +7,17 @@ import pytest
 import torch
 
 from bench.letter_reading import adaptive_bits, letter_ids, main, unigram_bits, window_bits
-from s2t2_dist.recipes.reproduce_lm import residue_frequencies as unigram
+from s2t2_dist.recipes.reproduce_lm import residue_frequencies
 
 
 def test_unigram_is_add_one_smoothed_over_the_alphabet():
-    p = unigram(["AAB"], ["A", "B", "C"])
+    p = residue_frequencies(["AAB"], ["A", "B", "C"])
     assert p == pytest.approx({"A": 3 / 6, "B": 2 / 6, "C": 1 / 6})
     assert unigram_bits(p, ["AC"]) == pytest.approx(-math.log2(0.5) - math.log2(1 / 6))
 
 
 def test_adaptive_unigram_learns_a_sequences_own_composition():
-    p = unigram(["ABCD" * 50], list("ABCD"))
+    p = residue_frequencies(["ABCD" * 50], list("ABCD"))
     biased = ["A" * 300]
     # a sequence of one letter costs far less once its own counts are read; a huge prior weight is the unigram
     assert adaptive_bits(p, biased, 10) < 0.2 * unigram_bits(p, biased)
