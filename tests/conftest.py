@@ -2,6 +2,7 @@ import functools
 import json
 import os
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -13,6 +14,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
+
+# The Ctrl-C tests press Ctrl-C at a terminal: the stages they start must see SIGINT as a terminal's foreground job
+# does. A suite started in the background (`nohup pytest ... &` from a script) inherits an ignored SIGINT, which every
+# child would keep (the stages leave an ignored SIGINT ignored, as Python does); a handled one is reset on exec.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 

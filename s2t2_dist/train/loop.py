@@ -96,12 +96,17 @@ class LoopResult:
 
 class _StopFlag:
     """Remembers SIGTERM/SIGUSR1/SIGINT so the loop can checkpoint at the next step boundary instead of dying
-    mid-step. A second Ctrl-C (SIGINT) while that checkpoint is pending interrupts at once, as Python would."""
+    mid-step. A second Ctrl-C (SIGINT) while that checkpoint is pending interrupts at once, as Python would.
+    A SIGINT ignored on entry stays ignored, as Python leaves it: a shell starts background jobs (`nohup ... &` in a
+    script) so that a Ctrl-C meant for the foreground does not reach them, and the export after the loop ignores it
+    too."""
 
     def __init__(self, signals=(signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)):
         self.requested: int | None = None
         self._old = {}
         for s in signals:
+            if s == signal.SIGINT and signal.getsignal(s) == signal.SIG_IGN:
+                continue
             try:
                 self._old[s] = signal.signal(s, self._handler)
             except ValueError:  # not the main thread (e.g. inside some test runners): signals stay as they are

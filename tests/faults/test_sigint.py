@@ -19,11 +19,11 @@ from s2t2_dist.train.checkpoint import Checkpointer
 from tests.helpers.stage_fixtures import REPO
 
 
-def _launch(stage: str, args: list[str], trace, log):
+def _launch(stage: str, args: list[str], trace, log, preexec_fn=None):
     out = open(log, "w+")
     proc = subprocess.Popen([sys.executable, "-m", "s2t2_dist.cli", stage, *args], cwd=REPO,
                             env=base_env(**{faults.TRACE_ENV: str(trace)}), stdout=out, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=preexec_fn)
     return proc, out
 
 
@@ -76,6 +76,26 @@ def test_ctrl_c_during_finetune_checkpoints_at_the_step_boundary(tiny_data, stor
                          "train.batch_size=2", f"engine.kind={engine}")
     step = _ctrl_c_then_resume("finetune", args, tmp_path)
     ledger("finetune: Ctrl-C (SIGINT to the process group)", step=step)
+
+
+def test_a_run_started_with_ctrl_c_ignored_keeps_ignoring_it(tiny_data, stories, tmp_path):
+    """`nohup s2t2 translate ... &` in a script starts the stage with SIGINT ignored, so that a Ctrl-C meant for the
+    script's foreground job does not reach it: the training loop and the export leave it ignored (before: the loop
+    took SIGINT over and checkpointed and stopped the run, while the export after it ignored it)."""
+    run, trace = tmp_path / "run", tmp_path / "trace"
+    args = translate_args(tiny_data, stories, run, "train.steps=40", "train.ckpt_every=0", "train.batch_size=2")
+    proc, out = _launch("translate", args, trace, tmp_path / "l1.log",
+                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    at = _wait_for_step(proc, trace, 3, out)
+    os.killpg(proc.pid, signal.SIGINT)
+    rc = proc.wait(timeout=180)
+    out.seek(0)
+    text = out.read()
+    assert rc == 0 and "interrupted" not in text and "Traceback" not in text, text[-4000:]
+    result = json.loads((run / "result.json").read_text())
+    assert result["finished"] and not result["preempted"] and result["step"] == 40 > at, result
+    assert (run / "P.safetensors").is_file()
+    ledger("translate started with Ctrl-C ignored (nohup ... &): Ctrl-C", step=at)
 
 
 def test_ctrl_c_under_torchrun_checkpoints_every_rank(tiny_data, stories, tmp_path):
