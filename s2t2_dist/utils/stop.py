@@ -16,6 +16,7 @@ any model is loaded) replaces them:
   S2T2_STEP_REPORT_DIR/finished, which slurm/common.sh reads before it requeues.
 
 SIGINT (Ctrl-C) keeps Python's KeyboardInterrupt outside the loop: run_main reports it as an interrupt (exit 130).
+A SIGINT ignored when the process started (`nohup ... &` in a script) stays ignored, in the loop too.
 """
 
 from __future__ import annotations
