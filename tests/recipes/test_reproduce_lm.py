@@ -161,9 +161,10 @@ def test_a_record_stands_for_its_own_arm_only_and_for_what_it_read(tmp_path, mon
 
 
 def test_the_kept_records_stand_for_the_shipped_plans_arms(monkeypatch):
-    """benchmarks/records/smollm2 (the table's finished arms, reused by --record on any machine) answer for the
-    shipped preset's arms: a change to what an arm is (an override, a step) shows here as records that no longer
-    stand for it, to be rerun rather than reused."""
+    """benchmarks/records/smollm2 (the finished arms, reused by --record on any machine) answer for every arm of the
+    shipped preset, the selection's (the P-only curve, each P's step grid, the finetuning step) and the table's: a
+    change to what an arm is (an override, a step, the automatic step's rule in the curve's name) shows here as
+    records that no longer stand for it, to be rerun rather than reused."""
     from s2t2_dist.recipes import arm_records
 
     kept = Path(__file__).resolve().parents[2] / "benchmarks" / "records" / "smollm2"
@@ -171,6 +172,12 @@ def test_the_kept_records_stand_for_the_shipped_plans_arms(monkeypatch):
     table = {**_table(Path("/elsewhere")), **_table(Path("/elsewhere"), ft_lr=3e-4)}
     jobs = {n: j for n, j in table.items() if (kept / f"{n}.json").is_file()}
     assert len(jobs) == len(table) >= 70 and [n for n, j in jobs.items() if read_result(j) is None] == []
+    root = Path("/elsewhere/a")
+    plan = LmPlan(preset("smollm2"), LmPaths(out=root, model=str(root / "m"), data=root / "data", heldout_new="hn",
+                                             heldout_source="hs"))
+    select = plan.select_jobs()
+    assert len(select) >= 30 and any(j.name.startswith("seed0/curve_") for j in select)
+    assert [j.name for j in select if read_result(j) is None] == []
 
 
 def test_selection_takes_the_lowest_validation_bpb_and_waits_for_every_run(tmp_path):
