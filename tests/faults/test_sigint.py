@@ -40,15 +40,21 @@ def _wait_for_step(proc, trace, step: int, out, timeout: float = 180) -> int:
     raise AssertionError(f"step {step} not reached in {timeout} s")
 
 
-def _ctrl_c_then_resume(stage, args, tmp_path):
-    run = tmp_path / "run"
+def _ctrl_c_at_step_3(stage, args, tmp_path, preexec_fn=None):
+    """Launch, press Ctrl-C once step 3 is reached, wait: (the step reached, exit code, output)."""
     trace = tmp_path / "trace"
-    proc, out = _launch(stage, args, trace, tmp_path / "l1.log")
+    proc, out = _launch(stage, args, trace, tmp_path / "l1.log", preexec_fn)
     at = _wait_for_step(proc, trace, 3, out)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
     rc = proc.wait(timeout=180)
     out.seek(0)
-    text = out.read()
+    return at, rc, out.read()
+
+
+def _ctrl_c_then_resume(stage, args, tmp_path):
+    run = tmp_path / "run"
+    trace = tmp_path / "trace"
+    at, rc, text = _ctrl_c_at_step_3(stage, args, tmp_path)
     assert rc == 0 and "Traceback" not in text, text[-4000:]
     result = json.loads((run / "result.json").read_text())
     assert result["preempted"] and not result["finished"] and result["step"] >= at, result
@@ -82,15 +88,10 @@ def test_a_run_started_with_ctrl_c_ignored_keeps_ignoring_it(tiny_data, stories,
     """`nohup s2t2 translate ... &` in a script starts the stage with SIGINT ignored, so that a Ctrl-C meant for the
     script's foreground job does not reach it: the training loop and the export leave it ignored (before: the loop
     took SIGINT over and checkpointed and stopped the run, while the export after it ignored it)."""
-    run, trace = tmp_path / "run", tmp_path / "trace"
+    run = tmp_path / "run"
     args = translate_args(tiny_data, stories, run, "train.steps=40", "train.ckpt_every=0", "train.batch_size=2")
-    proc, out = _launch("translate", args, trace, tmp_path / "l1.log",
-                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    at = _wait_for_step(proc, trace, 3, out)
-    os.killpg(proc.pid, signal.SIGINT)
-    rc = proc.wait(timeout=180)
-    out.seek(0)
-    text = out.read()
+    at, rc, text = _ctrl_c_at_step_3("translate", args, tmp_path,
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     assert rc == 0 and "interrupted" not in text and "Traceback" not in text, text[-4000:]
     result = json.loads((run / "result.json").read_text())
     assert result["finished"] and not result["preempted"] and result["step"] == 40 > at, result

@@ -106,15 +106,19 @@ def _record(job: Job, bpb: float) -> None:
     write_record(job)
 
 
-def _table(tmp_path, out="a", ft_lr=1e-4, **keys):
-    from s2t2_dist.recipes.reproduce_lm import Arm
-
+def _preset_plan(root: Path, **keys) -> LmPlan:
+    """The shipped preset's plan (with `keys` set) under `root`, its model and data inside it."""
     cfg = preset("smollm2")
     for k, v in keys.items():
         setattr(cfg, k, v)
-    root = tmp_path / out
-    plan = LmPlan(cfg, LmPaths(out=root, model=str(root / "m"), data=root / "data", heldout_new="hn",
+    return LmPlan(cfg, LmPaths(out=root, model=str(root / "m"), data=root / "data", heldout_new="hn",
                                heldout_source="hs"))
+
+
+def _table(tmp_path, out="a", ft_lr=1e-4, **keys):
+    from s2t2_dist.recipes.reproduce_lm import Arm
+
+    plan = _preset_plan(tmp_path / out, **keys)
     arms = {"plain_p": Arm("unconstrained", "paper", None, 1e-3), "sinkhorn_p": Arm("softmax", "paper", None, 0.1),
             "s2t2": Arm("sparse", "shipped", None, 3e-5), "s2t2_a0": Arm("sparse", "paper", 0.0, 1e-5)}
     return {j.name: j for j in plan.table_jobs(arms, ft_lr)}
@@ -172,10 +176,7 @@ def test_the_kept_records_stand_for_the_shipped_plans_arms(monkeypatch):
     table = {**_table(Path("/elsewhere")), **_table(Path("/elsewhere"), ft_lr=3e-4)}
     jobs = {n: j for n, j in table.items() if (kept / f"{n}.json").is_file()}
     assert len(jobs) == len(table) >= 70 and [n for n, j in jobs.items() if read_result(j) is None] == []
-    root = Path("/elsewhere/a")
-    plan = LmPlan(preset("smollm2"), LmPaths(out=root, model=str(root / "m"), data=root / "data", heldout_new="hn",
-                                             heldout_source="hs"))
-    select = plan.select_jobs()
+    select = _preset_plan(Path("/elsewhere/a")).select_jobs()
     assert len(select) >= 30 and any(j.name.startswith("seed0/curve_") for j in select)
     assert [j.name for j in select if read_result(j) is None] == []
 
