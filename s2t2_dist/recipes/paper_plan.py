@@ -90,12 +90,15 @@ class RealLMOptions:
     ft_lr_check: bool = True
     #: checkpoint cadence of every arm (a killed lane resumes from here)
     ckpt_every: int = 50
+    #: validation BpB every this many finetuning steps (0: at the end only): the finetuned rows' validation curves,
+    #: which read the rows at equal total tokens (a P + CFT row has seen its P-only steps too)
+    ft_eval_every: int = 0
 
     def validate(self) -> None:
         for key in ("lanes", "eval_every"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)}")
-        for key in ("curve_steps", "ckpt_every"):
+        for key in ("curve_steps", "ckpt_every", "ft_eval_every"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key}: must be >= 0, got {getattr(self, key)}")
         if not 0 < self.heldout_fraction < 1:

@@ -113,7 +113,8 @@ class LmPlan:
         ov = [f"run_dir={rd}", f"model.path={self.p.model}", f"init.kind={kind}", f"init.p_file={p_file}",
               f"data.train={d}/shards/{split}/train", f"data.eval={d}/shards/{split}/eval", f"data.tokenizer={tok}",
               "engine.kind=plain", f"optim.lr={lr}", f"optim.weight_decay={self.cfg.ft_weight_decay}",
-              f"train.steps={self.cfg.ft_steps}", "train.eval_every=0", "train.keep_checkpoints=1",
+              f"train.steps={self.cfg.ft_steps}", f"train.eval_every={self.cfg.lm.ft_eval_every}",
+              "train.keep_checkpoints=1",
               *self._common(seed)]
         return Job(name, "finetune", "configs/finetune_olmo1b.yaml", ov, rd, f"{rd}/result.json",
                    consumes=[str(d)] + ([p_file] if p_file else []), produces=[f"{rd}/final"],
@@ -204,6 +205,12 @@ class LmPlan:
                 ft = self.ft_arm("translated", ft_lr, seed, pf, tag=f"cft_{arm}", after=(t,))
                 jobs += [ft, self.evaluate(f"{s}/eval_{ft.name.split('/ft_', 1)[1]}", ft.produces[0], "as_is",
                                            role=("table1", f"{col}_cft", seed), after=(ft,))]
+            # the start-only row: S2T2's own start (the FVT start, 0 P-only steps) finetuned the same way, so that
+            # S2T2 + CFT minus this row is what the learned P adds over the P it was learned from
+            st = self.translate(f"{s}/translate_sparse_start", "sparse", None, seed, 0, start="shipped")
+            ft = self.ft_arm("translated", ft_lr, seed, st.produces[0], tag="cft_sparse_start", after=(st,))
+            jobs += [st, ft, self.evaluate(f"{s}/eval_cft_sparse_start_{_lr_tag(ft_lr)}", ft.produces[0], "as_is",
+                                           role=("table1", "fvt_start_cft", seed), after=(ft,))]
             for kind, col in (("orig_tok", "ft_orig_tok"), ("new_tok_truncate", "ft_new_tok")):
                 ft = self.ft_arm(kind, ft_lr, seed, tag="new_tok" if kind == "new_tok_truncate" else "")
                 jobs += [ft, self.evaluate(f"{s}/eval_{ft.name.split('/ft_', 1)[1]}", ft.produces[0], "as_is",

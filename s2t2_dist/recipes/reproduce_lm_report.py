@@ -12,9 +12,9 @@ from pathlib import Path
 from s2t2_dist.recipes.paper_plan import PAPER_TABLE1, TABLE1
 
 #: rows of the table, in order: key -> label (Table 1's columns, then the training-free references)
-ROWS = {**TABLE1, "s2t2_a0": "S2T2, alpha 0 (paper)", "fvt": "FVT start (no training)"}
+ROWS = {**TABLE1, "s2t2_a0": "S2T2, alpha 0 (paper)", "fvt": "FVT start (no training)", "fvt_start": "FVT start"}
 #: the finetuned rows, in the table's order
-FT_ROWS = ("plain_p_cft", "sinkhorn_p_cft", "s2t2_cft", "ft_orig_tok", "ft_new_tok")
+FT_ROWS = ("plain_p_cft", "sinkhorn_p_cft", "s2t2_cft", "fvt_start_cft", "ft_orig_tok", "ft_new_tok")
 
 
 def label(key: str) -> str:
