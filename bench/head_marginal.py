@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     out = {"v": v, "u": u, "source_rows_with_a_target_prefix": int(mapped.sum()),
            "target_tokens_reached": int(torch.unique(f[mapped]).numel())}
     for name, fn in rows.items():
-        m, _ = evaluate_documents(fn, EvalDocs(args.eval), args.context_len, vocab_size=u, batch_size=args.batch)
+        m, _, _ = evaluate_documents(fn, EvalDocs(args.eval), args.context_len, vocab_size=u, batch_size=args.batch)
         out[name] = {"bpb": m["bpb"], "nll_per_token": m["nll_per_token"], "tokens": m["tokens"]}
         print(f"{name:18s} BpB {m['bpb']:.4f}  nll/token {m['nll_per_token']:.4f}  ({int(m['tokens'])} tokens)",
               flush=True)

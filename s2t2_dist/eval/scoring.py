@@ -53,12 +53,13 @@ def hf_logits_fn(module: torch.nn.Module, device: torch.device, autocast_dtype: 
 
 
 def _windows(docs: Iterable[dict], context_len: int, max_docs: int) -> Iterator[tuple[int, torch.Tensor, int, int]]:
-    """(document number on this rank, input ids, first scored position in the window, n_bytes or -1) per window;
+    """(the document's global index, input ids, first scored position in the window, n_bytes or -1) per window;
     n_bytes is given with the document's first window only. Documents whose global `index` is >= max_docs (when
     max_docs > 0) are skipped, so the evaluated set does not depend on the number of ranks."""
     k = 0
     for doc in docs:
-        if max_docs and int(doc.get("index", 0)) >= max_docs:
+        index = int(doc.get("index", k))
+        if max_docs and index >= max_docs:
             break
         ids = torch.as_tensor(doc["input_ids"], dtype=torch.long)
         n = ids.numel() - 1
@@ -68,8 +69,39 @@ def _windows(docs: Iterable[dict], context_len: int, max_docs: int) -> Iterator[
             continue
         for w, (start, end, first) in enumerate(rolling_windows(n, context_len)):
             # feed ids[start:end+1]: the last input position predicts nothing; targets are ids[first..end]
-            yield k, ids[start:end + 1], first - start - 1, (int(doc["n_bytes"]) if w == 0 else -1)
+            yield index, ids[start:end + 1], first - start - 1, (int(doc["n_bytes"]) if w == 0 else -1)
         k += 1
+
+
+@dataclass
+class DocScores:
+    """Each scored document's NLL (nats), tokens and bytes by its global index: what a paired comparison of two
+    models over the same documents resamples (a corpus total alone has no interval)."""
+
+    nll_nats: dict[int, float]
+    tokens: dict[int, int]
+    bytes: dict[int, int]
+
+    @classmethod
+    def empty(cls) -> DocScores:
+        return cls({}, {}, {})
+
+    def gathered(self) -> DocScores:
+        """Every rank's documents (collective when distributed): each document is scored by exactly one rank."""
+        if not coll.distributed():
+            return self
+        out = DocScores.empty()
+        for part in coll.all_gather_object((self.nll_nats, self.tokens, self.bytes)):
+            out.nll_nats.update(part[0])
+            out.tokens.update(part[1])
+            out.bytes.update(part[2])
+        return out
+
+    def to_dict(self) -> dict:
+        """Columns in index order (small: three numbers a document)."""
+        idx = sorted(self.nll_nats)
+        return {"index": idx, "nll_nats": [self.nll_nats[i] for i in idx], "tokens": [self.tokens[i] for i in idx],
+                "bytes": [self.bytes[i] for i in idx]}
 
 
 def _any_rank(flag: bool, lockstep: bool) -> bool:
@@ -88,9 +120,11 @@ def score_documents_batched(
     pad_id: int = 0,
     max_docs: int = 0,
     lockstep: bool | None = None,
+    per_doc: DocScores | None = None,
 ) -> EvalTotals:
-    """This rank's totals (not yet reduced). `lockstep` (default: whenever torch.distributed is initialised with
-    more than one rank) makes every rank call `logits_fn` the same number of times."""
+    """This rank's totals (not yet reduced); with `per_doc`, each of its documents' scores there too. `lockstep`
+    (default: whenever torch.distributed is initialised with more than one rank) makes every rank call `logits_fn`
+    the same number of times."""
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
     if lockstep is None:
@@ -115,22 +149,33 @@ def score_documents_batched(
         for i, (_, ids, _, _) in enumerate(batch):
             inp[i, :ids.numel() - 1] = ids[:-1]
         logits = logits_fn(inp)
-        nlls = []  # summed on the device: one host sync per forward call, not one per window
-        for i, (_, ids, keep, n_bytes) in enumerate(batch):
+        nlls = []  # one host sync per forward call, not one per window
+        for i, (index, ids, keep, n_bytes) in enumerate(batch):
             m = ids.numel() - 1
             tgt = ids[1:][keep:].to(logits.device)
             nlls.append(F.cross_entropy(logits[i, keep:m].float(), tgt, reduction="sum").double())
             if n_bytes >= 0:  # the document's first window: count it
                 totals.add(EvalTotals(0.0, 0, n_bytes, 1))
+                if per_doc is not None:
+                    per_doc.bytes[index] = n_bytes
             totals.tokens += tgt.numel()
-        totals.nll_nats += float(torch.stack(nlls).sum())
+            if per_doc is not None:
+                per_doc.tokens[index] = per_doc.tokens.get(index, 0) + tgt.numel()
+        window_nll = torch.stack(nlls).cpu().tolist()
+        totals.nll_nats += sum(window_nll)
+        if per_doc is not None:
+            for (index, *_), x in zip(batch, window_nll):
+                per_doc.nll_nats[index] = per_doc.nll_nats.get(index, 0.0) + x
     return totals
 
 
 def evaluate_documents(logits_fn: LogitsFn, docs: Iterable[dict], context_len: int, *, vocab_size: int,
-                       batch_size: int = 8, pad_id: int = 0, max_docs: int = 0) -> tuple[dict[str, float], EvalTotals]:
-    """Metrics over all ranks' documents (collective): perplexity per token, BpB, and the random-guess line ln u."""
+                       batch_size: int = 8, pad_id: int = 0, max_docs: int = 0
+                       ) -> tuple[dict[str, float], EvalTotals, DocScores]:
+    """Metrics over all ranks' documents (collective): perplexity per token, BpB, and the random-guess line ln u;
+    the totals; every document's own scores."""
+    per_doc = DocScores.empty()
     local = score_documents_batched(logits_fn, docs, context_len, batch_size=batch_size, pad_id=pad_id,
-                                    max_docs=max_docs)
+                                    max_docs=max_docs, per_doc=per_doc)
     total = local.all_reduce()
-    return total.metrics(vocab_size=vocab_size), total
+    return total.metrics(vocab_size=vocab_size), total, per_doc.gathered()

@@ -21,7 +21,8 @@ cached under data.cache_dir, keyed by the files' content hashes and the tokenize
 
 BpB = sum NLL (nats) / (ln 2 * sum UTF-8 bytes) over the documents: a ratio of corpus sums, the same bytes whatever
 the tokenizer; each rank scores its share of the documents and the totals are summed exactly. The JSON result also
-holds the random-guess line ln(u) (u = the tokenizer's vocabulary) in nats per token and in BpB. Results: RUN_DIR/
+holds the random-guess line ln(u) (u = the tokenizer's vocabulary) in nats per token and in BpB, and each document's
+NLL, tokens and bytes by its index (`documents`: what paired intervals between two models resample). Results: RUN_DIR/
 eval.json (or `output`), written atomically, and TensorBoard scalars `eval/<name>/...` under RUN_DIR/tb.
 """
 
@@ -199,7 +200,7 @@ def _evaluate(cfg: EvaluateConfig, rt, resolved: tuple[InitPlan, dict] | None) -
     model, engine = build_eval_model(cfg, plan, rt)
     autocast = engine_kind(cfg.engine.kind).autocast(rt.dtype)
     pad = plan.pad_id if plan.pad_id is not None else (plan.eos_id or 0)
-    metrics, totals = evaluate_documents(hf_logits_fn(engine.module, engine.device, autocast), docs,
+    metrics, totals, per_doc = evaluate_documents(hf_logits_fn(engine.module, engine.device, autocast), docs,
                                          cfg.eval.context_len, vocab_size=plan.vocab_size,
                                          batch_size=cfg.eval.batch_size, pad_id=pad, max_docs=cfg.eval.max_docs)
     nonfinite_loss(totals.nll_nats, totals.tokens, cfg)
@@ -207,7 +208,7 @@ def _evaluate(cfg: EvaluateConfig, rt, resolved: tuple[InitPlan, dict] | None) -
     result = {"name": name, "model": cfg.model.path, "init": plan.to_dict(), "p_file": cfg.init.p_file or None,
               "eval_shards": cfg.data.eval, "context_len": cfg.eval.context_len, "max_docs": cfg.eval.max_docs,
               "world_size": rt.env.world_size, "engine": cfg.engine.kind, "metrics": metrics,
-              "totals": totals.to_dict()}
+              "totals": totals.to_dict(), "documents": per_doc.to_dict()}
     if raw:
         from s2t2_dist.data.raw_eval import leave_out_beyond
 

@@ -118,7 +118,7 @@ class FinetuneTask(Task):
 
         if self.eval_docs is None:
             return {}
-        metrics, _ = evaluate_documents(self.logits_fn(), self.eval_docs, self.cfg.train.context_len,
+        metrics, _, _ = evaluate_documents(self.logits_fn(), self.eval_docs, self.cfg.train.context_len,
                                         vocab_size=self.plan.vocab_size, batch_size=self.cfg.eval.batch_size,
                                         pad_id=_pad(self.plan), max_docs=self.cfg.train.eval_max_docs)
         return metrics

@@ -210,7 +210,7 @@ class TranslateTask(Task):
             return {}
         E_new, L_new = self.embeddings()  # a gather of C's columns: every rank
         fn, device = self.lm.logits_fn(E_new, L_new), self.rt.device
-        metrics, _ = evaluate_documents(lambda ids: fn(ids.to(device)), self.eval_docs, self.cfg.train.context_len,
+        metrics, _, _ = evaluate_documents(lambda ids: fn(ids.to(device)), self.eval_docs, self.cfg.train.context_len,
                                         vocab_size=len(self.target_vocab), batch_size=self.cfg.eval.batch_size,
                                         max_docs=self.cfg.train.eval_max_docs)
         return metrics

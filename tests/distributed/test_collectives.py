@@ -81,7 +81,7 @@ def _nccl_like_rank():
     from s2t2_dist.distributed import collectives as coll
     from s2t2_dist.engines.torch_engine import TorchEngine
     from s2t2_dist.eval.bpb import EvalTotals
-    from s2t2_dist.eval.scoring import score_documents_batched
+    from s2t2_dist.eval.scoring import DocScores, score_documents_batched
     from s2t2_dist.train.config import OptimConfig
     from s2t2_dist.translator import PStats, TokenTranslator
 
@@ -128,6 +128,7 @@ def _nccl_like_rank():
 
     local = score_documents_batched(logits_fn, docs, 8, batch_size=1)
     out["scored"] = (local.docs, len(calls))
+    out["doc_scores"] = DocScores({10 + r: r + 0.5}, {10 + r: 2}, {10 + r: 3 + r}).gathered().to_dict()
     tr = TokenTranslator(4, 2, group=coll.group_for(torch.device("cpu")))  # one target column per rank
     p = torch.zeros(4, 1)
     p[r, 0] = 1.0
@@ -149,6 +150,7 @@ def test_routed_collectives_work_where_direct_cpu_collectives_fail():
         assert o["sharded_norm"] == pytest.approx((2 * 1 + 2 * 4) ** 0.5)  # 2 entries of 1 and 2 of 2
         assert o["totals"] == {"nll_nats": 3.0, "tokens": 6, "bytes": 21, "docs": 2}
         assert o["scored"] == (r + 1, 2)  # rank 0 makes a dummy call to keep in step with rank 1
+        assert o["doc_scores"] == {"index": [10, 11], "nll_nats": [0.5, 1.5], "tokens": [2, 2], "bytes": [3, 4]}
         assert o["p_stats"]["nnz"] == 2.0 and o["p_stats"]["rows_empty"] == 2.0
     (n0, ok0), w0 = res[0]["replicated"]
     (n1, ok1), w1 = res[1]["replicated"]

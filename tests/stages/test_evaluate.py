@@ -19,7 +19,7 @@ from s2t2_dist.errors import ConfigError
 from s2t2_dist.data.reader import EvalDocs
 from s2t2_dist.data.shards import load_manifest
 from s2t2_dist.eval.bpb import EvalTotals, score_documents
-from s2t2_dist.eval.scoring import hf_logits_fn, score_documents_batched
+from s2t2_dist.eval.scoring import DocScores, hf_logits_fn, score_documents_batched
 from s2t2_dist.translator.pfile import load_p, save_p
 from s2t2_dist.errors import PFileError
 from s2t2_dist.stages.evaluate import EvaluateConfig, run
@@ -65,6 +65,12 @@ def test_uniform_model_bpb_by_hand(world, tmp_path, batch):
     # the JSON (atomic write, no temporary left) and the TensorBoard scalars
     saved = json.loads((tmp_path / "run" / "eval.json").read_text())
     assert saved["metrics"] == m and saved["name"] == "uniform" and saved["init"]["vocab_size"] == NEW_VOCAB
+    # each document's own scores: every document once, summing to the totals, each at ln(u) a token
+    d = saved["documents"]
+    assert d["index"] == sorted(set(d["index"])) and len(d["index"]) == int(m["docs"])
+    assert (sum(d["tokens"]), sum(d["bytes"])) == (int(m["tokens"]), int(m["bytes"]))
+    assert sum(d["nll_nats"]) == pytest.approx(saved["totals"]["nll_nats"], rel=1e-12)
+    assert all(x == pytest.approx(math.log(NEW_VOCAB) * t, rel=1e-5) for x, t in zip(d["nll_nats"], d["tokens"]))
     assert not [p for p in (tmp_path / "run").iterdir() if p.name.endswith(".tmp")]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -88,6 +94,14 @@ def test_batched_scoring_equals_the_reference_scorer(world):
         assert (got.tokens, got.bytes, got.docs) == (ref.tokens, ref.bytes, ref.docs)
         assert got.nll_nats == pytest.approx(ref.nll_nats, rel=1e-6)
     assert score_documents_batched(fn, docs, 16, batch_size=4, max_docs=3).docs == 3
+    # each document's own scores, batched with the others, are the reference scorer's for it alone
+    per_doc = DocScores.empty()
+    score_documents_batched(fn, docs, 16, batch_size=4, pad_id=1, per_doc=per_doc)
+    for doc in docs:
+        alone = score_documents(fn, [doc], context_len=16)
+        i = int(doc["index"])
+        assert (per_doc.tokens[i], per_doc.bytes[i]) == (alone.tokens, alone.bytes)
+        assert per_doc.nll_nats[i] == pytest.approx(alone.nll_nats, rel=1e-6)
 
 
 def test_translated_without_finetuning_matches_stage1_forward(world, tmp_path):
