@@ -1,8 +1,8 @@
 """Which launch of the sparse Sinkhorn's Triton kernels disagrees with the torch steps, where, and under which
 specialisation: one line per launch, each fed the torch steps' own inputs (so an error does not travel on).
 
-The route's first-use check (``s2t2_dist.ot.dykstra``) compares whole Dykstra runs and falls back on a failure;
-this says which launch failed and on which slices and chunks, for each way Triton may specialise the launches:
+The route's first-use check (``s2t2_dist.ot.kernel_check``) judges each launch on identical inputs and falls back on
+a failure; this says on which slices and chunks a launch disagrees, for each way Triton may specialise the launches:
 
 * ``specialised``: as the route launches them (integers of 1 and multiples of 16, and 16-byte aligned pointers,
   specialised by Triton: vectorised loads and stores);
@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from s2t2_dist.ot import dykstra as D  # noqa: E402
 from s2t2_dist.ot import dykstra_triton as DT  # noqa: E402
+from s2t2_dist.ot import kernel_check as KC  # noqa: E402
 
 TOL = 1e-4
 INTS = {"project": ["S", "N", "a_s", "a_n", "b_s", "b_n"], "backward": ["S", "N", "g_s", "g_n", "b_s", "b_n"]}
@@ -80,7 +81,7 @@ def compare(a: torch.Tensor, b: torch.Tensor, slice_dim: int) -> dict:
 
 def diagnose(dev: torch.device, v: int, u: int) -> dict:
     """Each launch of the route at v x u (fp32) against the torch steps on identical inputs."""
-    C, mu, nu, G = D._check_problem(dev, v, u, torch.float32)
+    C, mu, nu, G = KC.check_problem(dev, v, u, torch.float32)
     K, T = DT.TritonSteps(mu, nu), D.TorchSteps(mu, nu)
     res: dict = {}
     Pt, Qt, Xt = T.buffers(C)
@@ -127,7 +128,9 @@ def diagnose(dev: torch.device, v: int, u: int) -> dict:
             t2, c2 = D.newton_thresholds(Z, s, dim)
             res[f"thresholds only, {layout}, {side}: thresholds"] = compare(t1, t2, 0)
             res[f"thresholds only, {layout}, {side}: counts"] = compare(c1.long(), c2, 0)
-    res["whole check (2 Dykstra iterations)"] = {"parts": D._check_errors(dev, v, u, torch.float32)}
+    findings = KC.launch_findings(DT.TritonSteps, dev, v, u, torch.float32)
+    res["first-use check"] = {"verdict": KC.verdict(findings) or "passes",
+                              "parts": {part: [value, limit] for part, value, limit, _ in findings}}
     return res
 
 
