@@ -12,7 +12,8 @@ from pathlib import Path
 from s2t2_dist.recipes.paper_plan import PAPER_TABLE1, TABLE1
 
 #: rows of the table, in order: key -> label (Table 1's columns, then the training-free references)
-ROWS = {**TABLE1, "s2t2_a0": "S2T2, alpha 0 (paper)", "fvt": "FVT start (no training)", "fvt_start": "FVT start"}
+ROWS = {**TABLE1, "s2t2_a0": "S2T2, alpha 0 (paper)", "fvt": "FVT plan, letters only (no training)",
+        "fvt_start": "S2T2's start (FVT)"}
 #: the finetuned rows, in the table's order
 FT_ROWS = ("plain_p_cft", "sinkhorn_p_cft", "s2t2_cft", "fvt_start_cft", "ft_orig_tok", "ft_new_tok")
 
@@ -24,7 +25,9 @@ def label(key: str) -> str:
 #: the paired claims: (better, worse, margin in BpB)
 ORDERING = [("s2t2", "sinkhorn_p", 0.0), ("s2t2", "plain_p", 0.0), ("s2t2_a0", "sinkhorn_p", 0.0),
             ("s2t2_a0", "plain_p", 0.0), ("s2t2_cft", "ft_new_tok", 0.02),
-            ("s2t2_cft", "plain_p_cft", 0.02), ("s2t2_cft", "sinkhorn_p_cft", 0.02)]
+            ("s2t2_cft", "plain_p_cft", 0.02), ("s2t2_cft", "sinkhorn_p_cft", 0.02),
+            # does the learned P beat the start it was learned from, after the same finetuning?
+            ("s2t2_cft", "fvt_start_cft", 0.02)]
 
 
 def _stats(xs: list[float]) -> dict:
@@ -53,7 +56,9 @@ def _rows(jobs) -> tuple[dict[str, dict], list[str]]:
         row = rows.setdefault(key, {"seeds": {}})
         row["seeds"]["all" if seed is None else str(seed)] = {
             "bpb": m["bpb"], "perplexity": m["perplexity"], "nll_per_token": m["nll_per_token"],
-            "tokens": m["tokens"], "bytes": m["bytes"], "docs": m["docs"], "run": j.name}
+            "tokens": m["tokens"], "bytes": m["bytes"], "docs": m["docs"], "run": j.name,
+            # each document's scores (records made before they were kept have none): the paired intervals'
+            **({"documents": r["documents"]} if r.get("documents") else {})}
         rows[key]["random_guess_bpb"] = m.get("random_guess_bpb")
     for key, row in rows.items():
         vals = list(row["seeds"].values())
@@ -165,7 +170,34 @@ def checks(results: dict) -> list[dict]:
         add(f"{label(better)} below {label(worse)} by >= {margin} BpB on every seed",
             None if not paired else len(wins) == len(paired), f"{len(wins)}/{len(paired)} seeds; {diffs}",
             better in FT_ROWS or worse in FT_ROWS)
+        out[-1]["interval"] = _interval(results, better, worse, paired, margin)
+        if out[-1]["interval"]:
+            out[-1]["detail"] += "; " + interval_text(out[-1]["interval"])
     return out
+
+
+def _interval(results: dict, better: str, worse: str, seeds: list[str], margin: float) -> dict | None:
+    """The paired bootstrap of better minus worse over the held-out documents (and the seeds), where both rows kept
+    each document's scores on every paired seed; else None (a corpus total has no interval)."""
+    from s2t2_dist.eval.paired import claim, paired_difference
+
+    docs = [((results["rows"][better]["seeds"][s] or {}).get("documents"),
+             (results["rows"][worse]["seeds"][s] or {}).get("documents")) for s in seeds]
+    if not docs or any(x is None or y is None for x, y in docs):
+        return None
+    r = paired_difference(docs)
+    r["seed_names"] = seeds
+    r["claim"] = claim(r["mean"], margin)
+    r["per_seed_claims"] = [claim(p, margin) for p in r["per_seed"]]
+    return r
+
+
+def interval_text(r: dict) -> str:
+    per = ", ".join(f"seed {s}: {p['diff']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}] {c}"
+                    for s, p, c in zip(r["seed_names"], r["per_seed"], r["per_seed_claims"]))
+    m = r["mean"]
+    return (f"95% paired bootstrap over {r['docs']} documents: {per}; over seeds and documents "
+            f"{m['diff']:+.4f} [{m['lo']:+.4f}, {m['hi']:+.4f}]: {r['claim']}")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -384,13 +416,22 @@ def _save(fig, ax, path: Path) -> Path:
     return path
 
 
+def _without_documents(x):
+    """``results`` without the per-document scores (they stay in the arms' records: results.json stays small)."""
+    if isinstance(x, dict):
+        return {k: _without_documents(v) for k, v in x.items() if k != "documents"}
+    if isinstance(x, list):
+        return [_without_documents(v) for v in x]
+    return x
+
+
 def write_outputs(results: dict, out: Path) -> dict[str, Path]:
     from s2t2_dist.utils.io import atomic_write_json, atomic_write_text
 
     pl = plots(results, out)
     paths = {"results": out / "results.json", "table": out / "table1.md", "report": out / "report.md",
              **{f"plot {k}": p for k, p in pl.items()}}
-    atomic_write_json(paths["results"], results)
+    atomic_write_json(paths["results"], _without_documents(results))
     atomic_write_text(paths["table"], table1_markdown(results))
     atomic_write_text(paths["report"], report_markdown(results, pl, out))
     return paths
