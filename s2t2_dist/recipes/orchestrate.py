@@ -135,6 +135,22 @@ class StageRun:
     log: Path | None = None
 
 
+#: the stage processes running now (every Runner's): what a stop signal to the command is passed on to
+LIVE: set = set()
+
+
+def signal_children(signum: int) -> int:
+    """Send ``signum`` to every stage process running now; returns how many."""
+    n = 0
+    for proc in list(LIVE):
+        try:
+            proc.send_signal(signum)
+            n += 1
+        except (ProcessLookupError, OSError):
+            pass
+    return n
+
+
 @dataclass
 class Runner:
     """Runs stages on `ranks` ranks; in this process when `ranks == 1` and `in_process` (default)."""
@@ -226,8 +242,11 @@ class Runner:
             if again:
                 f.write(f"\n--- rerun at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n")
             f.write(f"$ {printable}\n")
+        # a session of its own: a terminal's Ctrl-C reaches the command, which passes each signal on once
+        # (signal_children), so that one Ctrl-C is never two to a stage (the second stops it at once)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=child_env(self.ranks, self.env), cwd=str(REPO_ROOT))
+                                env=child_env(self.ranks, self.env), cwd=str(REPO_ROOT), start_new_session=True)
+        LIVE.add(proc)
         echo = getattr(sys.stderr, "buffer", None) if self.echo else None
         t = threading.Thread(target=_tee, args=(proc, log, echo), daemon=True)
         t.start()
@@ -240,10 +259,12 @@ class Runner:
             except subprocess.TimeoutExpired:
                 proc.kill()
             rc = "timeout"
-        except KeyboardInterrupt:
+        except BaseException:  # Ctrl-C, a stop signal (utils/stop.Stopped): the stage checkpoints and ends too
             proc.terminate()
             proc.wait()
             raise
+        finally:
+            LIVE.discard(proc)
         t.join(timeout=10)
         if rc != 0:
             raise StageFailed(f"{name}: exited with {rc}\n  command: {printable}\n  log: {log}\n--- last lines ---\n"

@@ -482,7 +482,8 @@ def parse(argv):
     ap.add_argument("--cache", default=None, help="cache of the pretrained source LMs (default OUT/source_lm)")
     ap.add_argument("--collect", default=None, metavar="RUNS",
                     help="paper scale: build the table and plots from the finished cluster runs under RUNS")
-    ap.add_argument("--quiet", action="store_true", help="do not echo the stage subprocesses' output")
+    ap.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true",
+                    help="do not echo the stage subprocesses' output (--no-progress, as every command takes it)")
     ap.add_argument("overrides", nargs="*", help="ReproduceConfig keys, e.g. seeds=[0,1] p_steps=50 alphas=[0,0.1]")
     args = ap.parse_args(argv)
     return args, with_overrides(preset(args.scale), args.overrides)
@@ -518,6 +519,68 @@ def with_overrides(cfg: ReproduceConfig, overrides: list[str]) -> ReproduceConfi
     return config_from_dict(ReproduceConfig, apply_overrides(to_dict(cfg), list(overrides)))
 
 
+def preflight(args, cfg: ReproduceConfig) -> Path | None:
+    """Every option and path of the command, before any work: one line (ConfigError) for an option that does not
+    apply to the scale, a directory that cannot be written, a missing input, or an output of another scale; then
+    the output directory's lock (one reproduction per directory; RunDirError names the holder). Returns the
+    output directory (None for the paper scale's printed plan)."""
+    from s2t2_dist.stages import checks
+
+    lm = args.scale == "smollm2"
+    if args.ranks < 1:
+        raise ConfigError(f"--ranks: must be >= 1, got {args.ranks}")
+    if lm and args.ranks != 1:
+        raise ConfigError("--ranks: the smollm2 scale runs each arm on one rank (arms in parallel: lm.lanes=N)")
+    if not lm and args.phase != "all":
+        raise ConfigError(f"--phase: only the smollm2 scale runs in phases (--scale {args.scale} runs them all)")
+    if not lm and args.record:
+        raise ConfigError(f"--record: only the smollm2 scale reuses kept records (--scale {args.scale})")
+    if args.collect and args.scale != "paper":
+        raise ConfigError(f"--collect: only the paper scale collects cluster runs (--scale {args.scale})")
+    for r in args.record:
+        if not Path(r).is_dir():
+            raise ConfigError(f"--record: {r} is not a directory (OUT/record of another run)")
+    if lm and cfg.lm.model:
+        checks.model_dir(cfg.lm.model, "lm.model")
+    if args.scale == "paper" and not args.collect:
+        return None
+    out = Path(args.out or (Path(args.collect).parent / "reproduce_paper" if args.collect
+                            else f"runs/reproduce_{args.scale}")).resolve()
+    checks.writable_dir(str(out), "--out")
+    if args.cache:
+        checks.writable_dir(args.cache, "--cache")
+    other = _scale_of(out)
+    if other is not None and other != args.scale:
+        raise ConfigError(f"--out: {out} holds a reproduction of scale {other}, not {args.scale}; give another --out")
+    from s2t2_dist.utils.rundir import lock
+
+    lock(out, "reproduce", key="--out", until_exit=True)
+    return out
+
+
+def _scale_of(out: Path) -> str | None:
+    """The scale of the reproduction an output directory holds (its reproduce_config.yaml), or None."""
+    import yaml
+
+    try:
+        return (yaml.safe_load((out / "reproduce_config.yaml").read_text()) or {}).get("scale")
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return None
+
+
+def _stopped(res: dict, out: Path) -> int:
+    """One true line for a reproduction a signal stopped; exit 130 for Ctrl-C, 0 for SIGTERM / SIGUSR1 (a
+    launcher requeues it: the rerun resumes)."""
+    import signal
+
+    name = signal.Signals(res["signal"]).name
+    arms = res.get("stopped") or []
+    what = (f"{len(arms)} arm(s) under way checkpointed ({', '.join(arms)})" if arms else "no arm was under way")
+    print(f"s2t2 reproduce: stopped by {name}: {what}; finished arms are recorded in {out / 'record'}; the same "
+          "command resumes", file=sys.stderr, flush=True)
+    return 130 if res["signal"] == signal.SIGINT else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from s2t2_dist.recipes.orchestrate import quiet_process_env
@@ -529,6 +592,7 @@ def main(argv: list[str] | None = None) -> int:
 
         envvars.check()  # the S2T2_* variables its stages will read, before the first of them starts
         args, cfg = parse(argv)
+        out = preflight(args, cfg)
     except ConfigError as e:
         from s2t2_dist.stages.common import report_user_error
 
@@ -539,7 +603,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.collect:
             from s2t2_dist.recipes.reproduce_report import collect, write_outputs
 
-            out = Path(args.out or Path(runs).parent / "reproduce_paper")
             results = collect(cfg, jobs, paper_setting(runs))
             for k, p in write_outputs(results, out).items():
                 print(f"  {k:<12} {p}")
@@ -551,12 +614,13 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"# {len(jobs)} jobs; configs, overrides and dependencies validated.", file=sys.stderr)
         return 0
-    out = Path(args.out or f"runs/reproduce_{args.scale}").resolve()
     if args.scale == "smollm2":
         from s2t2_dist.recipes.reproduce_lm import run_smollm2
 
         res = run_smollm2(cfg, out, cache=Path(args.cache).resolve() if args.cache else None,
                           echo=not args.quiet, phase=args.phase, records=[Path(r) for r in args.record])
+        if res.get("signal") is not None:
+            return _stopped(res, out)
         return 1 if res.get("failed") else 0
     try:
         run_local(cfg, out, ranks=args.ranks, cache=Path(args.cache).resolve() if args.cache else None,

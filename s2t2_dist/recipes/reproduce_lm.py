@@ -27,6 +27,7 @@ import os
 import shutil
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -301,6 +302,8 @@ class Lanes:
     def __init__(self, n: int, runner_factory, say=print):
         self.n, self.runner_factory, self.say = n, runner_factory, say
         self.history: list = []
+        #: arms that a stop signal ended before their last step (each resumes from its last checkpoint)
+        self.stopped: list[str] = []
 
     @staticmethod
     def needed(jobs: list[Job]) -> list[Job]:
@@ -325,7 +328,22 @@ class Lanes:
             shutil.rmtree(Path(job.run_dir) / "checkpoints", ignore_errors=True)
         return r
 
+    def _attempt(self, runner, job: Job, k: int) -> str:
+        """Run one arm: "done", "failed" (said), or "stopped" (a stop signal ended it: checkpointed, resumable)."""
+        from s2t2_dist.utils import stop
+
+        try:
+            self.history.append(self._run_one(runner, job))
+            return "done"
+        except StageFailed as e:
+            if stop.outside() is not None:
+                return "stopped"
+            self.say(f"[lane {k}] {job.name} FAILED: {str(e).splitlines()[0]}")
+            return "failed"
+
     def run(self, jobs: list[Job], t0: float) -> list[str]:
+        from s2t2_dist.utils import stop
+
         todo = self.needed(jobs)
         # the same job (a selection run reused by the table) only once
         seen, queue = set(), []
@@ -349,7 +367,7 @@ class Lanes:
             while True:
                 with lock:
                     while True:
-                        if not queue:
+                        if not queue or stop.outside() is not None:  # stopping: no new arm
                             return
                         blocked_by_failure = [j for j in queue if any(producers.get(c) in failed
                                                                       for c in j.consumes)]
@@ -371,16 +389,13 @@ class Lanes:
                     eta = f", about {fmt_seconds(rate * (total - n_done) / self.n)} left"
                 self.say(f"[lane {k}] [{n_done + len(running)}/{total}] {nxt.name}: {nxt.stage}"
                          f"   (t = {fmt_seconds(time.time() - t0)}{eta})")
-                ok = False
+                outcome = "failed"
                 try:
-                    self.history.append(self._run_one(runner, nxt))
-                    ok = True
-                except StageFailed as e:
-                    self.say(f"[lane {k}] {nxt.name} FAILED: {str(e).splitlines()[0]}")
+                    outcome = self._attempt(runner, nxt, k)
                 finally:  # whatever happened, the job leaves `running`: the other lanes never wait on it
                     with lock:
                         running.discard(nxt.name)
-                        (done.add if ok else failed.append)(nxt.name)
+                        {"done": done.add, "failed": failed.append, "stopped": self.stopped.append}[outcome](nxt.name)
                         lock.notify_all()
 
         threads = [threading.Thread(target=lane, args=(k,), daemon=True) for k in range(self.n)]
@@ -472,6 +487,47 @@ def references(paths: LmPaths) -> dict:
 # entry
 
 
+def _table_plan(plan: LmPlan):
+    """The selection so far and the table it gives: by the selection's choices once it is complete (run then), else
+    by the best so far (reported only)."""
+    sel = select(plan)
+    arms, ft_lr, provisional = report_choices(sel)
+    jobs = plan.table_jobs(arms, ft_lr) if ft_lr is not None else []
+    checks = plan.check_jobs(arms, ft_lr) if ft_lr is not None else {}
+    return sel, jobs, checks, arms, ft_lr, provisional
+
+
+@contextmanager
+def _stop_passed_on(say):
+    """While the lanes run: SIGINT, SIGTERM and SIGUSR1 to the command ask every arm under way to checkpoint and
+    stop (stage processes: the signal passed on; a stage in a lane thread: utils/stop.request, read by its loop at
+    the next step) and the lanes to take no new arm. A second Ctrl-C stops at once (KeyboardInterrupt)."""
+    import signal
+
+    from s2t2_dist.recipes.orchestrate import signal_children
+    from s2t2_dist.utils import stop
+
+    def handler(signum, frame):
+        if stop.outside() is not None:
+            if signum == signal.SIGINT:
+                signal_children(signal.SIGINT)
+                raise KeyboardInterrupt
+            return
+        stop.request(signum)
+        signal_children(signum)
+        say(f"{signal.Signals(signum).name} received: the arms under way stop at their next checkpoint (a score "
+            "finishes first); no new arm starts")
+
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+    old = {s: signal.signal(s, handler) for s in sigs} if threading.current_thread() is threading.main_thread() \
+        else {}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def run_smollm2(cfg: ReproduceConfig, out: Path, *, cache: Path | None = None, echo: bool = False,
                 phase: str = "all", records: list[Path] | None = None, say=print) -> dict:
     """Run the phases up to `phase` (select | all; report: run nothing) and write the outputs from every finished
@@ -479,45 +535,50 @@ def run_smollm2(cfg: ReproduceConfig, out: Path, *, cache: Path | None = None, e
     from s2t2_dist.config import save_config
     from s2t2_dist.recipes.reproduce_lm_report import write_outputs
     from s2t2_dist.recipes.smollm2 import smollm2
+    from s2t2_dist.utils import stop
     from s2t2_dist.utils.io import atomic_write_json
 
     t0 = time.time()
+    stop.request(None)
     EXTRA_RECORDS[:] = [Path(r) for r in records or []]
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "reproduce_config.yaml")
     say(f"S2T2 reproduction, scale {cfg.scale} -> {out}\n  seeds {cfg.seeds}, P {cfg.p_steps} steps, finetuning "
         f"{cfg.ft_steps} steps, batch {cfg.batch_size} x {cfg.context_len}, source {cfg.lm.source_vocab}, "
         f"{cfg.lm.lanes} lane(s), {cfg.lm.precision}")
-    model = cfg.lm.model or str(smollm2(cache, log=lambda m: say("  " + m)))
-    paths, data_info = prepare_lm_data(out, cfg, model)
-    say(f"[data] {data_info['corpus']['unique']} unique sequences: "
-        f"{data_info['prepare']['train_records']} train, {data_info['prepare']['validation_records']} validation, "
-        f"{data_info['corpus']['heldout']['sequences']} held out")
-    refs = references(paths)
-    atomic_write_json(out / "references.json", {**refs, "data": data_info})
-    plan = LmPlan(cfg, paths)
-    threads = max(1, (os.cpu_count() or 1) // cfg.lm.lanes)
-
-    def runner(k: int) -> Runner:
-        # one lane runs the stages in this process (no start-up per arm); lanes are processes of their own
-        return Runner(ranks=1, in_process=cfg.lm.lanes == 1, log_dir=out / "logs", echo=echo,
-                      env={"OMP_NUM_THREADS": str(threads), "S2T2_LOG_LEVEL": "INFO"})
-
-    lanes = Lanes(cfg.lm.lanes, runner, say=say)
+    lanes: Lanes | None = None
     failed: list[str] = []
-    if phase != "report":
-        failed = lanes.run(plan.select_jobs(), t0)
-    sel = select(plan)
+    with _stop_passed_on(say):  # a stop during the preparation: it completes, then no arm starts
+        model = cfg.lm.model or str(smollm2(cache, log=lambda m: say("  " + m)))
+        paths, data_info = prepare_lm_data(out, cfg, model)
+        say(f"[data] {data_info['corpus']['unique']} unique sequences: "
+            f"{data_info['prepare']['train_records']} train, {data_info['prepare']['validation_records']} "
+            f"validation, {data_info['corpus']['heldout']['sequences']} held out")
+        refs = references(paths)
+        atomic_write_json(out / "references.json", {**refs, "data": data_info})
+        plan = LmPlan(cfg, paths)
+        threads = max(1, (os.cpu_count() or 1) // cfg.lm.lanes)
+
+        def runner(k: int) -> Runner:
+            # one lane runs the stages in this process (no start-up per arm); lanes are processes of their own
+            return Runner(ranks=1, in_process=cfg.lm.lanes == 1, log_dir=out / "logs", echo=echo,
+                          env={"OMP_NUM_THREADS": str(threads), "S2T2_LOG_LEVEL": "INFO"})
+
+        lanes = Lanes(cfg.lm.lanes, runner, say=say)
+        if phase != "report":
+            failed = lanes.run(plan.select_jobs(), t0)
+        sel, jobs, checks, arms, ft_lr, provisional = _table_plan(plan)
+        ready = ft_lr is not None and not provisional and len(arms) == len(plan.columns())
+        if ready and phase == "all" and not failed and not lanes.stopped:
+            # the table first, then its finetuned rows at the sweep's other steps (one queue keeps both lanes busy)
+            failed = lanes.run(jobs + [j for js in checks.values() for j in js], t0)
+    sig = stop.outside()
+    if sig is not None:
+        # a stop signal: the arms under way checkpointed; the report waits for a run that ends by itself
+        stop.request(None)
+        return {"stopped": lanes.stopped, "signal": sig, "failed": failed}
     atomic_write_json(out / "selection.json", sel)
     say("[select] " + json.dumps(sel["chosen"]))
-    # the table: by the selection's choices once it is complete (run then), else by the best so far (reported only)
-    arms, ft_lr, provisional = report_choices(sel)
-    jobs = plan.table_jobs(arms, ft_lr) if ft_lr is not None else []
-    ready = ft_lr is not None and not provisional and len(arms) == len(plan.columns())
-    checks = plan.check_jobs(arms, ft_lr) if ft_lr is not None else {}
-    if ready and phase == "all" and not failed:
-        # the table first, then its finetuned rows at the sweep's other steps (one queue keeps both lanes busy)
-        failed = lanes.run(jobs + [j for js in checks.values() for j in js], t0)
     from s2t2_dist.recipes.reproduce_lm_report import collect
 
     results = collect(plan, jobs, sel, refs, step_checks=checks,

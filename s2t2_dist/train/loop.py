@@ -102,7 +102,7 @@ class _StopFlag:
     too."""
 
     def __init__(self, signals=(signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)):
-        self.requested: int | None = None
+        self._requested: int | None = None
         self._old = {}
         for s in signals:
             if s == signal.SIGINT and signal.getsignal(s) == signal.SIG_IGN:
@@ -112,15 +112,22 @@ class _StopFlag:
             except ValueError:  # not the main thread (e.g. inside some test runners): signals stay as they are
                 pass
 
+    @property
+    def requested(self) -> int | None:
+        """The signal received, or a stop the process asked for from another thread (utils/stop.request)."""
+        from s2t2_dist.utils import stop
+
+        return self._requested if self._requested is not None else stop.outside()
+
     def _handler(self, signum, frame):
-        if signum == signal.SIGINT and self.requested == signal.SIGINT:
+        if signum == signal.SIGINT and self._requested == signal.SIGINT:
             raise KeyboardInterrupt
         if signum == signal.SIGINT:
             import sys
 
             print("\ninterrupted: writing a checkpoint at the end of this step (Ctrl-C again to stop at once)",
                   file=sys.stderr, flush=True)
-        self.requested = signum
+        self._requested = signum
 
     def restore(self):
         for s, h in self._old.items():

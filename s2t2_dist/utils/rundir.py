@@ -31,6 +31,7 @@ _SIGNS = {"prepare_summary.json": "prepare", "P.safetensors": "translate", "eval
 
 _held: dict[str, int] = {}  # resolved directory -> open fd of its lock (kept open: the lock lives with the process)
 _run_ids: dict[str, str] = {}  # resolved directory -> the run id of the marker this process claimed it under
+_for_life: set[str] = set()  # locks release_all keeps (lock(..., until_exit=True))
 
 
 def _holder(path: Path) -> str:
@@ -42,9 +43,10 @@ def _holder(path: Path) -> str:
         return "another process (holder not recorded yet)"
 
 
-def lock(directory: str | Path, stage: str, key: str = "run_dir") -> Path:
+def lock(directory: str | Path, stage: str, key: str = "run_dir", until_exit: bool = False) -> Path:
     """Take the run lock of `directory` (created if needed) or raise RunDirError naming the holder. Idempotent
-    within a process."""
+    within a process. `until_exit`: held until the process exits (a command that runs stages in-process, which
+    drop their own locks when they end: :func:`release_all`)."""
     d = Path(directory)
     real = str(d.resolve())
     if real in _held:
@@ -54,6 +56,8 @@ def lock(directory: str | Path, stage: str, key: str = "run_dir") -> Path:
         fd = os.open(d / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     except PermissionError:
         raise RunDirError(f"{key}: cannot write into {d} (permission denied)") from None
+    except IsADirectoryError:
+        raise RunDirError(f"{key}: {d / LOCK} is a directory; the run lock is a file there (remove it)") from None
     except (FileExistsError, NotADirectoryError):
         raise RunDirError(f"{key}: {d} exists and is not a directory") from None
     try:
@@ -68,6 +72,8 @@ def lock(directory: str | Path, stage: str, key: str = "run_dir") -> Path:
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
     _held[real] = fd
+    if until_exit:
+        _for_life.add(real)
     return d
 
 
@@ -81,9 +87,10 @@ def release(directory: str | Path) -> None:
 
 def release_all() -> None:
     """Drop every lock this process holds: a stage run in-process (tests, recipes) leaves its directory free."""
-    for d in list(_held):
+    for d in [d for d in _held if d not in _for_life]:
         os.close(_held.pop(d))
-    _run_ids.clear()
+    for d in [d for d in _run_ids if d not in _for_life]:
+        del _run_ids[d]
 
 
 def owner(directory: str | Path) -> dict | None:

@@ -75,6 +75,21 @@ def installed() -> Iterator[None]:
             signal.signal(s, h)
 
 
+#: a stop asked for by the process's owner on behalf of a stage it runs in another thread (a reproduction's lane),
+#: where the stage cannot install handlers: the training loop reads it at each step boundary (not reset per stage)
+_outside: list[int | None] = [None]
+
+
+def request(signum: int | None) -> None:
+    """Ask every training loop of this process to checkpoint and stop at its next step (None: withdraw)."""
+    _outside[0] = signum
+
+
+def outside() -> int | None:
+    """The stop asked for by :func:`request` (None: none)."""
+    return _outside[0]
+
+
 def requested() -> int | None:
     """The stop signal received so far by these handlers (None: none)."""
     return _state["requested"]

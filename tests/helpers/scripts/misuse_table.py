@@ -342,6 +342,7 @@ def generate(work: Path) -> str:
     new_cases(work, case, rows, model, data, other, base_fa, prep, targs, ok)
     round4_cases(work, case, rows, model, data, targs, ok)
     round5_cases(work, case, rows, model, data, targs, ok)
+    round6_cases(work, case, targs, ok)
     out = ["| stage | case | message shown | exit | kept |", "|---|---|---|---:|---|"]
     for stage, what, msg, rc, k in rows:
         msg = normalise(msg, work).replace("|", "\\|").replace("`", "'")
@@ -866,6 +867,50 @@ def round5_cases(work, case, rows, model, data, targs, ok) -> None:
         warned = [ln[ln.index("WARNING:"):] for ln in p.stderr.splitlines() if "WARNING:" in ln and var in ln]
         if warned:  # the warning, then the run's next check (the missing input)
             rows[-1] = rows[-1][:2] + (" / ".join([*dict.fromkeys(warned), rows[-1][2]]),) + rows[-1][3:]
+
+
+def round6_cases(work, case, targs, ok) -> None:
+    """Round six: `s2t2 reproduce` validates every option before any work, refuses an output of another scale and a
+    second run on one output directory; a run lock path that is a directory. Each was a traceback (some after
+    minutes of work), an option ignored without a word, or two runs marking each other's arms failed."""
+    fr = work / "rp_fresh"
+    a_file = _text(work / "rp_is_a_file", "not a directory\n")
+    missing = work / "rp_no_such_dir"
+    rp = ("reproduce", "--quiet")
+    for what, args, watch in (
+            ("--ranks 0 (was: torchrun's AssertionError after 22 s)", ["--ranks", "0", "--no-progress"], fr),
+            ("--out is a file (was: FileExistsError)", ["--out", a_file], a_file),
+            ("--cache is a file (was: an error after the pretraining)", ["--cache", a_file, "--out", fr], a_file),
+            ("--scale smollm2 lm.model= a missing directory (was: a ConfigError traceback after the data)",
+             ["--scale", "smollm2", "--out", fr, f"lm.model={missing}"], fr),
+            ("--scale smollm2 --record a missing directory (was: ignored)",
+             ["--scale", "smollm2", "--out", fr, "--record", missing], fr),
+            ("--phase report on the tiny scale (was: ignored)", ["--phase", "report", "--out", fr], fr),
+            ("--record on the tiny scale (was: ignored)", ["--record", work, "--out", fr], fr)):
+        case(rp[0], what, [*rp[1:], *args], watch, fresh=watch == fr)
+    tiny_out = work / "rp_tiny_out"
+    shutil.rmtree(tiny_out, ignore_errors=True)
+    tiny_out.mkdir()
+    _text(tiny_out / "reproduce_config.yaml", "scale: tiny\n")
+    _text(tiny_out / "table1.md", "| the tiny table |\n")
+    case(rp[0], "--scale smollm2 --phase report --out a tiny scale's output (was: its table replaced, exit 0)",
+         [*rp[1:], "--scale", "smollm2", "--phase", "report", "--out", tiny_out], tiny_out)
+    held = work / "rp_held"
+    shutil.rmtree(held, ignore_errors=True)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, f"reproduce={held}"], stdout=subprocess.PIPE,
+                              text=True, env=ENV, cwd=REPO)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        case(rp[0], "a second reproduction on an --out a live one holds (was: each marked the other's arms failed)",
+             [*rp[1:], "--out", held], held)
+    finally:
+        holder.kill()
+        holder.wait()
+    lock_dir = work / "rp_lockdir_run"
+    shutil.rmtree(lock_dir, ignore_errors=True)
+    (lock_dir / ".s2t2.lock").mkdir(parents=True)
+    case("translate", "a run_dir whose lock path .s2t2.lock is a directory (was: IsADirectoryError)",
+         [*targs, *ok, f"run_dir={lock_dir}"], lock_dir)
 
 
 def remove_at_once(path: Path) -> None:
