@@ -615,10 +615,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# {len(jobs)} jobs; configs, overrides and dependencies validated.", file=sys.stderr)
         return 0
     if args.scale == "smollm2":
+        from s2t2_dist.errors import UserError
         from s2t2_dist.recipes.reproduce_lm import run_smollm2
 
-        res = run_smollm2(cfg, out, cache=Path(args.cache).resolve() if args.cache else None,
-                          echo=not args.quiet, phase=args.phase, records=[Path(r) for r in args.record])
+        try:
+            res = run_smollm2(cfg, out, cache=Path(args.cache).resolve() if args.cache else None,
+                              echo=not args.quiet, phase=args.phase, records=[Path(r) for r in args.record])
+        except UserError as e:  # an altered record, a source model that cannot be built: one line
+            from s2t2_dist.stages.common import report_user_error
+
+            return report_user_error("s2t2 reproduce", e)
         if res.get("signal") is not None:
             return _stopped(res, out)
         return 1 if res.get("failed") else 0

@@ -164,6 +164,29 @@ def test_a_record_stands_for_its_own_arm_only_and_for_what_it_read(tmp_path, mon
     assert read_result(here["seed0/ft_new_tok_lr0.0001"]) is None
 
 
+def test_a_record_altered_after_it_was_written_is_refused_in_one_line(tmp_path):
+    """A kept record's number edited by hand (4.3749 -> 1.234) never reaches a table: its checksum is refused."""
+    from s2t2_dist.errors import DataError
+    from s2t2_dist.recipes import arm_records
+
+    table = _table(tmp_path)
+    job = table["seed0/eval_sparse_lr3e-05"]
+    Path(job.run_dir).mkdir(parents=True, exist_ok=True)
+    Path(job.result).write_text(json.dumps({"finished": True, "metrics": {"bpb": 4.3749}}))
+    write_record(job)
+    assert read_result(job)["metrics"]["bpb"] == 4.3749
+    rp = arm_records.record_path(job)
+    rp.write_text(rp.read_text().replace("4.3749", "1.234"))
+    with pytest.raises(DataError, match=r"^record .*eval_sparse_lr3e-05.json: its content is not what the arm "
+                                        r"wrote \(checksum differs\); remove it to run the arm again$"):
+        read_result(job)
+    r = json.loads(rp.read_text())
+    del r["checksum"]
+    rp.write_text(json.dumps(r))
+    with pytest.raises(DataError, match="checksum missing"):
+        read_result(job)
+
+
 def test_the_kept_records_stand_for_the_shipped_plans_arms(monkeypatch):
     """benchmarks/records/smollm2 (the finished arms, reused by --record on any machine) answer for every arm of the
     shipped preset, the selection's (the P-only curve, each P's step grid, the finetuning step) and the table's: a
