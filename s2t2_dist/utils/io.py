@@ -46,6 +46,30 @@ def write_error(final: str | Path, err: BaseException) -> WriteError | None:
                       "free space and run the same command again")
 
 
+@contextlib.contextmanager
+def build_lock(path: str | Path, on_wait=None) -> Iterator[None]:
+    """An exclusive lock (flock) on the file ``path``, held for the block: a second builder of the same thing
+    waits for the first (``on_wait(pid)`` is called once, with the holder's pid, before it waits). The OS drops the
+    lock of a process that dies, so a killed build never blocks the next."""
+    import fcntl
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait(os.pread(fd, 32, 0).decode(errors="replace").strip() or "?")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(path: str | Path) -> None:
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
