@@ -400,10 +400,11 @@ def fmt_seconds(s: float) -> str:
 
 
 def unigram_reference(train_shards: str | Path, eval_shards: str | Path) -> dict:
-    """A model that knows only token frequencies: the train split's unigram distribution (add-one smoothed)
-    scored on the eval documents exactly as the models are (every token after the document's first; BpB over the
-    documents' UTF-8 bytes). The level any LM of that tokenizer should beat once it has learned anything beyond
-    frequencies."""
+    """A model that knows only token frequencies: the train split's unigram distribution (add-one smoothed) over the
+    tokens a document can hold (the special tokens, BOS / EOS / pad / unk, which the training blocks carry as
+    separators and no scored document holds, are left out), scored on the eval documents exactly as the models are
+    (every token after the document's first; BpB over the documents' UTF-8 bytes). The level any LM of that
+    tokenizer should beat once it has learned anything beyond frequencies."""
     import numpy as np
 
     from s2t2_dist.data.reader import EvalDocs, ShardReader
@@ -416,7 +417,11 @@ def unigram_reference(train_shards: str | Path, eval_shards: str | Path) -> dict
     for index, sample in reader.iter_range(list(range(len(m["shards"]))), 0, int(m["totals"]["n_samples"])):
         ids = reader.decode_ids(index, sample, "?").astype(np.int64)
         counts += np.bincount(ids[ids < V], minlength=V)
-    logp = np.log(counts / counts.sum())
+    special = [int(i) for k in ("bos_id", "eos_id", "pad_id", "unk_id")
+               if (i := m["tokenizer"].get(k)) is not None and 0 <= int(i) < V]
+    counts[special] = 0.0
+    with np.errstate(divide="ignore"):
+        logp = np.log(counts / counts.sum())
     nll, n_bytes, n_tok = 0.0, 0, 0
     for doc in EvalDocs(eval_shards):
         ids = doc["input_ids"][1:].numpy()
@@ -424,4 +429,5 @@ def unigram_reference(train_shards: str | Path, eval_shards: str | Path) -> dict
         n_bytes += int(doc["n_bytes"])
         n_tok += int(ids.size)
     return {"nll_per_token": nll / n_tok, "perplexity": math.exp(nll / n_tok), "bpb": nll / (math.log(2) * n_bytes),
-            "vocab_size": V, "tokens": n_tok, "bytes": n_bytes}
+            "vocab_size": V, "tokens": n_tok, "bytes": n_bytes, "special_tokens_left_out": special,
+            "random_guess_bpb": math.log(V) * n_tok / (math.log(2) * n_bytes)}

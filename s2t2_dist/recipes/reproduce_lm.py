@@ -467,6 +467,30 @@ def residue_unigram(train_texts: list[str], scored_texts: list[str]) -> dict:
     return {"bpb": nll / (math.log(2) * n_bytes), "letters": len(p), "bytes": n_bytes}
 
 
+#: prior strengths (pseudo-counts) the adaptive unigram is chosen among, on the validation split
+ADAPTIVE_STRENGTHS = (10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
+
+
+def adaptive_unigram(train_texts: list[str], scored_texts: list[str], strength: float) -> dict:
+    """Bits per byte of an in-sequence adaptive unigram: each residue predicted from the train split's letter
+    frequencies (add-one smoothed) as a prior of ``strength`` pseudo-counts, plus the counts of the letters already
+    read in the same sequence (a Dirichlet-multinomial: a sequence's own composition takes over as it is read).
+    Training-free: what a model gets from one sequence's composition alone."""
+    import math
+    from collections import Counter
+
+    letters = set("".join(train_texts)) | set("".join(t.upper() for t in scored_texts))
+    prior = residue_frequencies(train_texts, letters)
+    nll, n = 0.0, 0
+    for t in scored_texts:
+        seen: Counter = Counter()
+        for k, a in enumerate(t.upper()):
+            nll -= math.log((strength * prior[a] + seen[a]) / (strength + k))
+            seen[a] += 1
+        n += len(t)
+    return {"bpb": nll / (math.log(2) * n), "letters": len(letters), "bytes": n, "strength": strength}
+
+
 def references(paths: LmPaths) -> dict:
     """The training-free lines, on the held-out split (the table's) and on the validation split (the curve's)."""
     from s2t2_dist.data.fasta import read_fasta
@@ -477,10 +501,15 @@ def references(paths: LmPaths) -> dict:
     train = list(iter_split_texts(splits, "train"))
     held = [r.text for r in read_fasta(paths.out / "data" / "corpus" / "heldout.fasta")]
     new = paths.data / "shards" / "new"
+    val = list(iter_split_texts(splits, "eval"))
+    # the adaptive unigram's one setting, its prior's strength, chosen on the validation split (its best shot)
+    by = {s: adaptive_unigram(train, val, s) for s in ADAPTIVE_STRENGTHS}
+    best = min(by, key=lambda s: by[s]["bpb"])
     return {"unigram_bpe": unigram_reference(new / "train", paths.heldout_new),
-            "residue_unigram": residue_unigram(train, held),
+            "residue_unigram": residue_unigram(train, held), "adaptive_unigram": adaptive_unigram(train, held, best),
             "validation": {"unigram_bpe": unigram_reference(new / "train", new / "eval"),
-                           "residue_unigram": residue_unigram(train, list(iter_split_texts(splits, "eval")))}}
+                           "residue_unigram": residue_unigram(train, val), "adaptive_unigram": by[best],
+                           "adaptive_unigram_by_strength": {f"{s:g}": v["bpb"] for s, v in by.items()}}}
 
 
 # ----------------------------------------------------------------------------------------------------------------

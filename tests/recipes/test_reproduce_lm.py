@@ -433,3 +433,29 @@ def test_the_finetuned_rows_at_the_other_step_are_a_table_of_their_own(tmp_path)
     assert all(p.stat().st_size > 1000 for p in pl.values())
     plan.cfg.lm.ft_lr_check = False
     assert plan.check_jobs(chosen, 3e-4) == {}
+
+
+def test_the_adaptive_unigram_reads_a_sequences_own_composition():
+    """Letters counted as the sequence is read: a sequence of one letter gets cheap fast; with a prior of huge
+    strength it is the residue unigram; every residue is scored once (its bytes)."""
+    from s2t2_dist.recipes.reproduce_lm import adaptive_unigram, residue_unigram
+
+    train = ["ACDEFGHIKLMNPQRSTVWY" * 5]
+    assert adaptive_unigram(train, ["A" * 200], 20.0)["bpb"] < 1.0 < residue_unigram(train, ["A" * 200])["bpb"]
+    mixed = ["ACDEFGHIKLMNPQRSTVWY" * 3, "MKVLA"]
+    far = adaptive_unigram(train, mixed, 1e12)
+    assert far["bpb"] == pytest.approx(residue_unigram(train, mixed)["bpb"], rel=1e-6) and far["bytes"] == 65
+
+
+def test_the_bpe_unigram_leaves_the_special_tokens_out(tmp_path):
+    """The training blocks carry BOS/EOS as separators, no scored document holds them: they get no probability."""
+    import math
+
+    from s2t2_dist.recipes.orchestrate import prepare_protein, unigram_reference
+
+    out = prepare_protein(tmp_path / "p", vocab_size=40, context_len=64, progress=False)
+    d = Path(out["output_dir"]) if "output_dir" in out else tmp_path / "p"
+    r = unigram_reference(d / "shards" / "new" / "train", d / "shards" / "new" / "eval")
+    assert r["special_tokens_left_out"] == [0, 1, 2, 3]
+    assert r["random_guess_bpb"] == pytest.approx(math.log(40) * r["tokens"] / (math.log(2) * r["bytes"]))
+    assert r["bpb"] < r["random_guess_bpb"]
