@@ -191,6 +191,30 @@ class ShardedSparseSinkhorn:
         if float(self.comm.all_reduce(bad, "sum")) > 0:
             raise ValueError("another rank's inputs failed validation (see its error)")
 
+    def _agreed(self, local, device: torch.device, mu: Tensor, nu: Tensor):
+        """One route for the job: each rank checked the kernels on its own shard's shapes; if any rank was refused,
+        every rank takes the torch steps (the job runs at its slowest rank's pace anyway), and each records which
+        rank and why."""
+        from s2t2_dist.ot.dykstra import TorchSteps, kernel_device
+        from s2t2_dist.utils import routes
+
+        if not kernel_device(device):  # a CPU: the torch steps on every rank, nothing to agree on
+            return local
+        mine = routes.ROUTES.get("sinkhorn", {}).get(str(device)) or {}  # what steps_for chose here, and why
+        refused_here = bool(mine.get("fallback"))
+        flag = torch.tensor([float(refused_here)], dtype=torch.float64, device=device)
+        if float(self.comm.all_reduce(flag, "sum")) == 0.0:
+            return local
+        why_here = mine.get("why", "") if refused_here else ""
+        whys = [None] * self.comm.world_size
+        dist.all_gather_object(whys, why_here, group=self.comm.group)
+        first = next(r for r, w in enumerate(whys) if w)
+        if not refused_here:
+            routes.record("sinkhorn", device, "torch steps", f"one route for the job: rank {first}'s {whys[first]}",
+                          fallback=True)
+            local = TorchSteps(mu, nu)
+        return local
+
     def __call__(self, C_local: Tensor, n_iter: int = 3) -> Tensor:
         if self.validate:  # once, as SparseSinkhorn: each check is a host sync and a collective
             self._validate(C_local)
@@ -202,8 +226,10 @@ class ShardedSparseSinkhorn:
             mu = self.mu.detach().to(device=C_local.device, dtype=cdt).contiguous()
             rows = max(b - a for a, b in (shard_bounds(mu.numel(), len(self.col_sizes), r)
                                           for r in range(len(self.col_sizes))))
-            local = steps_for(C_local.device, mu, self.nu_local.detach().to(device=C_local.device, dtype=cdt),
-                              (tuple(C_local.shape), (rows, self.u)))  # (its columns; the whole rows it receives)
+            nu = self.nu_local.detach().to(device=C_local.device, dtype=cdt)
+            local = steps_for(C_local.device, mu, nu, (tuple(C_local.shape), (rows, self.u)))  # (its columns; the
+            # whole rows it receives)
+            local = self._agreed(local, C_local.device, mu, nu)
             st = self._steps = ShardedSteps(local, self.comm, self.col_sizes, mu)
         return dykstra(C_local, st, n_iter)
 

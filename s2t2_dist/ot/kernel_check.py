@@ -12,7 +12,8 @@ is fed the reference's own inputs:
   grain of a threshold that is a sum of them) of the slice's threshold, its outputs (projection and correction)
   only by as many steps, its counts are its mask's;
 * every backward launch on the reference's gradients, masks and counts: its output agrees to :data:`VALUE_TOL`;
-* the thresholds-only launch (the sharded rows') along both sides of a column-major and a row-major copy: the
+* the thresholds-only launch (the sharded rows') along both sides of a column-major, a row-major and an
+  unaligned row-major copy (a rank's slice: its pointers not 16-byte aligned, another Triton specialisation): the
   thresholds agree to :data:`TIE_STEPS` steps, a count may differ only by entries within the tie band;
 * and the whole forward plan of two Dykstra iterations (tie-insensitive: a flipped entry carries < one step of mass).
 
@@ -78,6 +79,14 @@ def _like(t: Tensor | None, proto: Tensor) -> Tensor | None:
     if t is None:
         return None
     return torch.empty_strided(t.shape, proto.stride(), dtype=t.dtype, device=t.device).copy_(t)
+
+
+def _unaligned(t: Tensor) -> Tensor:
+    """A contiguous copy of ``t`` whose storage starts one element past an allocation's start (4 bytes for
+    float32): what a rank's slice of mu or of the rows is at most shard offsets, a pointer Triton does not
+    specialise as 16-byte aligned."""
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)[1:]
+    return flat.view(t.shape).copy_(t)
 
 
 def _rel(a: Tensor, b: Tensor) -> float:
@@ -150,8 +159,11 @@ def launch_findings(candidate: Callable[[Tensor, Tensor], object], device: torch
                       VALUE_TOL, "relative difference")
                 gQ, gP = (out_r, gP) if side == "column" else (gQ, out_r)
             gX = gP
-        for layout, Z in (("column-major", C.t().contiguous().t()), ("row-major", C.contiguous())):
+        for layout, Z in (("column-major", C.t().contiguous().t()), ("row-major", C.contiguous()),
+                          ("row-major, unaligned", _unaligned(C))):
             for dim, s, side in ((0, nu, "columns"), (1, mu, "rows")):
+                if layout.endswith("unaligned"):  # a rank's slice of the rows and of mu: no 16-byte alignment
+                    s = _unaligned(s)
                 t1, c1 = cand.thresholds(Z, s, dim)
                 t2, c2 = ref.thresholds(Z, s, dim)
                 Zc, t2c = Z.cpu(), t2.cpu()

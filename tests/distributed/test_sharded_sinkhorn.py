@@ -176,6 +176,45 @@ def test_validation_error_on_one_rank_raises_everywhere():
     assert time.monotonic() - t0 < 120  # no hang (generous: the machine may be heavily loaded)
 
 
+def _route_worker(fail_rank):
+    """Every rank on a 'kernel device' whose kernels (here the torch steps under another name) pass their check,
+    but for `fail_rank`'s, made to fail: the route each rank then takes."""
+    import s2t2_dist.ot.dykstra as dy
+    import s2t2_dist.ot.dykstra_triton as dt
+    from s2t2_dist.utils import routes
+
+    class StandInKernels(dy.TorchSteps):
+        pass
+
+    r, R = dist.get_rank(), dist.get_world_size()
+    dy.kernel_device = lambda device: True
+    dt.TritonSteps = StandInKernels
+    dy.kernels_why_not = lambda device, shape, dtype=None: (
+        f"failed their first-use check at {shape[0]} x {shape[1]} float32: made to fail" if r == fail_rank else "")
+    routes.ROUTES.clear()
+    C, mu, nu, up = _problem(120, 30, 1e-2, 0)
+    a, b = shard_bounds(30, R, r)
+    solver = ShardedSparseSinkhorn(mu, nu[a:b], 30)
+    P = solver(C[:, a:b].clone(), 3)
+    return routes.summary()["sinkhorn"], type(solver._steps.local).__name__, float(P.sum())
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_one_route_for_the_job_when_one_ranks_check_fails(ranks):
+    """Rank 1's kernels refused, the others' not: every rank takes the torch steps and says which rank and why;
+    with no rank refused, every rank keeps the kernels."""
+    res = run_distributed(_route_worker, ranks, 1, timeout=120)
+    assert [kind for _, kind, _ in res] == ["TorchSteps"] * ranks
+    for r, (route, _, _) in enumerate(res):
+        assert route["route"] == "torch steps" and route["fallback"], route
+        if r != 1:
+            assert route["why"].startswith("one route for the job: rank 1's the Triton kernels failed their "
+                                           "first-use check at "), route
+    res = run_distributed(_route_worker, ranks, None, timeout=120)
+    assert [kind for _, kind, _ in res] == ["StandInKernels"] * ranks
+    assert all(route["route"] == "kernels" and not route["fallback"] for route, _, _ in res)
+
+
 def test_shard_bounds():
     for u in (1, 7, 512, 4097):
         for R in (1, 2, 3, 4, 7):
