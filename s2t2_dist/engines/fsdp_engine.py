@@ -112,12 +112,19 @@ class FSDP2Engine(Engine):
     @classmethod
     def build(cls, model: torch.nn.Module, optim_cfg, train_cfg, *, activation_checkpointing: bool = False,
               offload: bool = False, reshard_after_forward: bool = True,
-              mixed_precision: bool | None = None, weights: dict[str, Path] | None = None) -> FSDP2Engine:
+              mixed_precision: bool | None = None, weights: dict[str, Path] | None = None,
+              compile: bool = False) -> FSDP2Engine:
         """Shard `model`, then build optim_cfg's optimiser over the shards and the schedule over train_cfg.steps.
         `weights` (parameter name -> safetensors file, from `safetensors_index`): `model`'s parameters are on the
-        meta device and are materialised as shards and loaded from these files after sharding."""
+        meta device and are materialised as shards and loaded from these files after sharding. In torchtitan's
+        order: activation checkpointing, then the per-block compile (`compile`), then sharding (FSDP2's hooks stay
+        outside the compiled forwards)."""
         if activation_checkpointing:
             enable_activation_checkpointing(model)
+        if compile:
+            from s2t2_dist.engines.model_setup import compile_blocks
+
+            compile_blocks(model)
         with phases.phase("sharding"):
             mp = cls.shard(model, precision=train_cfg.precision, offload=offload,
                            reshard_after_forward=reshard_after_forward, mixed_precision=mixed_precision)
@@ -339,11 +346,9 @@ class FSDP2(EngineKind):
         with phases.phase("model build (meta)" if weights is not None else "model load"):
             model = (empty_causal_lm(source, trust_remote_code=trust_remote_code) if weights is not None else
                      build_causal_lm(source, seed=train_cfg.seed, trust_remote_code=trust_remote_code))
-        from s2t2_dist.engines.model_setup import checkpointing_for, compile_blocks
+        from s2t2_dist.engines.model_setup import checkpointing_for
 
-        if cfg.compile:
-            compile_blocks(model)  # before sharding: FSDP2's hooks stay outside the compiled forward
         return model, FSDP2Engine.build(model, optim_cfg, train_cfg,
                                         activation_checkpointing=checkpointing_for(cfg, model, train_cfg, sharded=True),
                                         offload=cfg.offload, reshard_after_forward=cfg.fsdp_reshard_after_forward,
-                                        weights=weights)
+                                        weights=weights, compile=cfg.compile)

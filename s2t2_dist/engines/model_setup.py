@@ -27,17 +27,29 @@ def activation_memory(hf_config, micro_batch: int, context_len: int, loss_chunk:
     return 34.0 * tokens * h * layers + head
 
 
+def device_state_bytes(n_params: int, shards: int, offload: bool) -> float:
+    """Bytes of the model's training states on each GPU: float32 weights, gradients and Adam moments (16 bytes a
+    parameter, split over ``shards`` ranks); with ``offload`` they live in CPU memory (engine.offload: ZeRO-3's
+    offload_param + offload_optimizer, FSDP2's CPUOffloadPolicy), and the GPU holds only the bf16 copy of the
+    blocks being computed (a few blocks' bf16 weights: small beside the activations, not counted)."""
+    if offload:
+        return 0.0
+    return 16.0 * n_params / max(shards, 1)
+
+
 def wants_activation_checkpointing(setting, hf_config, n_params: int, micro_batch: int, context_len: int,
-                                   shards: int, loss_chunk: int = 0) -> bool:
-    """engine.activation_checkpointing resolved: auto is on when the float32 weights, gradients and Adam moments
-    (16 bytes a parameter, split over ``shards`` ranks) and the step's activations exceed AUTO_CHECKPOINT_FILL of
-    the GPU's memory (OLMo-1B, micro-batch 16 x 512 on one 80 GB GPU: 19 + 13 GB, off; OLMo-7B on one: on)."""
+                                   shards: int, loss_chunk: int = 0, offload: bool = False) -> bool:
+    """engine.activation_checkpointing resolved: auto is on when the training states held on the GPU
+    (:func:`device_state_bytes`: none with ``offload``) and the step's activations exceed AUTO_CHECKPOINT_FILL of
+    the GPU's memory (OLMo-1B, micro-batch 16 x 512 on one 80 GB GPU: 19 + 13 GB, off; OLMo-7B on one: on; OLMo-7B
+    offloaded on one: its activations alone decide)."""
     if setting != "auto":
         return bool(setting)
     if not torch.cuda.is_available():
         return False  # on a CPU the memory is the host's and recomputation only costs time
     total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    need = 16.0 * n_params / max(shards, 1) + activation_memory(hf_config, micro_batch, context_len, loss_chunk)
+    need = device_state_bytes(n_params, shards, offload) + activation_memory(hf_config, micro_batch, context_len,
+                                                                               loss_chunk)
     return need > AUTO_CHECKPOINT_FILL * total
 
 
@@ -49,7 +61,7 @@ def checkpointing_for(cfg, model: torch.nn.Module, train_cfg, *, sharded: bool) 
     micro = train_cfg.micro_batch_size if isinstance(train_cfg.micro_batch_size, int) else 1
     on = wants_activation_checkpointing(cfg.activation_checkpointing, getattr(model, "config", None), n, micro,
                                         train_cfg.context_len, coll.world_size() if sharded else 1,
-                                        getattr(cfg, "loss_chunk_tokens", 0))
+                                        getattr(cfg, "loss_chunk_tokens", 0), bool(getattr(cfg, "offload", False)))
     if cfg.activation_checkpointing == "auto" and coll.rank() == 0:
         import logging
 

@@ -196,6 +196,11 @@ def test_activation_checkpointing_by_memory_and_block_buckets():
     assert wants_activation_checkpointing(False, cfg, 10**12, 64, 4096, 1) is False
     if not torch.cuda.is_available():
         assert wants_activation_checkpointing("auto", cfg, 10**12, 64, 4096, 1) is False  # never on a CPU
+    # offloaded states are not on the GPU: OLMo-7B's 112 GB of states count on one GPU only when they stay there
+    from s2t2_dist.engines.model_setup import device_state_bytes
+
+    assert device_state_bytes(7 * 10**9, 1, offload=False) == 112e9 and device_state_bytes(7 * 10**9, 1, True) == 0
+    assert device_state_bytes(7 * 10**9, 8, offload=False) == 14e9
     ds = resolve_ds_config(REPO / "configs/ds_zero3.json", train_cfg=TrainConfig(batch_size=16, micro_batch_size=8),
                            optim_cfg=OptimConfig(), world_size=2, hidden_size=2048, block_numel=block_numel(cfg))
     z = ds["zero_optimization"]
