@@ -2,7 +2,7 @@
 of a model directory at batch B x T: tokens/s. The reference for stage 1's tokens/s in the same run
 (bench/gpu_check.sh).
 
-    PYTHONPATH=. python bench/bare_step.py MODEL_DIR 16 512 OUT.json [--micro 8]
+    PYTHONPATH=. python -m bench.bare_step MODEL_DIR 16 512 OUT.json [--micro 8]
 """
 import argparse
 import json

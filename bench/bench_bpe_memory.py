@@ -3,7 +3,7 @@ records from /work/shared/data/protein (or any FASTA files), each size in its ow
 getrusage. Records are reused cyclically with a rotation so every text is distinct (the trainer keeps one entry per
 distinct text, so duplicates would understate the cost).
 
-    nice -n 5 python bench/bench_bpe_memory.py --sizes 0 5000 20000 50000 [FASTA ...]
+    nice -n 5 python -m bench.bench_bpe_memory --sizes 0 5000 20000 50000 [FASTA ...]
 """
 
 from __future__ import annotations

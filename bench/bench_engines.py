@@ -1,8 +1,8 @@
 """Engine benchmarks on CPU (gloo), through the real launchers and the project's training loop.
 
-    PYTHONPATH=. python bench/bench_engines.py                      # everything, writes bench/results_engines.json
-    PYTHONPATH=. python bench/bench_engines.py --part memory --ranks 1 2 4
-    PYTHONPATH=. python bench/bench_engines.py --part throughput --steps 12
+    PYTHONPATH=. python -m bench.bench_engines                      # everything, writes bench/results_engines.json
+    PYTHONPATH=. python -m bench.bench_engines --part memory --ranks 1 2 4
+    PYTHONPATH=. python -m bench.bench_engines --part throughput --steps 12
 
 1. memory: per-rank model-state memory under ZeRO-3 (configs/ds_zero3.json) with 1, 2, 4 ranks: the elements each
    rank holds (parameters, gradients, fp32 master copy, Adam m and v), counted from the tensors, and the process
@@ -28,10 +28,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from s2t2_dist.train.loop import Task
 
-from s2t2_dist.train.loop import Task  # noqa: E402 - after the path insert
+ROOT = Path(__file__).resolve().parents[1]
 
 #: (width, layers): OLMo proportions (MLP = 2.6875 x width as in OLMo-1B/7B: 8192/2048 ~ 11008/4096), 64-wide heads
 MEM_MODEL = (768, 8)  # ~96M parameters: model states dominate the process memory

@@ -7,7 +7,7 @@
 2. batched lock-step scoring (eval/scoring.py) against the one-window-per-call reference scorer (eval/bpb.py) on a
    tiny OLMo-config model: windows per second by batch size.
 
-    PYTHONPATH=. python bench/bench_finetune.py [--out bench/out_finetune]
+    PYTHONPATH=. python -m bench.bench_finetune [--out bench/out_finetune]
 """
 
 from __future__ import annotations
@@ -15,13 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import sys
 import time
 from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test helpers (tests.helpers)
 
 
 def rss_mib() -> float:

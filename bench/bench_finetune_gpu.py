@@ -1,8 +1,8 @@
 """Finetune throughput and start-up of both engines through the real launcher, in one JSON (the items F
 and Z of the shared GPU check, made the project's own):
 
-    PYTHONPATH=. python bench/bench_finetune_gpu.py --out OUT            # on a GPU: full OLMo-1B, 16 x 512, 20 steps
-    PYTHONPATH=. python bench/bench_finetune_gpu.py --out OUT --layers 2 --d-model 64 --heads 4 --batch 2 \\
+    PYTHONPATH=. python -m bench.bench_finetune_gpu --out OUT            # on a GPU: full OLMo-1B, 16 x 512, 20 steps
+    PYTHONPATH=. python -m bench.bench_finetune_gpu --out OUT --layers 2 --d-model 64 --heads 4 --batch 2 \\
         --context-len 64 --steps 3 --data-vocab 128                         # the same path on a CPU, tiny
 
 It builds the OLMo-1B architecture (shipped config, random weights, seed 0; depth and width as given) once into
@@ -29,8 +29,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
 FASTA = ROOT / "s2t2_dist/assets/protein/mmseqs2_QUERY_uniprotkb.fasta"
 ENGINES = {"fsdp": ["engine.kind=fsdp", "engine.ds_config="],
@@ -43,7 +41,7 @@ SPLIT = ("data", "forward", "backward", "optimizer")
 
 def build_model(cache: Path, layers: int, d: int, heads: int) -> Path:
     """The OLMo-1B architecture at this depth and width, random weights, saved once (rehearsal.build_model)."""
-    from rehearsal import build_model as build
+    from bench.rehearsal import build_model as build
 
     return build(cache, layers, d, heads)[0]
 

@@ -2,7 +2,7 @@
 the torchtitan way (meta-device model, fully_shard per block, each rank reads only its rows after sharding) against
 the whole-model way (the model loaded whole in float32, then sharded), each in a fresh process (1 rank, gloo).
 
-    PYTHONPATH=. python bench/bench_fsdp_startup.py --out OUT [--layers 2,4,8,16] [--cache DIR]
+    PYTHONPATH=. python -m bench.bench_fsdp_startup --out OUT [--layers 2,4,8,16] [--cache DIR]
 
 A phase that grows faster than the model's size shows up as a ratio that rises with depth. Only the build is timed
 (no optimiser state is allocated before the first step; full AdamW on the 16-layer model needs 18.8 GB).
@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
 
 CHILD = r"""
 import json, resource, sys, time
@@ -48,7 +47,7 @@ print("RESULT " + json.dumps({"phases_s": rec.summary()["phases_s"], "build_s": 
 
 
 def main(argv=None) -> int:
-    from rehearsal import build_model
+    from bench.rehearsal import build_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)

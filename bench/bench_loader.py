@@ -11,8 +11,8 @@ The loader must deliver >= 20x that: >= ~137 batches/s per rank.
 
 Uses shards written by bench_prepare.py (--shards DIR/train), or builds small ones from the real protein files.
 
-    PYTHONPATH=. python bench/bench_loader.py --shards /tmp/s2t2_bench_prepare/shards/train --workers 0 1 2
-    PYTHONPATH=. python bench/bench_loader.py --workers 0 2 --world 1 8 --batches 300
+    PYTHONPATH=. python -m bench.bench_loader --shards /tmp/s2t2_bench_prepare/shards/train --workers 0 1 2
+    PYTHONPATH=. python -m bench.bench_loader --workers 0 2 --world 1 8 --batches 300
 """
 
 from __future__ import annotations
@@ -20,11 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from s2t2_dist.data.global_loader import GlobalTrainLoader
 STEP_S = 6 * 1.18e9 * 16 * 512 / (0.40 * 989e12)

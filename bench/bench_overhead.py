@@ -12,7 +12,7 @@ forward/backward/clip/AdamW loop of the same model on the same batches.
 Median step time over --steps steps after --warmup, A and B alternated --rounds times (the best median of each
 kept: the machine is shared), in CPU seconds of this process (--wall for wall time). One process, CPU, float32.
 
-    PYTHONPATH=. python bench/bench_overhead.py [--width 256 --layers 4 --context 256 --batch 4 --v 4096 --u 512]
+    PYTHONPATH=. python -m bench.bench_overhead [--width 256 --layers 4 --context 256 --batch 4 --v 4096 --u 512]
 """
 
 from __future__ import annotations
@@ -28,9 +28,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 #: CPU time of this process (all its threads): on a shared machine wall time varied 7x between identical rounds
 #: (other jobs take the cores); CPU time does not count the time others hold them. --wall to use wall time.

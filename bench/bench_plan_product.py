@@ -2,9 +2,9 @@
 CUDA: the Triton live-row kernels) against the dense GEMMs, at OLMo-1B's shapes (v = 50,280, u = 512, d = 2,048), in
 interleaved pairs. Prints each plan's row as soon as it is measured.
 
-    PYTHONPATH=. python bench/bench_plan_product.py                       # CPU, 2 threads
-    PYTHONPATH=. python bench/bench_plan_product.py --d 256 --reps 2      # a quick check
-    PYTHONPATH=. python bench/bench_plan_product.py --device cuda         # the Triton kernels on a GPU (< 60 s)
+    PYTHONPATH=. python -m bench.bench_plan_product                       # CPU, 2 threads
+    PYTHONPATH=. python -m bench.bench_plan_product --d 256 --reps 2      # a quick check
+    PYTHONPATH=. python -m bench.bench_plan_product --device cuda         # the Triton kernels on a GPU (< 60 s)
 
 Plans (each C moved off its start, see bench/rehearsal.py), built on the bench's device:
 
@@ -21,23 +21,20 @@ synchronize calls, and the product's forward + backward runs once under ``torch.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench.rehearsal import shipped_translator, target_tokenizer
 
-from rehearsal import shipped_translator, target_tokenizer  # noqa: E402
-
-import s2t2_dist.translator.module as module  # noqa: E402
-from s2t2_dist.data.tokenizers import source_token_ids  # noqa: E402
-from s2t2_dist.recipes.tiny import save_olmo_tokenizer  # noqa: E402
-from s2t2_dist.translator import TokenTranslator, TranslatorConfig  # noqa: E402
-import s2t2_dist.translator.product as product  # noqa: E402
-from s2t2_dist.translator.product import plan_product  # noqa: E402
+import s2t2_dist.translator.module as module
+from s2t2_dist.data.tokenizers import source_token_ids
+from s2t2_dist.recipes.tiny import save_olmo_tokenizer
+from s2t2_dist.translator import TokenTranslator, TranslatorConfig
+import s2t2_dist.translator.product as product
+from s2t2_dist.translator.product import plan_product
 
 #: the shipped recipe's weight floor (sparse kind, FVT start; translator.floor: null)
 DEFAULT_FLOOR = TranslatorConfig().resolve(None, None).floor

@@ -20,10 +20,10 @@ weight is on sigma(j)), loss gap to the oracle (nats/token, held out), mass-base
 column of W, mean column entropy), the fraction of C with a live gradient at the end, and the loss of the uniform
 P (the start) for scale.
 
-    python bench/bench_planted.py --v 256 --steps 600                          # split regime, the three kinds
-    python bench/bench_planted.py --v 256 --steps 600 --recipe paper           # the paper's literal recipe
-    python bench/bench_planted.py --v 4096 --u 256 --regime many --steps 300
-    python bench/bench_planted.py --v 50280 --u 64 --regime many --steps 100   # minutes per kind on 2 cores
+    python -m bench.bench_planted --v 256 --steps 600                          # split regime, the three kinds
+    python -m bench.bench_planted --v 256 --steps 600 --recipe paper           # the paper's literal recipe
+    python -m bench.bench_planted --v 4096 --u 256 --regime many --steps 300
+    python -m bench.bench_planted --v 50280 --u 64 --regime many --steps 100   # minutes per kind on 2 cores
 """
 from __future__ import annotations
 

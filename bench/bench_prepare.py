@@ -17,7 +17,7 @@ shards step (0 workers) with that checkout's ``s2t2_dist`` and with this one, al
 in fresh processes on the same splits and tokenizer: before/after figures for a change taken in the same run. It also
 reports the CPU time spent inside the shard writer (``ShardFile``: open, write, commit; thread CPU time).
 
-    PYTHONPATH=. python bench/bench_prepare.py --residues 20000000 --workers 0 1 2
+    PYTHONPATH=. python -m bench.bench_prepare --residues 20000000 --workers 0 1 2
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ import shutil
 import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from s2t2_dist.data.bpe import train_tokenizer
 from s2t2_dist.data.fasta import read_fasta
@@ -68,8 +66,7 @@ def real_sequences(protein_dir: Path) -> list[str]:
 
 
 _AB_CODE = """
-import json, os, sys, time
-sys.path.insert(0, {tree!r})
+import json, os, time
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
 import webdataset  # loaded beforehand, as in `s2t2 prepare` (which has torch loaded): its import is not counted
 from s2t2_dist.data import shards
@@ -97,18 +94,26 @@ print(json.dumps({{"wall_s": time.perf_counter() - w0, "cpu_s": time.process_tim
 """
 
 
+def _env_importing(tree: Path) -> dict:
+    """The environment of a child process that imports the package from ``tree`` (put first on PYTHONPATH)."""
+    old = os.environ.get("PYTHONPATH")
+    return dict(os.environ, PYTHONPATH=str(tree) + (os.pathsep + old if old else ""))
+
+
 def ab_shards(trees: dict[str, Path], work: Path, reps: int, context_len: int, shard_size: int) -> dict:
     """The shards step (train + eval, 0 workers) with each checkout's package, alternating, ``reps`` times each."""
     import subprocess
 
     runs: dict[str, list[dict]] = {name: [] for name in trees}
+    work = work.resolve()  # each child runs in its checkout (a child imports from its cwd first)
     for _ in range(reps):
         for name, tree in trees.items():
-            out = work / f"ab_{name}"
+            out, tree = work / f"ab_{name}", tree.resolve()
             shutil.rmtree(out, ignore_errors=True)
-            code = _AB_CODE.format(tree=str(tree.resolve()), splits=str(work / "splits"), tok=str(work / "tok"),
+            code = _AB_CODE.format(tree=str(tree), splits=str(work / "splits"), tok=str(work / "tok"),
                                    out=str(out), T=context_len, S=shard_size)
-            runs[name].append(json.loads(subprocess.check_output([sys.executable, "-c", code]).decode()))
+            stdout = subprocess.check_output([sys.executable, "-c", code], env=_env_importing(tree), cwd=tree)
+            runs[name].append(json.loads(stdout.decode()))
     return runs
 
 
@@ -197,13 +202,14 @@ def main() -> None:
     import subprocess
 
     code = (
-        "import os,sys,time,resource;os.environ['TOKENIZERS_PARALLELISM']='false';"
-        f"sys.path.insert(0,{str(Path(__file__).resolve().parents[1])!r});"
+        "import os,time,resource;os.environ['TOKENIZERS_PARALLELISM']='false';"
         "from s2t2_dist.data.tokenizers import load_tokenizer;from s2t2_dist.data.split import iter_split_texts;"
         f"t=list(iter_split_texts({str(work / 'splits')!r},'train'));i=load_tokenizer({str(work / 'tok')!r}).tokenizer;"
         "c0=time.process_time();[i.encode_batch_fast(t[k:k+2000],add_special_tokens=False) for k in range(0,len(t),2000)];"
         "print(time.process_time()-c0)")
-    res["tokenize_only_1thread_train_cpu_s"] = float(subprocess.check_output([sys.executable, "-c", code]).decode())
+    env = _env_importing(Path(__file__).resolve().parents[1])
+    res["tokenize_only_1thread_train_cpu_s"] = float(subprocess.check_output([sys.executable, "-c", code],
+                                                                             env=env).decode())
 
     R = res["residues"]
     rows = [("decompress only", res["decompress"]), ("read (decompress + parse + check)", res["read"]),

@@ -1,9 +1,9 @@
 """Real-model benchmark of the translators: a pretrained English LM on English text of its own
 kind and on proteins.
 
-    python bench/bench_real_model.py            # every row: hours on a busy 2-core CPU; results in OUT/table.md
-    python bench/bench_real_model.py --out /tmp/rm --steps 300 --ft-steps 100 --only s2t2_fvt
-    python bench/bench_real_model.py --source smollm2 --text c4.json.gz --regimes "v>d,protein" --batch 4 ...
+    python -m bench.bench_real_model            # every row: hours on a busy 2-core CPU; results in OUT/table.md
+    python -m bench.bench_real_model --out /tmp/rm --steps 300 --ft-steps 100 --only s2t2_fvt
+    python -m bench.bench_real_model --source smollm2 --text c4.json.gz --regimes "v>d,protein" --batch 4 ...
 
 `--source smollm2`: SmolLM2-135M-Instruct (`s2t2 source-lm smollm2`: d = 576, a 49,152-token byte-level BPE)
 instead of stories260K; `--text FILES` (jsonl with a `text` field, e.g. web text such as C4 for SmolLM2) is the
@@ -42,9 +42,6 @@ import json
 import sys
 import time
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 #: translator rows: name -> (kind, init, init_weight, recipe, lr). init_weight None: the shipped default (one home:
 #: the translator config; the row records the value the run resolved). `recipe`: "default" (the

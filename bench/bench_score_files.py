@@ -7,19 +7,16 @@ the real OLMo tokenizer:
   warm     the same call again: hash the files, find the finished split and shards, count nothing again
   hash     sha256 of the files alone (the part of a warm call that grows with the data)
 
-    PYTHONPATH=. python bench/bench_score_files.py [--reps 3]
+    PYTHONPATH=. python -m bench.bench_score_files [--reps 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from s2t2_dist.data.raw_eval import format_records, tokenize_files
 from s2t2_dist.models.hf import asset_path

@@ -1,6 +1,6 @@
 """Per-rank memory and communication of the column-sharded TokenTranslator (gloo, CPU).
 
-    PYTHONPATH=. python bench/bench_sharded_translator.py --ranks 1,2,4 --u 4096
+    PYTHONPATH=. python -m bench.bench_sharded_translator --ranks 1,2,4 --u 4096
 
 Each rank runs two AdamW training steps of the translator alone (C moved to 1/v + N(0, 1e-3); loss = sum(E'^2)
 with a frozen E of width ``--d`` (tied: L = E); the real LM is left out). Measured on the second step:
@@ -17,15 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.distributed import run_distributed
+from tests.helpers.distributed import run_distributed
 def _status(key):
     return int(re.search(rf"{key}:\s+(\d+)", open("/proc/self/status").read()).group(1)) * 1024
 

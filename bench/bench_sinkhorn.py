@@ -1,9 +1,9 @@
 """Benchmark of the sparse Sinkhorn (forward + backward, 3 Dykstra iterations) on one device, against the simplest
 exact code and the memory floor, measured in the same run.
 
-    PYTHONPATH=. python bench/bench_sinkhorn.py --device cuda            # 50,304 x 512 fp32 on the first GPU
-    PYTHONPATH=. python bench/bench_sinkhorn.py --v 4096 --u 512         # CPU (the torch route), a smaller plan
-    PYTHONPATH=. python bench/bench_sinkhorn.py --device cuda --start uniform --out sinkhorn.json
+    PYTHONPATH=. python -m bench.bench_sinkhorn --device cuda            # 50,304 x 512 fp32 on the first GPU
+    PYTHONPATH=. python -m bench.bench_sinkhorn --v 4096 --u 512         # CPU (the torch route), a smaller plan
+    PYTHONPATH=. python -m bench.bench_sinkhorn --device cuda --start uniform --out sinkhorn.json
 
 What it prints (and writes with ``--out``):
 

@@ -3,19 +3,14 @@ heatmap block) computed the old way (one collective per statistic, a host read p
 tests/distributed/test_stats_batch.py) against the fused one (StatsBatch: one all_reduce, one read), in the same
 processes, alternating, on gloo ranks with C's columns sharded. P is computed once, before the timings (both reuse it).
 
-    PYTHONPATH=. nice -n 10 python bench/bench_stats_batch.py --v 50280 --u 512 --ranks 2 --repeat 7
+    PYTHONPATH=. nice -n 10 python -m bench.bench_stats_batch --v 50280 --u 512 --ranks 2 --repeat 7
 """
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # the test helpers (tests.helpers)
 
 
 def _worker(v: int, u: int, repeat: int):
@@ -23,7 +18,7 @@ def _worker(v: int, u: int, repeat: int):
     import torch.distributed as dist
 
     from s2t2_dist.translator import PStats, TokenTranslator
-    from test_stats_batch import _old_report  # the per-statistic reference
+    from tests.distributed.test_stats_batch import _old_report  # the per-statistic reference
 
     group = dist.group.WORLD if dist.is_initialized() else None
     g = torch.Generator().manual_seed(0)

@@ -4,8 +4,8 @@ A stage-1 step runs the translator ONCE (TokenTranslator.begin_step: Sinkhorn, E
 into C) and the frozen LM once per micro-batch (forward + backward to E', L'). Both are timed here as the stage runs
 them, nothing scaled: the translator's seconds per step against the LM's seconds per step (micro-batches x tokens).
 
-    PYTHONPATH=. python bench/bench_translate_step.py --v 243,50280 --layers 1,4      # OLMo-1B width, random weights
-    PYTHONPATH=. python bench/bench_translate_step.py --model /path/to/olmo-1b --v 50280 --micro-batches 1
+    PYTHONPATH=. python -m bench.bench_translate_step --v 243,50280 --layers 1,4      # OLMo-1B width, random weights
+    PYTHONPATH=. python -m bench.bench_translate_step --model /path/to/olmo-1b --v 50280 --micro-batches 1
     ... --json out.json   (one record per (v, model): reusable by other benchmarks)
 
 ``--model``: a Hugging Face model directory (e.g. the full-size rehearsal's OLMo-1B); otherwise OLMo-1B's config

@@ -2,9 +2,9 @@
 file: run it with two checkouts on PYTHONPATH and compare the files to show that a change of plumbing left the
 logged numbers alone (benchmarks/translator_share_cpu2_2026-11-24.md).
 
-    PYTHONPATH=. python bench/dump_stage1_metrics.py --work /tmp/m --out after.json --ranks 2
-    PYTHONPATH=/path/to/old/checkout python bench/dump_stage1_metrics.py --work /tmp/m --out before.json --ranks 2
-    python bench/dump_stage1_metrics.py --compare before.json after.json
+    PYTHONPATH=. python -m bench.dump_stage1_metrics --work /tmp/m --out after.json --ranks 2
+    PYTHONPATH=/path/to/old/checkout python -m bench.dump_stage1_metrics --work /tmp/m --out before.json --ranks 2
+    python -m bench.dump_stage1_metrics --compare before.json after.json
 
 The inputs (protein shards by prepare_small of tests/helpers/stage_fixtures.py, stories260K) are built once in
 --work and reused; each run gets a fresh run directory. ``--ranks 2`` runs ``torchrun --nproc_per_node 2`` (gloo,
@@ -27,7 +27,6 @@ REPO = Path(__file__).resolve().parents[1]
 def _inputs(work: Path) -> tuple[Path, Path]:
     data, model = work / "data", work / "stories260k"
     if not (data / "tokenizer").exists():
-        sys.path.insert(0, str(REPO))
         from tests.helpers.stage_fixtures import prepare_small
 
         prepare_small(data)

@@ -57,26 +57,26 @@ M=$W/cache/olmo1b-L16-d2048; D=$W/data; FA=s2t2_dist/assets/protein/mmseqs2_QUER
 need_model() { { want B1 || want B2 || want bare; } && [[ -z $(missing_for transformers tokenizers webdataset) ]]; }
 BUILD_CAP=300
 if need_model; then   # built on the CPUs while the first items use the GPU (each step capped)
-( timeout $BUILD_CAP python3 -c "import sys; sys.path.insert(0, 'bench'); from rehearsal import build_model; from pathlib import Path; print(build_model(Path('$W/cache'), 16, 2048, 16))" > $L/build.log 2>&1
+( timeout $BUILD_CAP python3 -c "from bench.rehearsal import build_model; from pathlib import Path; print(build_model(Path('$W/cache'), 16, 2048, 16))" > $L/build.log 2>&1
   timeout $BUILD_CAP python3 -m s2t2_dist.cli prepare --no-progress "inputs=[$FA]" format=fasta domain=protein eval_fraction=0.05 vocab_size=512 context_len=512 shard_size=256 num_workers=0 source_tokenizer=$M output_dir=$D > $L/prepare.log 2>&1; echo "prepare rc=$?" >> $L/build.log ) &
 BG=$!
 fi
-item A 150 python3 bench/gpu_smoke.py --out $W/smoke; cp $W/smoke/smoke.json $L/ 2>/dev/null
-item C0 120 python3 bench/kernel_diag.py --device cuda --out $L/kernel_diag.json
-item C1 60 python3 bench/bench_sinkhorn.py --device cuda --out $L/sinkhorn.json
-item C1b 60 python3 bench/bench_sinkhorn.py --device cuda --v 50280 --out $L/sinkhorn_50280.json
-item C2 60 python3 bench/bench_plan_product.py --device cuda
+item A 150 python3 -m bench.gpu_smoke --out $W/smoke; cp $W/smoke/smoke.json $L/ 2>/dev/null
+item C0 120 python3 -m bench.kernel_diag --device cuda --out $L/kernel_diag.json
+item C1 60 python3 -m bench.bench_sinkhorn --device cuda --out $L/sinkhorn.json
+item C1b 60 python3 -m bench.bench_sinkhorn --device cuda --v 50280 --out $L/sinkhorn_50280.json
+item C2 60 python3 -m bench.bench_plan_product --device cuda
 if need_model; then   # a wait with a limit: the build's own caps, and what is left of the budget
   while kill -0 $BG 2> /dev/null && (( $(left) > 0 )); do sleep 2; done
   kill -0 $BG 2> /dev/null && { note "model + data: still building at the budget's end: stopped"; pkill -P $BG; kill $BG; }
   note "model + data: $(tail -2 $L/build.log | tr '\n' ' ')"; fi
 TR=(--config configs/translate_olmo1b.yaml model.path=$M data.train=$D/shards/new/train data.eval=$D/shards/new/eval data.tokenizer=$D/tokenizer data.num_workers=2 train.steps=30 train.log_every=5 train.ckpt_every=0 train.eval_every=0 train.eval_max_docs=64)
 item B1 120 env S2T2_SYNC_DEBUG=warn python3 -m torch.distributed.run --nproc_per_node 1 launch/translate.py "${TR[@]}" run_dir=$W/tr1
-item bare 60 python3 bench/bare_step.py $M 16 512 $L/bare.json
+item bare 60 python3 -m bench.bare_step $M 16 512 $L/bare.json
 item B2 120 env S2T2_SYNC_DEBUG=warn python3 -m torch.distributed.run --nproc_per_node 1 launch/translate.py "${TR[@]}" model.source_vocab=all run_dir=$W/tr2
 for e in fsdp zero3; do
-  item FT_$e 270 python3 bench/bench_finetune_gpu.py --engines $e --out $W/ft_$e --timeout 240
+  item FT_$e 270 python3 -m bench.bench_finetune_gpu --engines $e --out $W/ft_$e --timeout 240
   cp $W/ft_$e/finetune_gpu.json $L/finetune_$e.json 2>/dev/null; done
-python3 bench/gpu_check_report.py $W $OUT/gpu_check.json >> $S 2>&1; RC=$?
+python3 -m bench.gpu_check_report $W $OUT/gpu_check.json >> $S 2>&1; RC=$?
 note "done"; tar czf $OUT/logs.tgz -C $W logs 2>/dev/null
 exit $RC

@@ -2,17 +2,15 @@
 runs' throughput (tokens/s over the logging intervals after the first, which holds start-up), and the ratios the
 issues target (stage 1 at v = 50,280 over v = 243; stage 1 over the bare step).
 
-    python bench/gpu_check_report.py WORK_DIR OUT.json
+    python -m bench.gpu_check_report WORK_DIR OUT.json
 """
 import json
 import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from gpu_smoke import stage_stats  # noqa: E402
-from s2t2_dist.utils.routes import fallbacks, text  # noqa: E402
+from bench.gpu_smoke import stage_stats
+from s2t2_dist.utils.routes import fallbacks, text
 
 
 def _json(p: Path):

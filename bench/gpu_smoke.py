@@ -1,7 +1,7 @@
 """GPU smoke kit: the whole pipeline once, through the real launchers, on every GPU of this node (or on CPU).
 
-    PYTHONPATH=. python bench/gpu_smoke.py                  # all GPUs, NCCL, bf16; on a CPU-only machine: 2 gloo ranks
-    PYTHONPATH=. python bench/gpu_smoke.py --ranks 2 --steps 4 --out /tmp/smoke
+    PYTHONPATH=. python -m bench.gpu_smoke                  # all GPUs, NCCL, bf16; on a CPU-only machine: 2 gloo ranks
+    PYTHONPATH=. python -m bench.gpu_smoke --ranks 2 --steps 4 --out /tmp/smoke
 
 On a small model built from a REAL config (OLMo-1B's architecture, tokenizer and 50,304-row vocabulary; depth and
 width shrunk, `--layers/--width` to grow it), on the shipped protein sample:
@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 #: dense bf16 peak FLOP/s of one GPU (vendor datasheets, without sparsity), matched against the device name
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "L4": 121e12,

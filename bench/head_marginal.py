@@ -16,7 +16,7 @@ token the mean of its pieces' embeddings: exact for a target token that is one s
              knowledge gives when it reads target tokens, so the gap left between it and the original tokenizer
              is the cost of reading the text cut into target tokens, which no head can remove.
 
-    PYTHONPATH=. python bench/head_marginal.py --model ~/.cache/s2t2/source_lm/smollm2-135m-instruct-q4_1 \\
+    PYTHONPATH=. python -m bench.head_marginal --model ~/.cache/s2t2/source_lm/smollm2-135m-instruct-q4_1 \\
         --tokenizer OUT/data/tokenizer --eval OUT/data/shards/new/eval [--p-file RUN/P.safetensors] --json OUT.json
 
 Seconds on a CPU (one forward over the eval split per row). Results: benchmarks/smollm2_cpu2_2026-11-28.md.
@@ -29,9 +29,6 @@ import sys
 from pathlib import Path
 
 import torch
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
 def prefix_map(target: dict[int, bytes | None], source: list) -> torch.Tensor:

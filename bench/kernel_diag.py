@@ -9,8 +9,8 @@ a failure; this says on which slices and chunks a launch disagrees, for each way
 * ``no_alignment``: no divisibility-by-16 or alignment specialisation (scalar loads and stores);
 * ``none``: no integer specialisation at all.
 
-    python bench/kernel_diag.py --device cuda --shapes 3200x512,3176x512 --out diag.json
-    TRITON_INTERPRET=1 python bench/kernel_diag.py --device cpu --shapes 40x6,70x9   (Triton's interpreter)
+    python -m bench.kernel_diag --device cuda --shapes 3200x512,3176x512 --out diag.json
+    TRITON_INTERPRET=1 python -m bench.kernel_diag --device cpu --shapes 40x6,70x9   (Triton's interpreter)
 
 A shape is the first-use check's plan (``dykstra.check_shape``: v = 50,304 is checked at 3,200, v = 50,280 at
 3,176). Exit status 0 when every launch of every variant agrees (relative error < 1e-4), else 1.
@@ -24,11 +24,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from s2t2_dist.ot import dykstra as D  # noqa: E402
-from s2t2_dist.ot import dykstra_triton as DT  # noqa: E402
-from s2t2_dist.ot import kernel_check as KC  # noqa: E402
+from s2t2_dist.ot import dykstra as D
+from s2t2_dist.ot import dykstra_triton as DT
+from s2t2_dist.ot import kernel_check as KC
 
 TOL = 1e-4
 INTS = {"project": ["S", "N", "a_s", "a_n", "b_s", "b_n"], "backward": ["S", "N", "g_s", "g_n", "b_s", "b_n"]}

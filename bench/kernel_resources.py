@@ -1,6 +1,6 @@
 """Registers, spills and resident programs per SM of every Triton kernel the GPU routes launch, compiled offline.
 
-    PYTHONPATH=. python bench/kernel_resources.py [--archs 80,90] [--v 32000,50280,50304,151936] [--u 512,4096]
+    PYTHONPATH=. python -m bench.kernel_resources [--archs 80,90] [--v 32000,50280,50304,151936] [--u 512,4096]
         [--out bench/kernel_resources.json]
 
 No GPU needed: Triton's compiler and the ptxas inside the triton wheel build for a target given by name. The
@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 #: per-SM limits (CUDA occupancy calculator): registers, threads, programs, shared memory usable by programs (bytes)
 #: and the shared memory the driver reserves per program
@@ -212,7 +211,7 @@ def summary(rows: list[dict]) -> dict:
 def markdown(rows: list[dict], when: str) -> str:
     s = summary(rows)
     lines = [f"# Triton kernels' resources, compiled offline ({when})", "",
-             "`PYTHONPATH=. python bench/kernel_resources.py` (Triton's compiler and the wheel's ptxas, no GPU; each",
+             "`PYTHONPATH=. python -m bench.kernel_resources` (Triton's compiler and the wheel's ptxas, no GPU; each",
              "launch specialised as the routes make it). Per SM: 64K registers, 2,048 threads; a program is",
              "`num_warps` x 32 threads. Targets: 0 bytes spilled and >= 2 programs per SM for every variant.", "",
              f"{s['variants']} variants, {s['spilling_or_one_program']} spill or fit one program per SM; at most "

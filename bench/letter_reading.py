@@ -14,7 +14,7 @@ in bits per byte (one byte per residue), beside two training-free lines:
 Each sequence is scored in windows of ``--window`` tokens after the LM's BOS (``<|im_start|>`` for SmolLM2), the
 first token of each window predicted from the BOS alone.
 
-    PYTHONPATH=. python bench/letter_reading.py --model ~/.cache/s2t2/source_lm/smollm2-135m-instruct-q4_1 \\
+    PYTHONPATH=. python -m bench.letter_reading --model ~/.cache/s2t2/source_lm/smollm2-135m-instruct-q4_1 \\
         --splits OUT/data/prepared/splits --split eval --json letters.json
 
 Results: benchmarks/table1_smollm2_letters_cpu2_2026-11-29.md.

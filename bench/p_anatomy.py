@@ -12,7 +12,7 @@ Two measures of a P file, with the source model's and the target tokenizer's ``t
   (``init.kind=translated init.p_file=OUT``); its kind is ``unconstrained``, whose file check reads no row sums
   (cutting a column moves P's row sums off mu, and the convex translation reads only the columns).
 
-    PYTHONPATH=. python bench/p_anatomy.py --p-file RUN/P.safetensors \\
+    PYTHONPATH=. python -m bench.p_anatomy --p-file RUN/P.safetensors \\
         --source-tokenizer ~/.cache/s2t2/source_lm/smollm2-135m-instruct-q4_1/tokenizer.json \\
         --target-tokenizer OUT/data/prepared/tokenizer/tokenizer.json [--top-k 2 --write P_top2.safetensors]
 

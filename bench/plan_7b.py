@@ -15,7 +15,7 @@
    for a source checkpoint stored in float32 (safetensors are memory-mapped: pages of the file, reclaimable, not
    counted as anonymous memory) and in bfloat16 (converted to float32 on load: a full float32 copy in memory).
 
-    PYTHONPATH=. python bench/plan_7b.py [--ranks 8 16 32] [--host-layers 1] [--json out.json]
+    PYTHONPATH=. python -m bench.plan_7b [--ranks 8 16 32] [--host-layers 1] [--json out.json]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """BpB against the sparsity of P for every P of a bench_real_model.py output: one PNG, one table.
 
-    python bench/plot_sparsity.py --out /tmp/rm --png docs/sparsity_tradeoff.png [--default ship,pship]
+    python -m bench.plot_sparsity --out /tmp/rm --png docs/sparsity_tradeoff.png [--default ship,pship]
 
 Every run directory OUT/runs/REGIME/NAME holding a P.safetensors is a point: its held-out BpB (the translate run's
 result.json, or the evaluate run OUT/runs/REGIME/eval_NAME for P files written after the fact), its non-zeros per
@@ -15,8 +15,6 @@ import json
 import math
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def points(out: Path) -> list[dict]:

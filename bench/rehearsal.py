@@ -12,8 +12,8 @@ For every leg: peak RSS per rank (VmHWM of each rank's process, polled every 0.2
 `predict_*` below, step time (TensorBoard node/step_time_s), checkpoint size and save time (the checkpoint's
 `.partial` directory appearing -> renamed), and the load time of its files (torch.load of every file).
 
-    PYTHONPATH=. nice -n 5 python bench/rehearsal.py --out /work/rehearsal_cache/run           # full size (~30 min)
-    PYTHONPATH=. python bench/rehearsal.py --out /tmp/reh --cache /tmp/reh_cache --layers 2 --d-model 256 \\
+    PYTHONPATH=. nice -n 5 python -m bench.rehearsal --out /work/rehearsal_cache/run           # full size (~30 min)
+    PYTHONPATH=. python -m bench.rehearsal --out /tmp/reh --cache /tmp/reh_cache --layers 2 --d-model 256 \\
         --heads 4 --ft-layers 2                                                                    # a quick check
 
 Writes OUT/results.json and OUT/table.md (the table in BENCHMARKS.md). Needs ~16 GB free for the full-size legs:

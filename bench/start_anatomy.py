@@ -5,18 +5,15 @@ source marginal "start", `ot.prior.start_plan`, uniform nu) and floored as the s
 (`floor_plan_reference`). `--plain` builds the earlier start (the plain blend with mu nu^T, the
 shared part left to the floor) for comparison.
 
-    python bench/start_anatomy.py --model ~/.cache/s2t2/source_lm/smollm2-135m-instruct-q4_1 \
+    python -m bench.start_anatomy --model ~/.cache/s2t2/source_lm/smollm2-135m-instruct-q4_1 \
         --tokenizer OUT/data/tokenizer --weights 0.5,0.8,0.9,0.95,1
 """
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def anatomy(model: str, tokenizer: str, weights: list[float], floor: float = 1.0, plain: bool = False) -> list[dict]:

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_tiny_run_of_both_engines(tmp_path):
-    cmd = [sys.executable, "bench/bench_finetune_gpu.py", "--out", str(tmp_path), "--layers", "2", "--d-model", "64",
+    cmd = [sys.executable, "-m", "bench.bench_finetune_gpu", "--out", str(tmp_path), "--layers", "2", "--d-model", "64",
            "--heads", "4", "--batch", "2", "--context-len", "64", "--steps", "3", "--log-every", "1",
            "--data-vocab", "128", "--timeout", "500"]
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1200)

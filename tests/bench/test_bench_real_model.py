@@ -37,9 +37,9 @@ def test_rows_default_and_overridden_init_weight():
 def test_score_start_as_typed(tmp_path):
     out = tmp_path / "rm"
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, str(BENCH), "--out", str(out), "--docs", "24", "--steps", "2", "--ft-steps",
-                           "0", "--batch", "2", "--context-len", "64", "--regimes", "v>d", "--only", "s2t2_fvt,w9",
-                           "--row", "w9=s2t2_fvt:init_weight=0.9", "--score-start"],
+    proc = subprocess.run([sys.executable, "-m", "bench.bench_real_model", "--out", str(out), "--docs", "24", "--steps",
+                           "2", "--ft-steps", "0", "--batch", "2", "--context-len", "64", "--regimes", "v>d", "--only",
+                           "s2t2_fvt,w9", "--row", "w9=s2t2_fvt:init_weight=0.9", "--score-start"],
                           env=env, capture_output=True, text=True, timeout=1500, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads((out / "results.json").read_text())["v>d"]["rows"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-BENCH = [sys.executable, str(REPO / "bench" / "bench_sinkhorn.py")]
+BENCH = [sys.executable, "-m", "bench.bench_sinkhorn"]
 
 
 def _run(args, **kw):
@@ -69,7 +69,7 @@ def test_gpu_check_fails_on_a_fallback_and_names_the_routes(tmp_path):
     for run, routes in (("tr1", ok), ("tr2", bad)):
         (work / run).mkdir()
         (work / run / "result.json").write_text(json.dumps({"routes": routes}))
-    report = [sys.executable, str(REPO / "bench" / "gpu_check_report.py"), str(work), str(tmp_path / "r.json")]
+    report = [sys.executable, "-m", "bench.gpu_check_report", str(work), str(tmp_path / "r.json")]
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run(report, env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 1, proc.stdout + proc.stderr

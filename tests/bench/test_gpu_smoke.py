@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from tests.helpers.stage_fixtures import REPO, run_cmd
+from tests.helpers.stage_fixtures import run_cmd
 
 pytestmark = pytest.mark.slow
 
 
 def test_gpu_smoke_kit_runs_on_cpu(tmp_path):
-    proc = run_cmd([sys.executable, str(REPO / "bench" / "gpu_smoke.py"), "--out", str(tmp_path), "--steps", "2",
+    proc = run_cmd([sys.executable, "-m", "bench.gpu_smoke", "--out", str(tmp_path), "--steps", "2",
                     "--quiet"], timeout=600)
     assert proc.stdout.rstrip().splitlines()[-1].startswith("OK"), proc.stdout
     rep = json.loads((tmp_path / "smoke.json").read_text())

@@ -67,7 +67,7 @@ def test_the_script_as_typed(tmp_path):
     idx = (P != 0).nonzero().t()
     save_p(tmp_path / "P.safetensors", SparseP(idx, P[idx[0], idx[1]], P.sum(1), nu, torch.tensor([1, 2, 3, 4]),
                                               "s", "t", kind="softmax"))
-    cmd = [sys.executable, "bench/p_anatomy.py", "--p-file", str(tmp_path / "P.safetensors"), "--source-tokenizer",
+    cmd = [sys.executable, "-m", "bench.p_anatomy", "--p-file", str(tmp_path / "P.safetensors"), "--source-tokenizer",
            str(src), "--target-tokenizer", str(tgt), "--top-k", "1", "--write", str(tmp_path / "top1.safetensors"),
            "--json", str(tmp_path / "r.json")]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -81,5 +81,5 @@ def test_the_script_as_typed(tmp_path):
     assert torch.allclose(t.dense().sum(0), nu)
     # a target tokenizer of another size is one line, exit 2
     small = _tokenizer(tmp_path / "small.json", ["<s>", "A"])
-    r = subprocess.run(cmd[:7] + [str(small)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(cmd[:8] + [str(small)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--target-tokenizer" in r.stderr

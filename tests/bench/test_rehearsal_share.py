@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from tests.helpers.stage_fixtures import REPO, run_cmd
+from tests.helpers.stage_fixtures import run_cmd
 
 pytestmark = pytest.mark.slow
 
 
 def test_share_leg_runs_at_a_tiny_width(tmp_path):
     out, cache = tmp_path / "out", tmp_path / "cache"
-    proc = run_cmd([sys.executable, str(REPO / "bench" / "rehearsal.py"), "--out", str(out), "--cache", str(cache),
+    proc = run_cmd([sys.executable, "-m", "bench.rehearsal", "--out", str(out), "--cache", str(cache),
                     "--layers", "1", "--d-model", "128", "--heads", "2", "--legs", "share", "--reps", "2",
                     "--share-steps", "single_byte", "--share-cases", "single_byte"], timeout=900)
     assert "interleaved pairs" in proc.stdout, proc.stdout[-3000:]

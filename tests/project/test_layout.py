@@ -298,3 +298,58 @@ def test_tests_import_each_other_by_package_path():
     offenders = sorted(str(p.relative_to(TESTS.parent)) for p in _suite_files()
                        if p.suffix == ".py" and bare.search(p.read_text()))
     assert not offenders, offenders
+
+
+# --------------------------------------------------------------------------------------- the benchmarks (bench/)
+#: bench/'s scripts run as modules from the repository root (`python -m bench.NAME`), which puts the root on sys.path:
+#: they import `tests.helpers...` and each other (`from bench.rehearsal import ...`) without a hand-made path
+BENCH = PKG.parent / "bench"
+#: a hand edit of the import path: insert, append, extend, remove; an item, slice or the whole list assigned
+SYS_PATH_EDIT = re.compile(r"\bsys\.path\s*(\.\s*(insert|append|extend|remove)\b|\[[^\]\n]*\]\s*=(?!=)|\+?=(?!=))")
+#: an import placed after such an edit, excused from the imports-at-the-top rule
+LATE_IMPORT = re.compile(r"noqa:\s*E402")
+#: a bench script started by its file (`python bench/x.py`, `python3 bench/x.py`, `"$PY" bench/x.py`) where the
+#: docs and scripts now say `python -m bench.x`
+BENCH_BY_FILE = re.compile(r"(\bpython3?|\$\{?PY\b\}?\"?)\s+(\./)?bench/\w+\.py")
+
+
+def _bench_files() -> list[Path]:
+    return sorted(p for p in BENCH.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                  and p.suffix in (".py", ".sh", ".md", ".txt"))
+
+
+def test_the_bench_patterns_find_what_they_are_for():
+    edit = "sys" + ".path"  # (spelled so that this file does not name the edits it looks for)
+    for found in [f"{edit}.insert(0, str(REPO))", f"{edit}.append('bench')", f"{edit}[0:0] = [x]", f"{edit} = []",
+                  f"{edit} += [x]", f"python3 -c \"import sys; {edit}.insert(0, 'bench')\""]:
+        assert SYS_PATH_EDIT.search(found), found
+    for clean in [f"print({edit})", f"if {edit}[0] == x:", f"p in {edit}"]:
+        assert not SYS_PATH_EDIT.search(clean), clean
+    assert LATE_IMPORT.search("import torch  # " + "noqa: E402 - after the path insert")
+    for found in ["PYTHONPATH=. python bench/gpu_smoke.py --out O", "item C1 60 python3 bench/bench_sinkhorn.py",
+                  '"$PY" bench/bare_step.py M', "`python ./bench/kernel_diag.py`"]:
+        assert BENCH_BY_FILE.search(found), found
+    for clean in ["PYTHONPATH=. python -m bench.gpu_smoke --out O", "(`bench/rehearsal.py --legs share`)",
+                  "OUT=DIR bash bench/gpu_check.sh"]:
+        assert not BENCH_BY_FILE.search(clean), clean
+
+
+def test_bench_is_a_package_that_never_edits_sys_path():
+    """bench/ is a package (bench/__init__.py) and no file of it edits sys.path (nor needs `noqa: E402` for an
+    import after such an edit): `python -m bench.NAME` from the repository root reaches tests.helpers and the other
+    bench modules, and a child process it starts gets the root through PYTHONPATH."""
+    assert (BENCH / "__init__.py").is_file()
+    offenders = sorted(f"{p.relative_to(BENCH.parent)}:{i}: {line.strip()[:100]}" for p in _bench_files()
+                       for i, line in enumerate(p.read_text().splitlines(), 1)
+                       if SYS_PATH_EDIT.search(line) or LATE_IMPORT.search(line))
+    assert not offenders, "\n".join(offenders)
+
+
+def test_docs_start_bench_scripts_as_modules():
+    """Every command in README.md, BENCHMARKS.md, docs/ and bench/ (help texts, gpu_check.sh) starts a bench script
+    as `python -m bench.NAME` (benchmarks/ keeps the commands as they were run)."""
+    root = BENCH.parent
+    files = [root / "README.md", root / "BENCHMARKS.md", *sorted((root / "docs").rglob("*.md")), *_bench_files()]
+    offenders = [f"{p.relative_to(root)}:{i}: {line.strip()[:100]}" for p in files
+                 for i, line in enumerate(p.read_text().splitlines(), 1) if BENCH_BY_FILE.search(line)]
+    assert not offenders, "use `python -m bench.NAME`:\n" + "\n".join(offenders)

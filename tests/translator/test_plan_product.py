@@ -165,7 +165,7 @@ def test_bench_plan_product_runs_as_typed():
     is for a GPU: the CPU Sinkhorn is exact, not fast): its row printed, few live rows, the gathered rows taken, and
     C's gradient the same from the op and from the dense product."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "bench_plan_product.py"), "--d", "64",
+    proc = subprocess.run([sys.executable, "-m", "bench.bench_plan_product", "--d", "64",
                            "--reps", "1", "--plans", "shipped"], env=env, capture_output=True, text=True, timeout=900,
                           cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
