@@ -9,7 +9,7 @@ What it prints (and writes with ``--out``):
 
 * the route's forward and forward + backward time (the minimum and the median of ``--reps`` after a warm-up;
   on CUDA between synchronize calls): the Triton kernels on CUDA, the torch steps elsewhere
-  (``s2t2_dist.ot.dykstra.steps_for``);
+  (``s2t2_dist.ot.routing.steps_for``);
 * the reference in the same run: the sort-based scaled sparsemax differentiated by autograd (the 15 lines of
   ``../shared/gpu/ref_sinkhorn.py``), and its largest difference from the route in P and in C's gradient; then
   both gradients against that reference in float64 (on near-tied starts, float32 rounding decides supports);
@@ -33,7 +33,8 @@ import time
 import torch
 
 from s2t2_dist.ot import dykstra_triton
-from s2t2_dist.ot.dykstra import dykstra, steps_for
+from s2t2_dist.ot.dykstra import dykstra
+from s2t2_dist.ot.routing import steps_for
 from s2t2_dist.ot.dykstra_triton import TritonSteps, dry_run
 from s2t2_dist.utils.syncs import count_host_syncs
 

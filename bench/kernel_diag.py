@@ -12,7 +12,7 @@ a failure; this says on which slices and chunks a launch disagrees, for each way
     python -m bench.kernel_diag --device cuda --shapes 3200x512,3176x512 --out diag.json
     TRITON_INTERPRET=1 python -m bench.kernel_diag --device cpu --shapes 40x6,70x9   (Triton's interpreter)
 
-A shape is the first-use check's plan (``dykstra.check_shape``: v = 50,304 is checked at 3,200, v = 50,280 at
+A shape is the first-use check's plan (``routing.check_shape``: v = 50,304 is checked at 3,200, v = 50,280 at
 3,176). Exit status 0 when every launch of every variant agrees (relative error < 1e-4), else 1.
 """
 from __future__ import annotations

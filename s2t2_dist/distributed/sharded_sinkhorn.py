@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from s2t2_dist.ot.dykstra import (apply_projection, check_plan_shape, compute_dtype, dykstra, projection_backward,
-                                  steps_for)
+from s2t2_dist.ot.dykstra import apply_projection, check_plan_shape, compute_dtype, dykstra, projection_backward
+from s2t2_dist.ot.routing import steps_for
 from s2t2_dist.ot.sinkhorn import log_sinkhorn
 
 __all__ = [
@@ -195,7 +195,8 @@ class ShardedSparseSinkhorn:
         """One route for the job: each rank checked the kernels on its own shard's shapes; if any rank was refused,
         every rank takes the torch steps (the job runs at its slowest rank's pace anyway), and each records which
         rank and why."""
-        from s2t2_dist.ot.dykstra import TorchSteps, kernel_device
+        from s2t2_dist.ot.dykstra import TorchSteps
+        from s2t2_dist.ot.routing import kernel_device
         from s2t2_dist.utils import routes
 
         if not kernel_device(device):  # a CPU: the torch steps on every rank, nothing to agree on
@@ -227,8 +228,10 @@ class ShardedSparseSinkhorn:
             rows = max(b - a for a, b in (shard_bounds(mu.numel(), len(self.col_sizes), r)
                                           for r in range(len(self.col_sizes))))
             nu = self.nu_local.detach().to(device=C_local.device, dtype=cdt)
-            local = steps_for(C_local.device, mu, nu, (tuple(C_local.shape), (rows, self.u)))  # (its columns; the
-            # whole rows it receives)
+            from s2t2_dist.utils.routes import record
+
+            local = steps_for(C_local.device, mu, nu, (tuple(C_local.shape), (rows, self.u)),  # (its columns;
+                              on_route=record)  # the whole rows it receives)
             local = self._agreed(local, C_local.device, mu, nu)
             st = self._steps = ShardedSteps(local, self.comm, self.col_sizes, mu)
         return dykstra(C_local, st, n_iter)

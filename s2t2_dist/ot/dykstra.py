@@ -18,25 +18,21 @@ backward runs the adjoint recursion in closed form::
 
 from gX = grad_output, gP = gQ = 0; the gradient of C is the first iteration's gA.
 
-One route per device (:func:`steps_for`): on CUDA the Triton kernels of :mod:`s2t2_dist.ot.dykstra_triton`
-(one launch per projection, nothing read back to the host); on a CPU the plain torch steps below, the same
-algorithm in torch ops (:func:`newton_thresholds`). Both are exact at every size. The column-sharded
-solver (``s2t2_dist.distributed.sharded_sinkhorn``) replaces the row steps with its own (rows span ranks).
+The steps are chosen per device by :mod:`s2t2_dist.ot.routing` (``steps_for``): on CUDA the Triton kernels of
+:mod:`s2t2_dist.ot.dykstra_triton` (one launch per projection, nothing read back to the host); on a CPU the plain
+torch steps below, the same algorithm in torch ops (:func:`newton_thresholds`). Both are exact at every size. The
+column-sharded solver (``s2t2_dist.distributed.sharded_sinkhorn``) replaces the row steps with its own (rows span
+ranks).
 """
 from __future__ import annotations
 
-import functools
-import logging
 
 import numpy as np
 import torch
 from torch import Tensor
 
-log = logging.getLogger(__name__)
-
 __all__ = ["MAX_SIDE", "TorchSteps", "apply_projection", "check_plan_shape", "compute_dtype", "dykstra",
-           "kernel_device", "kernels_ok", "kernels_why_not", "newton_thresholds", "projection_backward", "steps_for",
-           "sum64"]
+           "newton_thresholds", "projection_backward", "sum64"]
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -191,86 +187,6 @@ def check_plan_shape(v: int, u: int) -> None:
     for name, n in (("v (source tokens)", v), ("u (target tokens)", u)):
         if n > MAX_SIDE:
             raise ValueError(f"the sparse Sinkhorn supports at most {MAX_SIDE:,} tokens a side, got {name} = {n:,}")
-
-
-def check_shape(n: int) -> int:
-    """A side of the first-use check's plan that the kernels tile as they tile a side of ``n``: ``n`` itself up to
-    two column chunks, else one chunk plus ``n``'s last partial chunk (the same streamed path, the same remainder
-    and divisibility by 16, which Triton specialises on)."""
-    from s2t2_dist.ot.dykstra_triton import BLOCK_N
-
-    if n <= 2 * BLOCK_N:
-        return n
-    return BLOCK_N + (n % BLOCK_N or BLOCK_N)
-
-
-@functools.cache
-def _first_use_check(device: torch.device, v: int, u: int, dtype: torch.dtype) -> str:
-    """'' when the kernels pass on a v x u plan of ``dtype`` on ``device``, else why not (and one warning)."""
-    try:
-        # whatever the caller's mode: stage 1's first plan is taken under no_grad, and the check runs a backward
-        from s2t2_dist.ot.dykstra_triton import TritonSteps
-        from s2t2_dist.ot.kernel_check import launch_findings, verdict
-
-        with torch.inference_mode(False), torch.no_grad():
-            reason = verdict(launch_findings(TritonSteps, device, v, u, dtype))
-        if not reason:
-            return ""
-    except Exception as e:  # noqa: BLE001 - a kernel that does not compile on this device: the torch steps instead
-        reason = f"{type(e).__name__}: {e}"
-    reason = f"failed their first-use check at {v} x {u} {str(dtype).removeprefix('torch.')}: {reason}"
-    log.warning("sparse Sinkhorn: the Triton kernels %s on %s; the torch steps are used there instead (exact, "
-                "slower: a host read per Newton step)", reason, device)
-    return reason
-
-
-def kernels_why_not(device: torch.device, shape: tuple[int, int] = (5000, 4), dtype: torch.dtype = torch.float32
-                    ) -> str:
-    """'' when the kernels serve a ``shape`` plan (v, u) of ``dtype`` on ``device``, else why not. Checked once per
-    tiling (:func:`check_shape`): each launch of the kernels against the torch steps' on identical inputs
-    (:mod:`s2t2_dist.ot.kernel_check`: a near-tie of float32 sums is accepted, a wrong kernel is not), on a plan of
-    at most two column chunks a side that takes every launch the route makes at ``shape`` (the same block sizes and
-    specialisations), forward and backward, whatever the caller's grad or inference mode. On failure (one warning)
-    the route falls back to the torch steps rather than stopping a run."""
-    v, u = shape
-    return _first_use_check(torch.device(device), check_shape(v), check_shape(u), dtype)
-
-
-def kernels_ok(device: torch.device, shape: tuple[int, int] = (5000, 4), dtype: torch.dtype = torch.float32) -> bool:
-    """Whether the kernels passed their first-use check for this shape (:func:`kernels_why_not`)."""
-    return not kernels_why_not(device, shape, dtype)
-
-
-kernels_ok.cache_clear = _first_use_check.cache_clear  # (tests: a fresh check)
-
-
-def kernel_device(device: torch.device) -> bool:
-    """Whether ``device`` takes the Triton kernels: CUDA (the tests also route a CPU through Triton's interpreter)."""
-    return device.type == "cuda"
-
-
-def steps_for(device: torch.device, mu: Tensor, nu: Tensor, shapes: tuple[tuple[int, int], ...] = ()):
-    """The route of ``device``: the Triton kernels on CUDA, the torch steps on a CPU. ``shapes``: every (v, u)
-    whose slices the steps will project (a plan's, and the sharded rows'); the kernels serve them only when each
-    passed the first-use check (:func:`kernels_why_not`), else one warning and the torch steps (exact too, with a
-    host read per Newton step). The choice is recorded (:mod:`s2t2_dist.utils.routes`)."""
-    from s2t2_dist.utils.routes import record
-
-    if kernel_device(device):
-        from s2t2_dist.ot.dykstra_triton import TritonSteps
-
-        shapes = shapes or ((mu.numel(), nu.numel()),)
-        why = next((w for w in (kernels_why_not(device, s, compute_dtype(mu.dtype)) for s in shapes) if w), "")
-        if why:
-            record("sinkhorn", device, "torch steps", f"the Triton kernels {why}", fallback=True)
-            return TorchSteps(mu, nu)
-        record("sinkhorn", device, "kernels", "Triton; passed the first-use check for "
-               + ", ".join(f"{v} x {u}" for v, u in shapes))
-        return TritonSteps(mu, nu)
-    if device.type != "cpu":
-        raise ValueError(f"the sparse Sinkhorn runs on a CPU or a CUDA device, not on {device.type!r}")
-    record("sinkhorn", device, "torch steps", "a CPU device (the kernels are CUDA's)")
-    return TorchSteps(mu, nu)
 
 
 class _Dykstra(torch.autograd.Function):

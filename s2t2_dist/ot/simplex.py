@@ -2,7 +2,7 @@
 ``{p >= 0, sum p = scale}``, exact and differentiable.
 
 Pure math: no torch.distributed, no I/O. It runs on the sparse Sinkhorn's per-device route
-(:func:`s2t2_dist.ot.dykstra.steps_for`): the thresholds by the Triton kernel on CUDA, by Newton steps in torch
+(:func:`s2t2_dist.ot.routing.steps_for`): the thresholds by the Triton kernel on CUDA, by Newton steps in torch
 ops on a CPU, both exact (each slice iterates until its support stops shrinking); the backward by the route's
 projection backward. A projection is ``max(z - t, 0)`` with ``t`` the slice's threshold; its Jacobian is
 ``h -> S * (h - mean_S h)`` on the support S, and the derivative in the scale is ``1 / |S|`` on S.
@@ -14,7 +14,8 @@ import math
 import torch
 from torch import Tensor
 
-from .dykstra import compute_dtype, steps_for
+from .dykstra import compute_dtype
+from .routing import steps_for
 
 __all__ = ["sparsemax"]
 

@@ -23,7 +23,8 @@ import torch
 from torch import Tensor
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .dykstra import check_plan_shape, compute_dtype, dykstra, steps_for
+from .dykstra import check_plan_shape, compute_dtype, dykstra
+from .routing import steps_for
 
 __all__ = [
     "SparseSinkhorn",
@@ -116,13 +117,14 @@ def _validate_once(C: Tensor, mu: Tensor, nu: Tensor) -> None:
 class SparseSinkhorn:
     """The sparse Sinkhorn for fixed marginals: ``P = SparseSinkhorn(mu, nu)(C, n_iter)``, differentiable in C.
 
-    The route follows C's device (:func:`~s2t2_dist.ot.dykstra.steps_for`: Triton kernels on CUDA, torch ops
+    The route follows C's device (:func:`~s2t2_dist.ot.routing.steps_for`: Triton kernels on CUDA, torch ops
     elsewhere), exact on both. ``validate``: check mu, nu and C on the first call (host reads, once); a C that
     turns non-finite later makes P and the loss non-finite, which training's bad-step check catches."""
 
-    def __init__(self, mu: Tensor, nu: Tensor, validate: bool = True):
+    def __init__(self, mu: Tensor, nu: Tensor, validate: bool = True, on_route=None):
         self.mu, self.nu = mu, nu
         self.validate = validate
+        self.on_route = on_route  # told the route taken (routing.steps_for): the caller records it
         self._steps = None
 
     def __call__(self, C: Tensor, n_iter: int = 3) -> Tensor:
@@ -135,7 +137,7 @@ class SparseSinkhorn:
             check_plan_shape(*C.shape)
             st = self._steps = steps_for(C.device, self.mu.detach().to(device=C.device, dtype=cdt).contiguous(),
                                          self.nu.detach().to(device=C.device, dtype=cdt).contiguous(),
-                                         (tuple(C.shape),))
+                                         (tuple(C.shape),), on_route=self.on_route)
         return dykstra(C, st, n_iter)
 
 

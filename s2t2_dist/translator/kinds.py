@@ -16,6 +16,7 @@ from s2t2_dist.ot.sinkhorn import SparseSinkhorn, softmax_sinkhorn, unconstraine
 from s2t2_dist.translator.floor import NOISE_W, floor_plan
 from s2t2_dist.ot.marginals import safe_inv
 from s2t2_dist.registry import Registry
+from s2t2_dist.utils.routes import record
 
 
 class Kind:
@@ -134,7 +135,7 @@ class SparseKind(Kind):
         tr = self.tr
         if self._solver is None:
             self._solver = (ShardedSparseSinkhorn(tr.mu, tr.nu_local, tr.u, tr.group, validate=False) if tr.sharded
-                            else SparseSinkhorn(tr.mu, tr.nu, validate=False))
+                            else SparseSinkhorn(tr.mu, tr.nu, validate=False, on_route=record))
         return self._solver
 
     def plan(self, C: Tensor) -> Tensor:

@@ -180,6 +180,7 @@ def _route_worker(fail_rank):
     """Every rank on a 'kernel device' whose kernels (here the torch steps under another name) pass their check,
     but for `fail_rank`'s, made to fail: the route each rank then takes."""
     import s2t2_dist.ot.dykstra as dy
+    import s2t2_dist.ot.routing as ro
     import s2t2_dist.ot.dykstra_triton as dt
     from s2t2_dist.utils import routes
 
@@ -187,9 +188,9 @@ def _route_worker(fail_rank):
         pass
 
     r, R = dist.get_rank(), dist.get_world_size()
-    dy.kernel_device = lambda device: True
+    ro.kernel_device = lambda device: True
     dt.TritonSteps = StandInKernels
-    dy.kernels_why_not = lambda device, shape, dtype=None: (
+    ro.kernels_why_not = lambda device, shape, dtype=None: (
         f"failed their first-use check at {shape[0]} x {shape[1]} float32: made to fail" if r == fail_rank else "")
     routes.ROUTES.clear()
     C, mu, nu, up = _problem(120, 30, 1e-2, 0)

@@ -322,7 +322,7 @@ def test_safe_inv_zero_marginals():
 def test_kernels_that_cannot_run_fail_their_first_use_check_with_one_warning(caplog):
     """Without a GPU and without Triton's interpreter the kernels cannot launch: the route's check says so once (the
     CUDA route would then take the torch steps instead of stopping the run)."""
-    from s2t2_dist.ot.dykstra import kernels_ok
+    from s2t2_dist.ot.routing import kernels_ok
 
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("(the interpreter runs them: tests/helpers/scripts/sinkhorn_triton_interpreted.py)")
@@ -338,7 +338,7 @@ def test_the_first_use_check_tiles_as_the_route(n):
     """The check's plan side has the tiling of the real side (block sizes, streamed or whole, the last chunk's
     remainder, divisibility by 16: what Triton specialises on) and is at most two column chunks long."""
     import s2t2_dist.ot.dykstra_triton as dt
-    from s2t2_dist.ot.dykstra import check_shape
+    from s2t2_dist.ot.routing import check_shape
 
     m = check_shape(n)
     assert m <= 2 * dt.BLOCK_N and m % 16 == n % 16 and m % dt.BLOCK_N == n % dt.BLOCK_N
@@ -360,21 +360,21 @@ def test_a_plan_beyond_the_routes_is_refused_in_one_line():
 def test_the_route_taken_is_recorded_with_why(monkeypatch, caplog):
     """On a CPU: the torch steps, not a fallback. On a kernel device whose kernels cannot run (here: no GPU and no
     interpreter): the torch steps as a fallback, with the first-use check's reason."""
-    import s2t2_dist.ot.dykstra as dy
+    import s2t2_dist.ot.routing as dy
     from s2t2_dist.utils import routes
 
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("(the interpreter runs the kernels: tests/helpers/scripts/sinkhorn_triton_interpreted.py)")
     monkeypatch.setattr(routes, "ROUTES", {})
     mu, nu = torch.full((20,), 1 / 20), torch.full((4,), 1 / 4)
-    assert isinstance(dy.steps_for(torch.device("cpu"), mu, nu), dy.TorchSteps)
+    assert isinstance(dy.steps_for(torch.device("cpu"), mu, nu, on_route=routes.record), dy.TorchSteps)
     assert routes.summary()["sinkhorn"] == {"route": "torch steps", "why": "a CPU device (the kernels are CUDA's)",
                                             "fallback": False, "device": "cpu"}
     assert routes.fallbacks(routes.summary()) == []
     monkeypatch.setattr(dy, "kernel_device", lambda device: True)
     dy.kernels_ok.cache_clear()
     with caplog.at_level("WARNING"):
-        assert isinstance(dy.steps_for(torch.device("cpu"), mu, nu, ((20, 4),)), dy.TorchSteps)
+        assert isinstance(dy.steps_for(torch.device("cpu"), mu, nu, ((20, 4),), on_route=routes.record), dy.TorchSteps)
     s = routes.summary()
     assert s["sinkhorn"]["fallback"] and s["sinkhorn"]["why"].startswith("the Triton kernels failed their first-use "
                                                                          "check at 20 x 4 float32: "), s

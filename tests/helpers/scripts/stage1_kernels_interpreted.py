@@ -9,7 +9,7 @@ import os
 
 import torch
 
-import s2t2_dist.ot.dykstra as dykstra
+import s2t2_dist.ot.routing as routing
 import s2t2_dist.ot.dykstra_triton as dt
 import s2t2_dist.ot.sinkhorn as sinkhorn
 from s2t2_dist.config import load_config
@@ -24,12 +24,12 @@ def test_stage1_plans_come_from_the_kernels_from_the_first_call(tmp_path_factory
     and their backward, then the end's statistics and the evaluation) is served by the kernels, none by the torch
     steps; result.json says so."""
     data, model = small_inputs(tmp_path_factory)
-    monkeypatch.setattr(dykstra, "kernel_device", lambda device: True)
+    monkeypatch.setattr(routing, "kernel_device", lambda device: True)
     from tests.helpers.scripts.sinkhorn_triton_interpreted import FAST_TILES
 
     for k, val in FAST_TILES.items():  # (the interpreter's time follows the number of programs)
         monkeypatch.setattr(dt, k, val)
-    dykstra.kernels_ok.cache_clear()
+    routing.kernels_ok.cache_clear()
     calls = []
     real = sinkhorn.dykstra
 
