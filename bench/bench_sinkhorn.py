@@ -119,11 +119,12 @@ def main() -> None:
     C0 = start(args.start, v, u, dev)
     mu, nu = torch.full((v,), 1.0 / v, device=dev), torch.full((u,), 1.0 / u, device=dev)
     G = torch.randn(v, u, generator=torch.Generator().manual_seed(1)).to(dev)
-    steps = steps_for(dev, mu, nu)
+    from s2t2_dist.utils.routes import record, summary
+
+    steps = steps_for(dev, mu, nu, on_route=record)
     name = type(steps).__name__
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"sparse Sinkhorn {v} x {u} fp32, {n} iterations, start {args.start}, {where}; route {name}", flush=True)
-    from s2t2_dist.utils.routes import summary
 
     res = {"v": v, "u": u, "iters": n, "start": args.start, "device": where, "route": name, "routes": summary()}
 
