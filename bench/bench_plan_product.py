@@ -29,11 +29,11 @@ import torch
 
 from bench.rehearsal import shipped_translator, target_tokenizer
 
-import s2t2_dist.translator.module as module
 from s2t2_dist.data.tokenizers import source_token_ids
 from s2t2_dist.recipes.tiny import save_olmo_tokenizer
 from s2t2_dist.translator import TokenTranslator, TranslatorConfig
 import s2t2_dist.translator.product as product
+from s2t2_dist.translator.module import translated_rows
 from s2t2_dist.translator.product import plan_product
 
 #: the shipped recipe's weight floor (sparse kind, FVT start; translator.floor: null)
@@ -51,6 +51,24 @@ def kernel_of(P: torch.Tensor) -> str:
     return "dense" if product.live_rows(P) is None else "live rows"
 
 
+def recorded_plans(files: list[str], dev: torch.device, trs: dict) -> dict:
+    """--plan FILE: each P file's plan as recorded (returned by name) and a translator started from it (into trs)."""
+    from s2t2_dist.errors import PFileError
+    from s2t2_dist.translator.pfile import load_p
+
+    recorded = {}
+    for f in files:
+        try:
+            p = load_p(f)
+        except PFileError as e:
+            raise SystemExit(f"--plan: {e}") from None
+        tr = TokenTranslator(p.shape[0], p.shape[1], floor=DEFAULT_FLOOR, device=dev)
+        tr.init_from_dense(p.dense())
+        trs[f"file {Path(f).name}"] = tr
+        recorded[f"file {Path(f).name}"] = p.dense().to(dev)
+    return recorded
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--d", type=int, default=2048, help="model width (OLMo-1B: 2,048)")
@@ -59,6 +77,10 @@ def main() -> None:
     ap.add_argument("--plans", default="shipped,moved")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the source rows' dtype")
+    ap.add_argument("--plan", action="append", default=[], metavar="FILE",
+                    help="also time a P file written by a stage-1 run (e.g. a CPU run with the real SmolLM2): its "
+                         "plan as recorded for the product, a translator started from it (its kind's C for that "
+                         "plan) for the translator")
     args = ap.parse_args()
     dev = torch.device(args.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -85,10 +107,12 @@ def main() -> None:
                 trs[name] = tr
             else:
                 raise SystemExit(f"--plans: unknown plan {name!r} (shipped, moved)")
+    recorded = recorded_plans(args.plan, dev, trs)
     v = src.numel()
     cuda = dev.type == "cuda"
     print(f"plans built in {time.perf_counter() - t_setup:.1f} s", flush=True)
     E = torch.randn(v, args.d, device=dev).to(getattr(torch, args.dtype))
+    E_by_v = {v: E}  # a recorded plan of another source vocabulary gets source rows of its own v
     where = torch.cuda.get_device_name(dev) if cuda else f"{torch.get_num_threads()} threads"
     print(f"v = {v}, d = {args.d}, E {args.dtype}, {where}; min of {args.reps}, interleaved")
     print("| plan | P non-zeros | live rows | product fwd + bwd: plan_product / dense s | translator fwd + bwd: "
@@ -98,24 +122,24 @@ def main() -> None:
     for name, tr in trs.items():
         tr = tr.to(dev)
         with torch.no_grad():
-            P = tr.P().clone()
+            P = recorded.get(name, tr.P()).clone()
         n_live = int(P.any(1).sum())
         G = torch.randn(tr.u, args.d, device=dev)
+        E = E_by_v.setdefault(tr.v, torch.randn(tr.v, args.d, device=dev).to(getattr(torch, args.dtype)))
 
         def product(fn):
             Pg = P.clone().requires_grad_()
             fn(Pg, E, True).backward(G)
 
         def translator(fn):
-            module.plan_product = fn
-            try:
-                E_new, _ = tr.embed_and_head(E, E)
-                E_new.backward(G)
-                g = tr.C.grad.clone()
-                tr.zero_grad(set_to_none=True)
-                return g
-            finally:
-                module.plan_product = plan_product
+            # the translator's own forward (its plan from C, then E'), with `fn` as the product
+            E_new, _ = translated_rows(tr.P(), E, E, tr.mu, tr.nu_local, tr.normalization,
+                                       sparse=tr.plan_kind.sparse_product, product=fn)
+            E_new.backward(G)
+            g = tr.C.grad.clone()
+            tr.zero_grad(set_to_none=True)
+            tr.invalidate()
+            return g
 
         def timed(f, *a):
             if cuda:

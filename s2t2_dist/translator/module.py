@@ -62,21 +62,22 @@ def translation_weights(P: Tensor, mu: Tensor, nu: Tensor, normalization: str, p
 
 
 def translated_rows(P: Tensor, E_src: Tensor, L_src: Tensor, mu: Tensor, nu: Tensor, normalization: str,
-                    sparse: bool = False) -> tuple[Tensor, Tensor]:
+                    sparse: bool = False, product=plan_product) -> tuple[Tensor, Tensor]:
     """(E', L') = (W_E^T E_src, W_L^T L_src), u x d in P's dtype: the one definition of the translated embedding
     and head, for training (:meth:`TokenTranslator.embed_and_head`) and export (stages/init_model.py).
 
     ``P`` (v x u, or a column block with its ``nu``), ``E_src``/``L_src`` the v source rows (``L_src is E_src``:
     a tied model, computed once under "convex"), in any dtype (cast as read). W = P / nu and W = P / mu are never
     formed (v x u temporaries): the 1/nu scales the u x d result, the 1/mu the v x d source rows. The products are
-    :func:`~s2t2_dist.translator.product.plan_product` (only P's live rows are read); ``sparse``: the sparse
-    kind's plan (its gradient is read only on its support)."""
+    :func:`~s2t2_dist.translator.product.plan_product` (only P's live rows are read; ``product``: another
+    ``(P, M, sparse) -> P^T M``, e.g. a dense GEMM to time against); ``sparse``: the sparse kind's plan (its gradient
+    is read only on its support)."""
     inv_nu = safe_inv(nu).to(P.dtype).unsqueeze(1)
-    L_new = plan_product(P, L_src, sparse) * inv_nu
+    L_new = product(P, L_src, sparse) * inv_nu
     if normalization == "convex":
-        E_new = L_new if E_src is L_src else plan_product(P, E_src, sparse) * inv_nu
+        E_new = L_new if E_src is L_src else product(P, E_src, sparse) * inv_nu
     else:
-        E_new = plan_product(P, E_src.to(P.dtype) * safe_inv(mu).to(P.dtype).unsqueeze(1), sparse)
+        E_new = product(P, E_src.to(P.dtype) * safe_inv(mu).to(P.dtype).unsqueeze(1), sparse)
     return E_new, L_new
 
 
