@@ -83,13 +83,11 @@ def capture(v: int, u: int) -> list[Launch]:
     from s2t2_dist.ot.dykstra import dykstra
 
     out: list[Launch] = []
-    real_get, real_pget = dt._get, pt._get
-    dt._get = lambda: (_Recorder("project", k.project, out, _sinkhorn_role(v)),
-                       _Recorder("backward", k.backward, out, _bwd_role(v)))
-    fwd, grad_p = pt._kernels(False)
-    pt._get = lambda: (_Recorder("live_product", fwd, out, lambda a, kw: "product forward"),
-                       _Recorder("live_grad_p", grad_p, out, lambda a, kw: "product dP"))
-    try:
+    fwd, grad_p = pt.kernels()
+    with dt.kernels_as(_Recorder("project", k.project, out, _sinkhorn_role(v)),
+                       _Recorder("backward", k.backward, out, _bwd_role(v))), \
+            pt.kernels_as(_Recorder("live_product", fwd, out, lambda a, kw: "product forward"),
+                          _Recorder("live_grad_p", grad_p, out, lambda a, kw: "product dP")):
         meta = torch.device("meta")
         C = torch.empty(v, u, device=meta, requires_grad=True)
         mu, nu = torch.empty(v, device=meta), torch.empty(u, device=meta)
@@ -100,8 +98,6 @@ def capture(v: int, u: int) -> list[Launch]:
         M, G = torch.empty(v, D_MODEL, device=meta), torch.empty(u, D_MODEL, device=meta)
         pt.live_product(Pc, M)
         pt.live_grad_p(Pc, M, G)
-    finally:
-        dt._get, pt._get = real_get, real_pget
     return out
 
 

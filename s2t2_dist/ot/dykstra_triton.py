@@ -35,7 +35,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-__all__ = ["TritonSteps", "dry_run", "launches"]
+__all__ = ["TritonSteps", "dry_run", "kernels_as", "launches"]
 
 # Tiles of 2,048 float32 over 256 threads (8 a thread): compiled for sm_80 and sm_90 every launch then fits in at
 # most ~104 registers without spilling, i.e. at least 2 programs per SM (4,096-entry tiles took 154-255 registers,
@@ -61,9 +61,27 @@ NUM_WARPS = 8
 def _get():
     if _dry[0]:
         return _DryKernel(), _DryKernel()
+    if _replaced[0] is not None:
+        return _replaced[0]
     from s2t2_dist.ot import triton_kernels as k
 
     return k.project, k.backward
+
+
+#: the kernels launched within kernels_as() (None: the module's own)
+_replaced: list = [None]
+
+
+@contextmanager
+def kernels_as(project, backward) -> Iterator[None]:
+    """Within: the route launches ``project`` and ``backward`` in place of its kernels, with the same grids and
+    arguments (each indexed by its grid, as a Triton kernel is): how a bench records every launch
+    (bench/kernel_resources.py) or compares variants of the same kernels (bench/kernel_diag.py)."""
+    _replaced[0] = (project, backward)
+    try:
+        yield
+    finally:
+        _replaced[0] = None
 
 
 class _DryKernel:

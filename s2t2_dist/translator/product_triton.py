@@ -14,6 +14,7 @@ set by then. On a GPU: bench/bench_plan_product.py --device cuda (BENCHMARKS.md,
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -92,10 +93,30 @@ def _kernels(interpret: bool):
     return fwd, grad_p
 
 
-def _get():
+def kernels():
+    """The product's two kernels (forward, dP) as built for this process (Triton's interpreter or not)."""
     import os
 
     return _kernels(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+#: the kernels launched within kernels_as() (None: the module's own)
+_replaced: list = [None]
+
+
+def _get():
+    return _replaced[0] if _replaced[0] is not None else kernels()
+
+
+@contextlib.contextmanager
+def kernels_as(fwd, grad_p):
+    """Within: live_product and live_grad_p launch ``fwd`` and ``grad_p`` in place of the kernels, with the same
+    grids and arguments (bench/kernel_resources.py records every launch this way)."""
+    _replaced[0] = (fwd, grad_p)
+    try:
+        yield
+    finally:
+        _replaced[0] = None
 
 
 def live_product(P: Tensor, M: Tensor) -> Tensor:
