@@ -188,7 +188,7 @@ class TokenTranslator(nn.Module):
     # ------------------------------------------------------------------ plumbing
     @property
     def kind(self) -> str:
-        """The kind's name; setting it switches how P is computed (e.g. bench/bench_planted.py's dense warm-up)."""
+        """The kind's name; setting it switches how P is computed from the same C (a warm-up in another kind)."""
         return self._kind_name
 
     @kind.setter

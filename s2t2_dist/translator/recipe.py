@@ -97,9 +97,8 @@ class TranslatorConfig:
     REMOVED_KEYS: ClassVar[dict[str, str]] = {
         "recipe": "optim.lr is absolute and null keys take the kind's defaults; for the paper's recipe use "
                   "--config configs/translate_paper.yaml (recipe: default is what a config without the key does)",
-        "dense_frac": "the dense warm-up was removed (an informed start replaces it; bench/bench_planted.py keeps "
-                      "it as --dense-frac); remove the key",
-        "dense_lr": "the dense warm-up was removed (bench/bench_planted.py keeps it as --dense-lr); remove the key",
+        "dense_frac": "there is no dense warm-up (the informed start, translator.init, replaces it); remove the key",
+        "dense_lr": "there is no dense warm-up (the informed start, translator.init, replaces it); remove the key",
     }
 
     def validate(self) -> None:
