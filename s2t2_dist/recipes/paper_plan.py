@@ -164,7 +164,7 @@ def preset(scale: str) -> ReproduceConfig:
             p_lr_sweep=[1e-4, 1e-3], alphas=[0.0, 0.1], eval_max_docs=30, log_every=2,
             small=SourceRecipe(n_layers=1, d_model=32, n_heads=2, context_len=64, batch_size=16, steps=40),
             large=SourceRecipe(n_layers=2, d_model=48, n_heads=4, context_len=64, batch_size=16, steps=40))
-    if scale == "small":  # ~3.5 min on 2 idle CPU cores (the source LMs, 25 s, are cached for later runs)
+    if scale == "small":  # ~12 min on 2 shared CPU cores, 11.6 measured (the source LMs, 25 s, are cached)
         return ReproduceConfig(
             scale="small", seeds=[0, 1, 2], vocab_size=256, context_len=128, batch_size=8, p_steps=200,
             ft_steps=200, p_lr_sweep=[1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0], alphas=[0.0, 0.1, 1.0], log_every=10,

@@ -1,7 +1,7 @@
 """`s2t2 reproduce --scale tiny|small|smollm2|paper`: the paper's Table 1 and its transfer experiment (Figure 2).
 
     s2t2 reproduce --scale tiny                    # CI-sized: minutes on a CPU
-    s2t2 reproduce --scale small --out runs/small  # ~3.5 min on 2 idle CPU cores; results: BENCHMARKS.md
+    s2t2 reproduce --scale small --out runs/small  # ~12 min on 2 shared CPU cores (11.6 measured); results: BENCHMARKS.md
     s2t2 reproduce --scale small seeds=[0,1] p_steps=200 alphas=[0,0.1]     # any key of ReproduceConfig
     s2t2 reproduce --scale smollm2 --out runs/smollm2 --quiet   # Table 1 with a real pretrained LM (SmolLM2-135M)
                                                    # on real proteins: hours on a CPU, resumable; recipes/reproduce_lm.py
@@ -491,7 +491,7 @@ def parse(argv):
 
 SCALES = {
     "tiny": "two byte-level English LMs pretrained here, the shipped protein sample: minutes on a CPU (CI)",
-    "small": "the same at 3 seeds x 200 steps with a P step sweep: ~3.5 min on 2 idle CPU cores",
+    "small": "the same at 3 seeds x 200 steps with a P step sweep: ~12 min on 2 shared CPU cores",
     "smollm2": "SmolLM2-135M-Instruct on every shipped protein set: a selection on seed 0 (~4-5 h on 2 cores), "
                "then ~2 h a seed (+ ~1 h for the finetuning step check, lm.ft_lr_check); resumable (--record)",
     "paper": "prints the SLURM submissions (OLMo-1B / OLMo-7B on UniRef50); --collect reads their results",
