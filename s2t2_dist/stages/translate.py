@@ -133,7 +133,12 @@ class TranslateTask(Task):
             a = ids.numpy()
             lo, hi = int(a.min()), int(a.max())
             if lo < 0 or hi >= len(self.target_vocab):
-                raise ValueError(f"target ids must lie in [0, {len(self.target_vocab)}); got [{lo}, {hi}]")
+                from s2t2_dist.errors import DataError
+
+                # the manifest named this tokenizer (checked before work), the shards' ids do not fit it
+                raise DataError(f"data.train: a batch holds token ids in [{lo}, {hi}], outside the {len(self.target_vocab)}"
+                                f"-token tokenizer data.tokenizer (the shards were written with another tokenizer than "
+                                f"their manifest names); prepare the shards again with data.tokenizer")
         ids = ids.to(self.rt.device, non_blocking=True)
         E_new, L_new = self.embeddings()
         with torch.autocast(self.rt.device.type, dtype=torch.bfloat16, enabled=self.rt.dtype == torch.bfloat16):

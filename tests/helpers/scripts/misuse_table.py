@@ -342,7 +342,7 @@ def generate(work: Path) -> str:
     new_cases(work, case, rows, model, data, other, base_fa, prep, targs, ok)
     round4_cases(work, case, rows, model, data, targs, ok)
     round5_cases(work, case, rows, model, data, targs, ok)
-    round6_cases(work, case, targs, ok)
+    round6_cases(work, case, targs, ok, data, other)
     out = ["| stage | case | message shown | exit | kept |", "|---|---|---|---:|---|"]
     for stage, what, msg, rc, k in rows:
         msg = normalise(msg, work).replace("|", "\\|").replace("`", "'")
@@ -869,7 +869,7 @@ def round5_cases(work, case, rows, model, data, targs, ok) -> None:
             rows[-1] = rows[-1][:2] + (" / ".join([*dict.fromkeys(warned), rows[-1][2]]),) + rows[-1][3:]
 
 
-def round6_cases(work, case, targs, ok) -> None:
+def round6_cases(work, case, targs, ok, data, other) -> None:
     """Round six: `s2t2 reproduce` validates every option before any work, refuses an output of another scale and a
     second run on one output directory; a run lock path that is a directory. Each was a traceback (some after
     minutes of work), an option ignored without a word, or two runs marking each other's arms failed."""
@@ -911,6 +911,19 @@ def round6_cases(work, case, targs, ok) -> None:
     (lock_dir / ".s2t2.lock").mkdir(parents=True)
     case("translate", "a run_dir whose lock path .s2t2.lock is a directory (was: IsADirectoryError)",
          [*targs, *ok, f"run_dir={lock_dir}"], lock_dir)
+    # the 96-token tokenizer's shards, their manifests rewritten to name the 64-token tokenizer
+    relabelled = work / "rp_relabelled"
+    shutil.rmtree(relabelled, ignore_errors=True)
+    shutil.copytree(other / "shards" / "new", relabelled)
+    tok64 = json.loads((data / "shards" / "new" / "train" / "manifest.json").read_text())["tokenizer"]
+    for split in ("train", "eval"):
+        mp = relabelled / split / "manifest.json"
+        m = json.loads(mp.read_text())
+        mp.write_text(json.dumps({**m, "tokenizer": tok64}))
+    fr6 = work / "rp_fresh_t"
+    case("translate", "shards of the 96-token tokenizer whose manifests name the 64-token one (was: a ValueError "
+         "traceback at the first loss)", [*targs, f"data.train={relabelled}/train", f"data.eval={relabelled}/eval",
+                                         f"data.tokenizer={data}/tokenizer", f"run_dir={fr6}"], fr6, fresh=True)
 
 
 def remove_at_once(path: Path) -> None:
