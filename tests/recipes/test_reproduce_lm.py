@@ -12,7 +12,7 @@ import pytest
 from s2t2_dist.recipes.paper_plan import Job, preset
 from s2t2_dist.recipes.protein_corpus import build_corpus, unique_sequences, source_files
 from s2t2_dist.recipes.arm_records import read_result, write_record
-from s2t2_dist.recipes.reproduce_lm import Lanes, LmPaths, LmPlan, report_choices, select
+from s2t2_dist.recipes.reproduce_lm import Arm, Lanes, LmPaths, LmPlan, report_choices, select
 from s2t2_dist.recipes.reproduce_lm_report import checks
 from s2t2_dist.recipes.orchestrate import StageFailed
 from tests.helpers.stage_fixtures import run_cmd, tiny_olmo
@@ -198,14 +198,32 @@ def test_the_kept_records_stand_for_the_shipped_plans_arms(monkeypatch):
     monkeypatch.setattr(arm_records, "EXTRA_RECORDS", [kept])
     table = {**_table(Path("/elsewhere")), **_table(Path("/elsewhere"), ft_lr=3e-4)}
     standing = {n for n, j in table.items() if read_result(j) is not None}
-    # every arm stands but the start-only row's (S2T2's start + CFT at the preset's 200 steps: not run yet)
+    # every arm stands but the start-only row's finetunes at the preset's 200 steps (run at 600 steps only:
+    # benchmarks/records/smollm2_600); its start, 0 P-only steps, stands
     assert len(table) >= 80 and set(table) - standing == {
-        f"seed{s}/{a}" for s in (0, 1, 2) for a in ("translate_sparse_start", "ft_cft_sparse_start_lr0.0001",
-                                                    "eval_cft_sparse_start_lr0.0001", "ft_cft_sparse_start_lr0.0003",
-                                                    "eval_cft_sparse_start_lr0.0003")}
+        f"seed{s}/{a}" for s in (0, 1, 2) for a in ("ft_cft_sparse_start_lr0.0001", "eval_cft_sparse_start_lr0.0001",
+                                                    "ft_cft_sparse_start_lr0.0003", "eval_cft_sparse_start_lr0.0003")}
     select = _preset_plan(Path("/elsewhere/a")).select_jobs()
     assert len(select) >= 30 and any(j.name.startswith("seed0/curve_") for j in select)
     assert [j.name for j in select if read_result(j) is None] == []
+
+
+def test_the_600_step_records_stand_for_the_start_only_row_at_that_budget(monkeypatch):
+    """benchmarks/records/smollm2_600: the start-only row's arms at `ft_steps=600 lm.ft_eval_every=200`, lr 1e-4,
+    kept with their spec (the preset's names at another budget: a directory of their own)."""
+    from s2t2_dist.recipes import arm_records
+
+    kept = Path(__file__).resolve().parents[2] / "benchmarks" / "records" / "smollm2_600"
+    monkeypatch.setattr(arm_records, "EXTRA_RECORDS", [kept])
+    plan = _preset_plan(Path("/elsewhere/a"), ft_steps=600)
+    plan.cfg.lm.ft_eval_every = 200
+    arms = {"plain_p": Arm("unconstrained", "paper", None, 1e-3), "sinkhorn_p": Arm("softmax", "paper", None, 0.1),
+            "s2t2": Arm("sparse", "shipped", None, 3e-5), "s2t2_a0": Arm("sparse", "paper", 0.0, 1e-5)}
+    table = {j.name: j for j in plan.table_jobs(arms, 1e-4)}
+    for s in (0, 1, 2):
+        r = read_result(table[f"seed{s}/eval_cft_sparse_start_lr0.0001"])
+        assert r is not None and len(r["documents"]["index"]) == 157, s
+        assert read_result(table[f"seed{s}/ft_cft_sparse_start_lr0.0001"])["step"] == 600
 
 
 def test_selection_takes_the_lowest_validation_bpb_and_waits_for_every_run(tmp_path):
