@@ -1,0 +1,47 @@
+"""README's results table quotes figures that the committed records hold: recomputed here from those records, so
+that a record changed or a figure edited by hand fails this test instead of going stale."""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RECORDS = REPO / "benchmarks" / "records"
+LONGER = REPO / "benchmarks" / "table1_smollm2_longer_finetune_three_seeds_2026-11-29" / "results.json"
+START_ONLY = REPO / "benchmarks" / "table1_smollm2_start_only_2026-12-02" / "results.json"
+
+
+def _bpb(path: Path) -> float:
+    return json.loads(path.read_text())["metrics"]["bpb"]
+
+
+def _mean(paths) -> float:
+    return statistics.fmean(_bpb(p) for p in paths)
+
+
+def _results_row() -> str:
+    text = (REPO / "README.md").read_text()
+    return text.split("## Results and status", 1)[1].split("**On a fresh machine**", 1)[0]
+
+
+def test_the_proteins_figures_are_the_records():
+    readme = _results_row()
+    seeds = (0, 1, 2)
+    p_only = {k: _mean(RECORDS / "smollm2" / f"seed{s}" / f"eval_{k}.json" for s in seeds)
+              for k in ("sparse_paper_a0_lr1e-05", "unconstrained_lr0.001", "softmax_lr0.1")}
+    assert f"{p_only['sparse_paper_a0_lr1e-05']:.3f} / {p_only['unconstrained_lr0.001']:.3f} / " \
+           f"{p_only['softmax_lr0.1']:.3f}" in readme
+    longer = json.loads(LONGER.read_text())["seeds"]
+    cft = {k: statistics.fmean(longer[str(s)][k]["heldout"]["bpb"] for s in seeds)
+           for k in ("s2t2_cft", "plain_p_cft", "sinkhorn_p_cft", "ft_new_tok")}
+    assert f"{cft['s2t2_cft']:.3f} / {cft['plain_p_cft']:.3f} / {cft['sinkhorn_p_cft']:.3f} / " \
+           f"{cft['ft_new_tok']:.3f}" in readme
+    orig = statistics.fmean(longer[str(s)]["ft_orig_tok"]["heldout"]["bpb"] for s in (0, 1))
+    assert f"| {orig:.3f} |" in readme
+    start = [_bpb(RECORDS / "smollm2_600" / f"seed{s}" / "eval_cft_sparse_start_lr0.0001.json") for s in seeds]
+    assert f"**{statistics.fmean(start):.3f}: better than S2T2 + CFT on 3 of 3 seeds" in readme
+    diffs = [longer[str(s)]["s2t2_cft"]["heldout"]["bpb"] - start[s] for s in seeds]
+    assert all(d > 0 for d in diffs) and f"(by {min(diffs):.3f}-{max(diffs):.3f})" in readme
+    refs = json.loads(START_ONLY.read_text())["refs"]
+    assert f"{refs['residue_unigram']['bpb']:.3f} / **{refs['adaptive_unigram']['bpb']:.3f}**" in readme
