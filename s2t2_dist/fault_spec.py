@@ -44,6 +44,8 @@ def parse(spec: str) -> dict[str, list[tuple[str, int, int | None]]]:
             rank_i = int(rank) if rank else None
         except ValueError:
             raise FaultSpecError(f"{ENV}: {item!r}: N and RANK must be integers") from None
+        if n_i < 0 or (rank_i is not None and rank_i < 0):  # a step, a count or a rank: never negative
+            raise FaultSpecError(f"{ENV}: {item!r}: N and RANK must be >= 0 (a step or count, a rank)")
         point_name, effect = ACTIONS[action]
         out.setdefault(point_name, []).append((effect, n_i, rank_i))
     return out

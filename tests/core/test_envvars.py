@@ -43,6 +43,7 @@ def test_booleans_take_the_usual_spellings_in_any_case(raw, want):
     ("S2T2_LAUNCHER", "mpirun", "expected one of srun, deepspeed"),
     ("S2T2_DIST_BACKEND", "tcp", "expected a backend"),
     ("S2T2_FAULT", "boom:1", "is not ACTION:N[@RANK]"),
+    ("S2T2_FAULT", "kill_at_step:-3", "must be >= 0"),
 ])
 def test_a_bad_value_is_one_line_naming_the_variable(name, raw, says):
     with pytest.raises(EnvError) as e:
