@@ -1,5 +1,5 @@
 """The launch layer against a REAL SLURM cluster started for this module: munged, MariaDB + slurmdbd (accounting),
-slurmctld and two slurmd nodes n1, n2 on this host (s2t2_dist.testing.slurm_cluster).
+slurmctld and two slurmd nodes n1, n2 on this host (tests.helpers.slurm_cluster).
 
 Jobs run on CPU with gloo: the real stage 1 entry (launch/translate.py, once the stage code is in the tree) and the
 stand-in entry point `python -m s2t2_dist.cluster.probe` (rendezvous, all-reduce, the shared training loop with
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from s2t2_dist.distributed.rendezvous import job_port
-from s2t2_dist.testing.slurm_cluster import LocalSlurmCluster, require_packages
+from tests.helpers.slurm_cluster import LocalSlurmCluster, require_packages
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.slurm]
 
 @pytest.fixture(scope="module")
 def cluster():
-    from s2t2_dist.testing.slurm_cluster import LocalSlurmCluster, require_packages
+    from tests.helpers.slurm_cluster import LocalSlurmCluster, require_packages
 
     require_packages(accounting=True)
     c = LocalSlurmCluster(nodes=2, cpus_per_node=4, gpus_per_node=0, keep_root=bool(os.environ.get("S2T2_KEEP_SLURM")))

@@ -13,9 +13,9 @@ From Python (pytest fixtures use this)::
 
 By hand::
 
-    python -m s2t2_dist.testing.slurm_cluster start --dir /tmp/s2t2-slurm     # prints `export SLURM_CONF=...`
+    python -m tests.helpers.slurm_cluster start --dir /tmp/s2t2-slurm     # prints `export SLURM_CONF=...`
     export SLURM_CONF=/tmp/s2t2-slurm/etc/slurm.conf; sinfo; sbatch ...; sacct
-    python -m s2t2_dist.testing.slurm_cluster stop --dir /tmp/s2t2-slurm
+    python -m tests.helpers.slurm_cluster stop --dir /tmp/s2t2-slurm
 
 Needs the Debian packages `slurmctld slurmd slurm-client munge` (and `slurmdbd mariadb-server` for
 accounting); see .ci/install_slurm.sh. Settings chosen for fast tests: a requeued job starts again in ~7 s
@@ -610,7 +610,7 @@ class LocalSlurmCluster:
 
 
 def _cli(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m s2t2_dist.testing.slurm_cluster",
+    p = argparse.ArgumentParser(prog="python -m tests.helpers.slurm_cluster",
                                 description="Start/stop a private local SLURM cluster (several slurmd on this host)")
     sub = p.add_subparsers(dest="cmd", required=True)
     st = sub.add_parser("start")
