@@ -99,7 +99,7 @@ def test_an_unknown_model_type_is_one_line(tmp_path, stories):
 def test_a_recorded_directory_refuses_weights_overwritten_in_the_middle(tmp_path, stories):
     m = _copy(stories, tmp_path / "m")
     record = dir_check.write_record(m)
-    assert set(record["files"]) == {"model.safetensors", "tokenizer.json"}
+    assert set(record["files"]) == {"model.safetensors", "tokenizer.json", "config.json"}
     dir_check.check(m)  # as written: passes
     data = bytearray(_weights(m).read_bytes())
     mid = len(data) // 2
@@ -111,6 +111,14 @@ def test_a_recorded_directory_refuses_weights_overwritten_in_the_middle(tmp_path
     dir_check.check(m)
     (m / "tokenizer.json").write_text((m / "tokenizer.json").read_text().replace('"<unk>"', '"<UNK>"', 1))
     with pytest.raises(ConfigError, match=r"tokenizer.json is not the file s2t2 wrote there"):
+        dir_check.check(m)
+    (m / "tokenizer.json").write_bytes((stories / "tokenizer.json").read_bytes())
+    dir_check.check(m)
+    # config.json edited (a value that still parses and fits the weights) is not the one written either
+    cfg = (m / "config.json").read_text()
+    (m / "config.json").write_text(cfg.replace('"rms_norm_eps": 1e-05', '"rms_norm_eps": 1e-06', 1)
+                                   if '"rms_norm_eps": 1e-05' in cfg else cfg + " ")
+    with pytest.raises(ConfigError, match=r"config.json is not the file s2t2 wrote there"):
         dir_check.check(m)
 
 

@@ -362,7 +362,8 @@ def test_smollm2_scale_end_to_end_on_a_tiny_model(tmp_path):
     assert len(r["curve"]) >= 2 and r["references"]["residue_unigram"]["bpb"] > 3.5
     assert (out / "plots" / "table1.png").read_bytes()[:4] == b"\x89PNG" and (out / "table1.md").is_file()
     # each finetuned row's training curve, in bits per byte by its own run's bytes per token
-    assert sorted(r["ft_curves"]) == sorted(["plain_p_cft", "sinkhorn_p_cft", "s2t2_cft", "ft_orig_tok", "ft_new_tok"])
+    assert sorted(r["ft_curves"]) == sorted(["plain_p_cft", "sinkhorn_p_cft", "s2t2_cft", "fvt_start_cft", "ft_orig_tok",
+                                          "ft_new_tok"])
     ft = json.loads((out / "runs" / "seed0" / "ft_new_tok_lr0.0001" / "result.json").read_text())
     (s0, l0), bpt = ft["losses"][0], ft["eval"]["bytes_per_token"]
     assert r["ft_curves"]["ft_new_tok"]["0"][0] == pytest.approx([s0, l0 / (math.log(2) * bpt)])
