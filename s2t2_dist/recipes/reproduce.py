@@ -575,9 +575,11 @@ def _stopped(res: dict, out: Path) -> int:
 
     name = signal.Signals(res["signal"]).name
     arms = res.get("stopped") or []
-    what = (f"{len(arms)} arm(s) under way checkpointed ({', '.join(arms)})" if arms else "no arm was under way")
-    print(f"s2t2 reproduce: stopped by {name}: {what}; finished arms are recorded in {out / 'record'}; the same "
-          "command resumes", file=sys.stderr, flush=True)
+    what = ("the stage under way was stopped with it (a training stage at its checkpoint)" if res.get("local") else
+            f"{len(arms)} arm(s) under way checkpointed ({', '.join(arms)})" if arms else "no arm was under way")
+    kept = f"finished stages are kept under {out}" if res.get("local") else \
+        f"finished arms are recorded in {out / 'record'}"
+    print(f"s2t2 reproduce: stopped by {name}: {what}; {kept}; the same command resumes", file=sys.stderr, flush=True)
     return 130 if res["signal"] == signal.SIGINT else 0
 
 
@@ -628,12 +630,19 @@ def main(argv: list[str] | None = None) -> int:
         if res.get("signal") is not None:
             return _stopped(res, out)
         return 1 if res.get("failed") else 0
+    from s2t2_dist.utils import stop
+
     try:
         run_local(cfg, out, ranks=args.ranks, cache=Path(args.cache).resolve() if args.cache else None,
                   echo=not args.quiet)
     except StageFailed as e:
         print(f"\ns2t2 reproduce: a stage failed:\n{e}", file=sys.stderr)
         return 1
+    except (stop.Stopped, KeyboardInterrupt) as e:  # the stage under way was stopped with it (it checkpoints)
+        import signal
+
+        sig = e.signum if isinstance(e, stop.Stopped) else signal.SIGINT
+        return _stopped({"signal": sig, "local": True}, out)
     return 0
 
 

@@ -91,3 +91,20 @@ def test_stage_processes_run_in_sessions_of_their_own_and_get_the_signal_passed_
     assert not t.is_alive() and out["log"] == tmp_path / "x.log" and not LIVE
     sid = int((tmp_path / "x.log").read_text().splitlines()[1])
     assert sid != os.getsid(0)
+
+
+@pytest.mark.parametrize("raised,rc,name", [("term", 0, "SIGTERM"), ("int", 130, "SIGINT")])
+def test_a_local_scale_stopped_by_a_signal_says_so_truly(tmp_path, monkeypatch, capsys, raised, rc, name):
+    """The tiny and small scales run their stages one after another: a stop signal (or Ctrl-C) ends the command with
+    one true line, not "while starting; nothing was written"."""
+    import s2t2_dist.recipes.reproduce as rp
+
+    def stopped(*a, **k):
+        raise stop.Stopped(signal.SIGTERM) if raised == "term" else KeyboardInterrupt
+
+    monkeypatch.setattr(rp, "run_local", stopped)
+    assert rp.main(["--scale", "tiny", "--out", str(tmp_path / "out"), "--quiet"]) == rc
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"s2t2 reproduce: stopped by {name}: the stage under way was stopped with it (a training stage "
+                       f"at its checkpoint); finished stages are kept under {tmp_path / 'out'}; the same command "
+                       "resumes"), err
