@@ -122,6 +122,16 @@ class TranslateTask(Task):
 
     _unsampled = 0  # optimiser steps since the gradient monitor's last sample
 
+    def state_dict(self) -> dict:
+        """The gradient monitor's last sample and the freeze it saw: a run resumed at its last step (nothing left
+        to train) reports the gradient of the run, not of no step."""
+        return {"grad_monitor": self.stats.monitor_state(), "frozen_at": self.frozen_at, "unsampled": self._unsampled}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stats.load_monitor_state(state.get("grad_monitor") or {})
+        self.frozen_at = state.get("frozen_at")
+        self._unsampled = int(state.get("unsampled", 0))
+
     def parameters_finite(self):
         """C after the update (this rank's columns), checked like the loss: a NaN in C would make every later P
         NaN, and the run would end as 'too many bad steps' with the cause long past."""
@@ -246,8 +256,8 @@ def build(cfg: TranslateConfig, rt: Runtime, inputs: TranslateInputs | None = No
     from s2t2_dist.data.tokenizers import source_token_ids
     from s2t2_dist.data.global_loader import GlobalTrainLoader
     from s2t2_dist.data.reader import EvalDocs
-    from s2t2_dist.models.hf import (UnsupportedModel, fully_shard_blocks, get_embedding_and_head, load_causal_lm,
-                                     local_numel)
+    from s2t2_dist.models.hf import (UnsupportedModel, check_finite_embeddings, fully_shard_blocks,
+                                     get_embedding_and_head, load_causal_lm, local_numel)
     from s2t2_dist.models.translated import TranslatedLM
     from s2t2_dist.translator.start import start_translator, surface_decomposition
     from s2t2_dist.translator.stats import translator_column_split, unbuilt_columns
@@ -264,6 +274,7 @@ def build(cfg: TranslateConfig, rt: Runtime, inputs: TranslateInputs | None = No
         TranslatedLM(model, freeze_model=False)  # checks the body and the logits (no state: dropped)
     except UnsupportedModel as e:
         raise UnsupportedModel(f"model.path={cfg.model.path}: {e}") from None
+    check_finite_embeddings(E, L, f"model.path={cfg.model.path}")
     if cfg.model.partition == "fsdp" and env.distributed:
         # Only the blocks are sharded: the translator reads E and L whole (they are the small part of the model),
         # and the LM's own embedding/head modules are never called (TranslatedLM feeds E' and applies L').

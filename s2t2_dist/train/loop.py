@@ -64,6 +64,15 @@ class Task:
         clipping and non-finite check read it); ``logging``: this step logs (the only steps on which a task may
         read values back to the host)."""
 
+    def state_dict(self) -> dict:
+        """The task's own counters that a resumed run must carry on (saved with this rank's loop state in every
+        checkpoint; plain Python values). {} (here): none."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` on a resume by the same number of ranks (another number of ranks: not
+        called, as for the random streams: per-rank counts do not carry over)."""
+
     def parameters_finite(self) -> torch.Tensor | None:
         """After engine.step(): a 0-dim device tensor, 1 when this rank's trained parameters are all finite. It is
         read with the step's loss (no sync of its own); a 0 on any rank stops the run before the step is
@@ -196,7 +205,7 @@ class _Pending:
 
 
 def _resume(cfg: TrainConfig, checkpointer: Checkpointer, engine, loader, result: LoopResult, rank: int,
-            world: int) -> int:
+            world: int, task: Task) -> int:
     """Restores the newest complete checkpoint (engine, data position, RNG, counters) into the run; returns the
     steps already done (0 on a fresh start)."""
     resumed = checkpointer.resume(engine)
@@ -212,6 +221,7 @@ def _resume(cfg: TrainConfig, checkpointer: Checkpointer, engine, loader, result
         torch.set_rng_state(state["rng"])
         if state.get("cuda_rng") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state(state["cuda_rng"])  # this rank's device (dropout, sampling on the GPU)
+        task.load_state_dict(state.get("task") or {})
     else:  # an elastic restart: per-rank random streams cannot be carried to another number of ranks
         torch.manual_seed(cfg.seed + rank + 1_000_003 * step)
     result.last_checkpoint = latest
@@ -241,7 +251,7 @@ def train(  # noqa: C901 - THE training loop: its branches are the step's phases
     st = LoopState(cfg=cfg, task=task, engine=engine, logger=logger, rank=rank, world=world,
                    accum=cfg.grad_accum(world), result=result)
     with phases.phase("checkpoint resume"):
-        st.step = st.start_step = _resume(cfg, checkpointer, engine, loader, result, rank, world)
+        st.step = st.start_step = _resume(cfg, checkpointer, engine, loader, result, rank, world, task)
     cbs = default_callbacks(cfg, rank, getattr(logger, "log_dir", None), progress=progress,
                             tokens_per_micro_batch=tokens_per_micro_batch, flops_per_token=flops_per_token)
     cbs += list(callbacks) + ([OnStep(on_step)] if on_step is not None else [])
@@ -251,7 +261,7 @@ def train(  # noqa: C901 - THE training loop: its branches are the step's phases
     def save(at_step: int) -> None:
         state = {"step": at_step, "bad_steps": result.bad_steps, "loader": loader.state_dict(),
                  "rng": torch.get_rng_state(), "last_loss": result.final_loss, "world_size": world,
-                 "losses": [[s, v] for s, v in result.losses],
+                 "losses": [[s, v] for s, v in result.losses], "task": task.state_dict(),
                  "cuda_rng": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
         result.last_checkpoint = checkpointer.save(at_step, engine, state)
 

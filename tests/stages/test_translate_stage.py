@@ -84,6 +84,11 @@ def test_translate_single_process_learns_and_exports(inputs, tmp_path):
                                          "fallback": False, "device": "cpu"}, res["routes"]
     assert res["routes"]["product"]["route"] in ("gathered live rows", "dense GEMMs"), res["routes"]
     assert not res["routes"]["product"]["fallback"] and any("routes" in t for t in tags["tensors"]), tags["tensors"]
+    # the run again with its result cut short: it resumes at its last step (nothing left to train) and reports the
+    # gradient monitor of the run (carried in the checkpoint), not of no step
+    (tmp_path / "run" / "result.json").write_text(json.dumps(res)[:100])
+    again = run(cfg)
+    assert again["step"] == 12 and again["gradient_on_C"] == res["gradient_on_C"], again["gradient_on_C"]
 
 
 @pytest.mark.slow
