@@ -199,6 +199,21 @@ def get_embedding_and_head(model) -> tuple[torch.Tensor, torch.Tensor, bool]:
     return E, L, tied
 
 
+@torch.no_grad()
+def check_finite_embeddings(E: torch.Tensor, L: torch.Tensor, where: str, chunk: int = 8192) -> None:
+    """Refuse (ModelLoadError) an input embedding or output head holding a NaN or infinite value in any row, read
+    by this run or not: such weights are damaged (a row no source token reads today is read by another vocabulary,
+    a finetune or an export). By blocks of ``chunk`` rows (no [V, d] temporary)."""
+    for name, W in (("input embedding", E),) + ((("output head", L),) if L is not E else ()):
+        bad = torch.cat([~torch.isfinite(W[i:i + chunk]).all(1) for i in range(0, W.shape[0], chunk)])
+        n = int(bad.sum())
+        if n:
+            ids = bad.nonzero().flatten()[:5].tolist()
+            raise ModelLoadError(f"{where}: {n} row(s) of the {name} hold NaN or infinite values (ids "
+                                 f"{', '.join(map(str, ids))}{', ...' if n > 5 else ''}): the weights are damaged or "
+                                 "come from a diverged run")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # blocks and parameters
 

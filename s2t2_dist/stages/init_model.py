@@ -115,10 +115,11 @@ def _as_init_error(prefix: str = ""):
 def translated_embeddings(model, p) -> tuple[torch.Tensor, torch.Tensor]:
     """(E', L') of `model` under the P file `p` (a translator.pfile.SparseP): E' = W_E^T E[source_ids], L' = W_L^T L[source_ids]
     with the P file's own normalisation, in float32: the same function as training (translator.translated_rows)."""
-    from s2t2_dist.models.hf import get_embedding_and_head
+    from s2t2_dist.models.hf import check_finite_embeddings, get_embedding_and_head
     from s2t2_dist.translator import translated_rows
 
     E, L, _ = get_embedding_and_head(model)
+    check_finite_embeddings(E, L, "model.path")
     src = p.source_ids.long()
     if src.numel() and (int(src.max()) >= E.shape[0] or int(src.min()) < 0):
         raise InitError(f"the P file's source ids reach {int(src.max())} but the model has {E.shape[0]} embedding rows")
@@ -130,9 +131,10 @@ def translated_embeddings(model, p) -> tuple[torch.Tensor, torch.Tensor]:
 @torch.no_grad()
 def truncated_embeddings(model, u: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(E[:u], L[:u]): the "FT new tok." baseline (the new tokenizer's id j reuses the source model's row j)."""
-    from s2t2_dist.models.hf import get_embedding_and_head
+    from s2t2_dist.models.hf import check_finite_embeddings, get_embedding_and_head
 
     E, L, _ = get_embedding_and_head(model)
+    check_finite_embeddings(E, L, "model.path")
     if u > E.shape[0]:
         raise InitError(f"new_tok_truncate: the new tokenizer has {u} tokens but the model only {E.shape[0]} rows")
     return E.detach().float()[:u].clone(), L.detach().float()[:u].clone()
