@@ -179,7 +179,7 @@ def run(args) -> dict:
                    "tokenizer": str(data / "tokenizer"), "num_workers": 0}
     train = {"steps": args.steps, "batch_size": batch, "micro_batch_size": micro, "context_len": args.context_len,
              "log_every": max(1, args.steps // 12), "ckpt_every": 0, "eval_every": 0, "eval_max_docs": 0, "seed": 0}
-    runner = Runner(ranks=args.ranks, log_dir=out / "logs", echo=not args.quiet)
+    runner = Runner(ranks=args.ranks, log_dir=out / "logs", echo=not args.quiet, root=out)
 
     # 3 ---------------------------------------------------------------------------------------------------------
     where = f"{args.ranks} ranks (torchrun, C sharded by columns)" if args.ranks > 1 else "1 rank (in process)"
@@ -227,7 +227,7 @@ def run(args) -> dict:
         "init": {"kind": "as_is"}, "engine": {"kind": "plain"},
         "eval": {"context_len": args.context_len, "batch_size": 16, "max_docs": 0, "name": "s2t2_cft"}},
         EvaluateConfig)
-    evr = Runner(ranks=1, log_dir=out / "logs", echo=not args.quiet).run(
+    evr = Runner(ranks=1, log_dir=out / "logs", echo=not args.quiet, root=out).run(
         "evaluate", ["--config", str(ecfg)], runs / "evaluate", "evaluate")
     m = evr.result["metrics"]
     results["evaluate"] = {"run_dir": str(runs / "evaluate"), "metrics": m, "command": evr.command}

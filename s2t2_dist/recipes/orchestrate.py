@@ -162,6 +162,15 @@ class Runner:
     env: dict = field(default_factory=dict)
     timeout_s: float | None = None
     history: list[StageRun] = field(default_factory=list)
+    #: the output directory the runs live under (`--out`): a run is identified by its arguments relative to it (and
+    #: to the checkout), so a copied or moved output directory reuses its finished runs
+    root: Path | None = None
+
+    def _relative(self, args: list[str]) -> list[str]:
+        out = [a.replace(str(REPO_ROOT), "$REPO") for a in args]
+        if self.root is not None:
+            out = [a.replace(str(Path(self.root).resolve()), "$OUT") for a in out]
+        return out
 
     def command(self, stage: str, argv: list[str]) -> list[str]:
         if self.ranks == 1:
@@ -174,16 +183,18 @@ class Runner:
         what the files it reads were made by (their paths stay the same when the runs that write them change)."""
         run_dir = Path(run_dir)
         result_path = Path(result_file) if result_file else run_dir / RESULT_FILES[stage]
-        identity = {"stage": stage, "argv": list(argv), "ranks": self.ranks, "config_files": _config_hashes(argv)}
+        identity = {"stage": stage, "argv": self._relative(list(argv)), "ranks": self.ranks,
+                    "config_files": _config_hashes(argv)}
         if inputs:
             identity["inputs"] = list(inputs)
         info_path = run_dir / RUN_INFO
         cmd = self.command(stage, argv)
         printable = " ".join(shlex.quote(c) for c in cmd)
-        same = False
+        same = moved = False
         if info_path.is_file():
             try:
-                same = json.loads(info_path.read_text()).get("identity") == identity
+                info = json.loads(info_path.read_text())
+                same, moved = info.get("identity") == identity, info.get("argv") != list(argv)
             except ValueError:
                 same = False
         if same and result_path.is_file():
@@ -198,11 +209,12 @@ class Runner:
                 return run
         from s2t2_dist.utils.io import atomic_write_json
 
-        if not same:
+        # a run interrupted in a copied output directory starts afresh too: its checkpoints name the old paths
+        if not same or moved:
             if run_dir.exists():
                 shutil.rmtree(run_dir)  # another configuration was here: start afresh
             run_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(info_path, {"identity": identity, "command": printable})
+            atomic_write_json(info_path, {"identity": identity, "command": printable, "argv": list(argv)})
         # else: the same run was interrupted; the stage resumes from its latest checkpoint in run_dir
         t0 = time.time()
         log = None
@@ -218,7 +230,8 @@ class Runner:
             raise StageFailed(f"{name}: {stage} stopped before its last step (step {result.get('step')}); "
                               f"rerun to resume\n  command: {printable}")
         run = StageRun(stage, name, run_dir, result, time.time() - t0, False, printable, log)
-        atomic_write_json(info_path, {"identity": identity, "command": printable, "seconds": round(run.seconds, 1)})
+        atomic_write_json(info_path, {"identity": identity, "command": printable, "argv": list(argv),
+                                      "seconds": round(run.seconds, 1)})
         self.history.append(run)
         return run
 

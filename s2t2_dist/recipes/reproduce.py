@@ -390,7 +390,7 @@ def run_local(cfg: ReproduceConfig, out: Path, *, ranks: int = 1, cache: Path | 
     timings["prepare"] = round(time.time() - t, 1)
     st = Setting(out=str(out / "runs"), data=str(data), small_model=sources["small"]["path"],
                  large_model=sources["large"]["path"], source_tokenizer=sources["small"]["path"])
-    runner = Runner(ranks=ranks, log_dir=out / "logs", echo=echo)
+    runner = Runner(ranks=ranks, log_dir=out / "logs", echo=echo, root=out)
     t = time.time()
     extra: dict = {}
     p_lrs = None

@@ -150,6 +150,17 @@ def test_tiny_rerun_reuses_every_run(tiny):
     cfg = json.loads((out / "results.json").read_text())["config"]
     n_runs = len(json.loads((out / "plan.json").read_text())) + len(KINDS) * len(cfg["p_lr_sweep"])
     assert proc.stdout.count("(reused)") == n_runs
+    # a copy of the output directory is the same reproduction: every run reused there too (runs are identified
+    # relative to --out)
+    import shutil
+
+    copy = out.parent / "tiny_copy"
+    shutil.copytree(out, copy)
+    proc = run_cmd([sys.executable, "-m", "s2t2_dist.cli", "reproduce", "--scale", "tiny", "--out", str(copy)],
+                   timeout=300)
+    assert proc.stdout.count("(reused)") == n_runs
+    assert json.loads((copy / "results.json").read_text())["table1"] == json.loads(
+        (out / "results.json").read_text())["table1"]
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -28,3 +28,35 @@ def test_a_finished_run_is_reused_only_while_what_it_read_was_made_the_same_way(
     runs = [r.run("evaluate", ["x=1"], rd, "job", result_file=rd / "result.json", inputs=ins).reused
             for ins in (["P at 200 steps"], ["P at 200 steps"], ["P at 600 steps"], None)]
     assert runs == [False, True, False, False] and count.read_text() == "3"
+
+
+def test_a_copied_output_directory_reuses_its_finished_runs_and_restarts_the_unfinished(tmp_path, monkeypatch):
+    """A run is identified by its arguments relative to the output directory (`root`): the finished run of a copied
+    `--out` is reused there; an unfinished one starts afresh (its checkpoints name the old paths)."""
+    import json
+    import shutil
+
+    count = tmp_path / "count"
+
+    def runner(root):
+        r = Runner(ranks=1, in_process=False, log_dir=root / "logs", echo=False, root=root)
+        script = (f"import json, pathlib, sys; c = pathlib.Path({str(count)!r}); c.write_text(str(int(c.read_text())"
+                  " + 1) if c.exists() else '1'); rd = pathlib.Path(sys.argv[1].split('=', 1)[1]); "
+                  "(rd / 'ckpt').write_text('x'); (rd / 'result.json').write_text(json.dumps({'finished': True}))")
+        monkeypatch.setattr(r, "command", lambda stage, argv: [sys.executable, "-c", script, *argv])
+        return r
+
+    def run(root, name):
+        rd = root / "runs" / name
+        return runner(root).run("evaluate", [f"run_dir={rd}", f"data.eval={root / 'data'}"], rd, name,
+                                result_file=rd / "result.json")
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert not run(a, "done").reused and not run(a, "cut").reused and count.read_text() == "2"
+    (a / "runs" / "cut" / "result.json").write_text(json.dumps({"finished": False}))  # as if stopped mid-way
+    (a / "runs" / "cut" / "step_3").write_text("a checkpoint of the old paths")
+    shutil.copytree(a, b)
+    assert run(b, "done").reused and count.read_text() == "2"  # the copy's finished run: reused, nothing ran
+    again = run(b, "cut")
+    assert not again.reused and count.read_text() == "3" and not (b / "runs" / "cut" / "step_3").exists()
+    assert run(b, "cut").reused and run(a, "done").reused  # and the original still reuses its own
