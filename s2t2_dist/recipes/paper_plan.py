@@ -88,6 +88,11 @@ class RealLMOptions:
     #: also run the finetuned rows at every other step of ft_lr_sweep, on every seed, each reported as a table of
     #: its own: how far the finetuned ordering depends on the step (it chooses nothing; ~1 h a seed in two lanes)
     ft_lr_check: bool = True
+    #: the P-only ceiling probe's steps: free input and output embeddings for the new tokens on the frozen body
+    #: (finetune trainable=embeddings from S2T2's start, p_steps steps, seed 0), chosen on the validation split; at
+    #: least as expressive as any P, so the P-only rows are read as a fraction of the gap from the start to it
+    #: ([]: no probe)
+    probe_lr_sweep: list[float] = field(default_factory=lambda: [1e-3, 3e-3, 1e-2])
     #: checkpoint cadence of every arm (a killed lane resumes from here)
     ckpt_every: int = 50
     #: validation BpB every this many finetuning steps (0: at the end only): the finetuned rows' validation curves,
@@ -108,6 +113,8 @@ class RealLMOptions:
         grids = [self.p_lr_sweep.sparse, self.p_lr_sweep.softmax, self.p_lr_sweep.unconstrained, self.ft_lr_sweep]
         if any(not g or min(g) <= 0 for g in grids):
             raise ConfigError("p_lr_sweep.*, ft_lr_sweep: non-empty lists of learning rates > 0")
+        if any(lr <= 0 for lr in self.probe_lr_sweep):
+            raise ConfigError(f"probe_lr_sweep: learning rates > 0 (or []: no probe), got {self.probe_lr_sweep}")
 
 
 @dataclass

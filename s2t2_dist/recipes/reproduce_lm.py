@@ -105,18 +105,20 @@ class LmPlan:
         return Job(name, "translate", "configs/translate_olmo1b.yaml", ov, rd, f"{rd}/result.json",
                    consumes=[str(d)], produces=[f"{rd}/P.safetensors"])
 
-    def finetune(self, name: str, kind: str, lr: float, seed: int, p_file: str = "", after: tuple[Job, ...] = ()
-                 ) -> Job:
-        """`after`: the job that writes the P file."""
+    def finetune(self, name: str, kind: str, lr: float, seed: int, p_file: str = "", after: tuple[Job, ...] = (),
+                 steps: int | None = None, embeddings_only: bool = False) -> Job:
+        """`after`: the job that writes the P file; `steps`: None for ft_steps; `embeddings_only`: the body frozen
+        (the ceiling probe)."""
         d, rd = self.p.data, str(self.p.runs / name)
         split = "source" if kind == "orig_tok" else "new"
         tok = self.p.model if kind == "orig_tok" else f"{d}/tokenizer"
         ov = [f"run_dir={rd}", f"model.path={self.p.model}", f"init.kind={kind}", f"init.p_file={p_file}",
               f"data.train={d}/shards/{split}/train", f"data.eval={d}/shards/{split}/eval", f"data.tokenizer={tok}",
               "engine.kind=plain", f"optim.lr={lr}", f"optim.weight_decay={self.cfg.ft_weight_decay}",
-              f"train.steps={self.cfg.ft_steps}", f"train.eval_every={self.cfg.lm.ft_eval_every}",
-              "train.keep_checkpoints=1",
-              *self._common(seed)]
+              f"train.steps={self.cfg.ft_steps if steps is None else steps}",
+              f"train.eval_every={self.cfg.lm.ft_eval_every}", "train.keep_checkpoints=1", *self._common(seed)]
+        if embeddings_only:
+            ov.append("trainable=embeddings")
         return Job(name, "finetune", "configs/finetune_olmo1b.yaml", ov, rd, f"{rd}/result.json",
                    consumes=[str(d)] + ([p_file] if p_file else []), produces=[f"{rd}/final"],
                    upstream=upstream_of(*after))
@@ -167,6 +169,19 @@ class LmPlan:
                ) -> Job:
         return self.finetune(f"seed{seed}/ft_{tag or kind}_{_lr_tag(lr)}", kind, lr, seed, p_file, after)
 
+    def start(self, seed: int) -> Job:
+        """S2T2's start (the FVT start projected onto its marginals), 0 P-only steps: the P every S2T2 run starts
+        from."""
+        return self.translate(f"seed{seed}/translate_sparse_start", "sparse", None, seed, 0, start="shipped")
+
+    def probe(self, lr: float) -> Job:
+        """The P-only ceiling probe at step `lr`: S2T2's start with E' and L' then free (trainable=embeddings) on
+        the frozen body, for the P-only budget (p_steps), seed 0."""
+        s0 = self.cfg.seeds[0]
+        st = self.start(s0)
+        return self.finetune(f"seed{s0}/probe_embeddings_{_lr_tag(lr)}", "translated", lr, s0, st.produces[0],
+                             after=(st,), steps=self.cfg.p_steps, embeddings_only=True)
+
     def curve(self) -> Job:
         from s2t2_dist.translator.kinds import REGISTRY
 
@@ -183,10 +198,13 @@ class LmPlan:
             jobs += [self.p_arm(a, s0) for a in self.candidates(col)]
         for lr in c.lm.ft_lr_sweep:
             jobs += [self.ft_arm("new_tok_truncate", lr, s0, tag="new_tok"), self.ft_arm("orig_tok", lr, s0)]
+        if c.lm.probe_lr_sweep:
+            jobs += [self.start(s0), *(self.probe(lr) for lr in c.lm.probe_lr_sweep)]
         # the order of first use: the arms of the S2T2 start first, the baselines' other start last
         return sorted(jobs, key=lambda j: "_fvt_" in j.name)
 
-    def table_jobs(self, chosen: dict[str, Arm], ft_lr: float) -> list[Job]:
+    def table_jobs(self, chosen: dict[str, Arm], ft_lr: float, probe_lr: float | None = None) -> list[Job]:
+        """`probe_lr`: the ceiling probe's chosen step (None: no probe row)."""
         jobs: list[Job] = []
         fvt = self.translate("refs/translate_fvt", "sparse", None, self.cfg.seeds[0], 0, start="shipped")
         fvt.overrides += ["translator.init=fvt", "translator.init_weight=1"]
@@ -208,7 +226,14 @@ class LmPlan:
                                            role=("table1", f"{col}_cft", seed), after=(ft,))]
             # the start-only row: S2T2's own start (the FVT start, 0 P-only steps) finetuned the same way, so that
             # S2T2 + CFT minus this row is what the learned P adds over the P it was learned from
-            st = self.translate(f"{s}/translate_sparse_start", "sparse", None, seed, 0, start="shipped")
+            st = self.start(seed)
+            if seed == self.cfg.seeds[0]:  # the P-only rows' two ends: S2T2's start and the ceiling probe
+                jobs += [st, self.evaluate(f"{s}/eval_sparse_start", self.p.model, "translated", st.produces[0],
+                                           role=("table1", "fvt_start", seed), after=(st,))]
+                if probe_lr is not None:
+                    pr = self.probe(probe_lr)
+                    jobs += [pr, self.evaluate(f"{s}/eval_{pr.name.split('/', 1)[1]}", pr.produces[0], "as_is",
+                                               role=("table1", "p_only_probe", seed), after=(pr,))]
             ft = self.ft_arm("translated", ft_lr, seed, st.produces[0], tag="cft_sparse_start", after=(st,))
             jobs += [st, ft, self.evaluate(f"{s}/eval_cft_sparse_start_{_lr_tag(ft_lr)}", ft.produces[0], "as_is",
                                            role=("table1", "fvt_start_cft", seed), after=(ft,))]
@@ -274,11 +299,21 @@ def select(plan: LmPlan) -> dict:
         ft_scores[f"{lr:g}"] = {"ft_new_tok": a, "ft_orig_tok": b,
                                 "mean": None if a is None or b is None else (a + b) / 2}
     out["ft"] = ft_scores
+    probe = {f"{lr:g}": validation_bpb(plan.probe(lr)) for lr in c.lm.probe_lr_sweep}
+    out["probe"] = probe
+    done_probe = {k: v for k, v in probe.items() if v is not None}
     done_ft = {k: v["mean"] for k, v in ft_scores.items() if v["mean"] is not None}
     best_ft = float(min(done_ft, key=done_ft.get)) if done_ft else None
-    out["chosen"] = {"p": chosen, "ft_lr": best_ft if len(done_ft) == len(ft_scores) else None}
+    best_probe = float(min(done_probe, key=done_probe.get)) if done_probe else None
+    out["chosen"] = {"p": chosen, "ft_lr": best_ft if len(done_ft) == len(ft_scores) else None,
+                     "probe_lr": best_probe if len(done_probe) == len(probe) else None}
     if best_ft is not None and out["chosen"]["ft_lr"] is None:
         out.setdefault("provisional", {})["ft_lr"] = best_ft
+    if best_probe is not None and out["chosen"]["probe_lr"] is None:
+        out.setdefault("provisional", {})["probe_lr"] = best_probe
+    lrs = c.lm.probe_lr_sweep
+    if out["chosen"]["probe_lr"] is not None and len(lrs) > 1 and out["chosen"]["probe_lr"] in (min(lrs), max(lrs)):
+        out.setdefault("at_grid_edge", []).append("p_only_probe")
     return out
 
 
@@ -521,7 +556,8 @@ def _table_plan(plan: LmPlan):
     by the best so far (reported only)."""
     sel = select(plan)
     arms, ft_lr, provisional = report_choices(sel)
-    jobs = plan.table_jobs(arms, ft_lr) if ft_lr is not None else []
+    probe_lr = sel["chosen"].get("probe_lr") or (sel.get("provisional") or {}).get("probe_lr")
+    jobs = plan.table_jobs(arms, ft_lr, probe_lr) if ft_lr is not None else []
     checks = plan.check_jobs(arms, ft_lr) if ft_lr is not None else {}
     return sel, jobs, checks, arms, ft_lr, provisional
 
@@ -590,7 +626,7 @@ def run_smollm2(cfg: ReproduceConfig, out: Path, *, cache: Path | None = None, e
 
         def runner(k: int) -> Runner:
             # one lane runs the stages in this process (no start-up per arm); lanes are processes of their own
-            return Runner(ranks=1, in_process=cfg.lm.lanes == 1, log_dir=out / "logs", echo=echo,
+            return Runner(ranks=1, in_process=cfg.lm.lanes == 1, log_dir=out / "logs", echo=echo, root=out,
                           env={"OMP_NUM_THREADS": str(threads), "S2T2_LOG_LEVEL": "INFO"})
 
         lanes = Lanes(cfg.lm.lanes, runner, say=say)

@@ -13,7 +13,10 @@ from s2t2_dist.recipes.paper_plan import PAPER_TABLE1, TABLE1
 
 #: rows of the table, in order: key -> label (Table 1's columns, then the training-free references)
 ROWS = {**TABLE1, "s2t2_a0": "S2T2, alpha 0 (paper)", "fvt": "FVT plan, letters only (no training)",
-        "fvt_start": "S2T2's start (FVT)"}
+        "fvt_start": "S2T2's start (FVT)",
+        "p_only_probe": "P-only ceiling probe (free E', L' on the frozen body)"}
+#: the P-only rows, read as a fraction of the gap from S2T2's start to the ceiling probe
+P_ONLY_ROWS = ("plain_p", "sinkhorn_p", "s2t2", "s2t2_a0")
 #: the finetuned rows, in the table's order
 FT_ROWS = ("plain_p_cft", "sinkhorn_p_cft", "s2t2_cft", "fvt_start_cft", "ft_orig_tok", "ft_new_tok")
 
@@ -85,12 +88,31 @@ def collect(plan, jobs, selection: dict, references: dict, step_checks: dict | N
     every = [rows] + [c["rows"] for c in results["ft_lr_check"].values()]
     results["same_bytes"] = _same_bytes({f"{i}/{k}": r for i, rs in enumerate(every) for k, r in rs.items()})
     results.update(extra or {})
+    results["probe_gap"] = probe_gap(rows)
     results["checks"] = checks(results)
     for c in results["ft_lr_check"].values():
         # the P-only rows are the table's own; the claims that read only them are the table's
         merged = {**results, "rows": {**{k: r for k, r in rows.items() if k not in FT_ROWS}, **c["rows"]}}
         c["checks"] = [x for x in checks(merged) if x["reads_finetuned"]]
     return results
+
+
+def probe_gap(rows: dict) -> dict:
+    """Each P-only row's share of the gap from S2T2's start (0 steps) to the ceiling probe (free E', L' on the
+    frozen body at the P-only budget), on the seeds both ends were scored on: 0 is the start, 1 the probe's BpB
+    (above 1: better than the probe, which then was no bound at that budget). {} without both ends."""
+    start, probe = (rows.get(k, {}).get("seeds", {}) for k in ("fvt_start", "p_only_probe"))
+    ends = {s: (start[s]["bpb"], probe[s]["bpb"]) for s in set(start) & set(probe)}
+    if not ends:
+        return {}
+    out: dict = {"start": {s: a for s, (a, _) in ends.items()}, "probe": {s: b for s, (_, b) in ends.items()},
+                 "rows": {}}
+    for key in P_ONLY_ROWS:
+        seeds = (rows.get(key) or {}).get("seeds") or {}
+        fr = {s: (a - seeds[s]["bpb"]) / (a - b) for s, (a, b) in ends.items() if s in seeds and a != b}
+        if fr:
+            out["rows"][key] = fr
+    return out
 
 
 def _curve(plan) -> list[list[float]]:
@@ -225,7 +247,8 @@ def _spread(b: dict) -> str:
 def _mark(key: str, provisional: set[str]) -> str:
     """The suffix " *" of a row read by a choice still provisional (its P column's, or the finetuning step's)."""
     by_ft = "ft_lr" in provisional and (key.endswith("_cft") or key.startswith("ft_"))
-    return " *" if key.removesuffix("_cft") in provisional or by_ft else ""
+    by_probe = "probe_lr" in provisional and key == "p_only_probe"
+    return " *" if key.removesuffix("_cft") in provisional or by_ft or by_probe else ""
 
 
 def table1_markdown(results: dict) -> str:
@@ -261,6 +284,13 @@ def table1_markdown(results: dict) -> str:
               + (f" (prior strength {ada['strength']:g}, chosen on validation)" if ada.get("strength") else "")
               + f", 512-BPE token unigram {_f(refs['unigram_bpe']['bpb'])} (special tokens left out), random guess "
               f"(log2 u per token) {_f(rg)}."]
+    gap = results.get("probe_gap") or {}
+    if gap.get("rows"):
+        s = sorted(gap["start"])[0]
+        lines += ["", f"P-only rows as a share of the gap from S2T2's start ({_f(gap['start'][s])}) to the ceiling "
+                  f"probe ({_f(gap['probe'][s])}, seed {s}; free E' and L' for the new tokens on the frozen body, "
+                  "trained for the P-only steps; 0 = the start, 1 = the probe): "
+                  + ", ".join(f"{label(k)} {fr[s]:.2f}" for k, fr in gap["rows"].items() if s in fr) + "."]
     for lr, c in (results.get("ft_lr_check") or {}).items():
         lines += ["", step_check_markdown(results, lr, c, seeds)]
     return "\n".join(lines) + "\n"
@@ -308,6 +338,11 @@ def selection_markdown(sel: dict) -> str:
     for lr, v in sel["ft"].items():
         mark = " **(chosen)**" if sel["chosen"]["ft_lr"] is not None and float(lr) == sel["chosen"]["ft_lr"] else ""
         lines.append(f"| {lr}{mark} | {_f(v['ft_new_tok'])} | {_f(v['ft_orig_tok'])} | {_f(v['mean'])} |")
+    if sel.get("probe"):
+        ch = sel["chosen"].get("probe_lr")
+        lines += ["", "| ceiling probe lr | validation BpB |", "|---|---|"]
+        lines += [f"| {lr}{' **(chosen)**' if ch is not None and float(lr) == ch else ''} | {_f(v)} |"
+                  for lr, v in sel["probe"].items()]
     return "\n".join(lines) + "\n"
 
 

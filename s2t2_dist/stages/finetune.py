@@ -30,7 +30,8 @@ from s2t2_dist.eval.scoring import ScoringConfig
 from s2t2_dist.data.config import DataPaths
 from s2t2_dist.engines.build import EngineConfig, build_model_and_engine, engine_kind
 from s2t2_dist.models import chunked_loss
-from s2t2_dist.models.hf import ModelPathConfig
+from s2t2_dist.errors import ConfigError
+from s2t2_dist.models.hf import ModelPathConfig, build_causal_lm
 from s2t2_dist.stages import checks
 from s2t2_dist.stages.common import (Runtime, config_part, fingerprint, parse_args, record_config, run_main,
                                      run_stage)
@@ -78,6 +79,9 @@ class FinetuneConfig:
     eval: ScoringConfig = field(default_factory=ScoringConfig)
     #: the final Hugging Face export
     export: ExportConfig = field(default_factory=ExportConfig)
+    #: what trains: all (the whole model) or embeddings (only E and L on the frozen body: with a translated start,
+    #: the P-only ceiling probe; engine.kind=plain)
+    trainable: Literal["all", "embeddings"] = "all"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -161,10 +165,27 @@ def _pad(plan: InitPlan) -> int:
 def build_model(cfg: FinetuneConfig, plan: InitPlan, rt: Runtime):
     """(the transformers model, the Engine) from the initial directory; under ZeRO-3 built into partitions.
     Finetuning keeps float32 master weights (train.precision selects the compute dtype)."""
-    model, engine = build_model_and_engine(cfg.engine, plan.model_dir, cfg.optim, cfg.train, device=rt.device,
+    source = plan.model_dir
+    if cfg.trainable == "embeddings":
+        source = embeddings_only(build_causal_lm(source, dtype=torch.float32, device=rt.device,
+                                                 trust_remote_code=cfg.model.trust_remote_code))
+    model, engine = build_model_and_engine(cfg.engine, source, cfg.optim, cfg.train, device=rt.device,
                                            dtype=torch.float32, trust_remote_code=cfg.model.trust_remote_code)
     _set_special_ids(model, plan)
     return model, engine
+
+
+def embeddings_only(model: torch.nn.Module) -> torch.nn.Module:
+    """Freeze everything but the input embedding and the output head (untied: a translated start is untied)."""
+    from s2t2_dist.models.hf import get_embedding_and_head
+
+    E, L, tied = get_embedding_and_head(model)
+    if tied:
+        raise ConfigError("trainable=embeddings: the model's embedding and head are tied; a translated start "
+                          "(init.kind=translated) unties them")
+    for p in model.parameters():
+        p.requires_grad_(p is E or p is L)
+    return model
 
 
 def _set_special_ids(model, plan: InitPlan) -> None:
@@ -269,6 +290,9 @@ def preflight(cfg: FinetuneConfig) -> tuple[InitPlan, dict] | None:
     checks.export_dir(cfg.export.dir, cfg.run_dir)
     checks.writable_dirs({"init.dir": cfg.init.dir})
     checks.training_layout(cfg.train, cfg.data.eval)
+    if cfg.trainable == "embeddings" and cfg.engine.kind != "plain":
+        raise ConfigError(f"trainable=embeddings: needs engine.kind=plain (got {cfg.engine.kind}); the probe is a "
+                          "small model's")
     mdir = checks.model_dir(cfg.model.path)
     src = checks.model_tokenizer(mdir, trust_remote_code=cfg.model.trust_remote_code)
     checks.model_tokenizer_fits(mdir, src)
@@ -321,6 +345,7 @@ def _train(cfg: FinetuneConfig, rt: Runtime, resolved: tuple[InitPlan, dict] | N
     fp["init"] = config_part(cfg, "init")["init"]  # by value: a refusal names the key (init.p_file, init.kind)
     fp["optim"] = cfg.optim.fingerprint()  # by value: a refusal names the changed setting
     fp["train.steps"] = cfg.train.steps  # the lr schedule's length: a change is refused, never silently applied
+    fp["trainable"] = cfg.trainable  # which parameters the checkpoint holds
     # elastic: a checkpoint resumes on another number of ranks -- FSDP2 through torch DCP (which re-splits the
     # parameters and Adam moments over the new mesh), DeepSpeed through a universal checkpoint, the plain engine
     # from rank 0's replica

@@ -199,13 +199,15 @@ def test_the_kept_records_stand_for_the_shipped_plans_arms(monkeypatch):
     table = {**_table(Path("/elsewhere")), **_table(Path("/elsewhere"), ft_lr=3e-4)}
     standing = {n for n, j in table.items() if read_result(j) is not None}
     # every arm stands but the start-only row's finetunes at the preset's 200 steps (run at 600 steps only:
-    # benchmarks/records/smollm2_600); its start, 0 P-only steps, stands
-    assert len(table) >= 80 and set(table) - standing == {
+    # benchmarks/records/smollm2_600) and the held-out score of the start itself; the start, 0 P-only steps, stands
+    assert len(table) >= 80 and set(table) - standing == {"seed0/eval_sparse_start"} | {
         f"seed{s}/{a}" for s in (0, 1, 2) for a in ("ft_cft_sparse_start_lr0.0001", "eval_cft_sparse_start_lr0.0001",
                                                     "ft_cft_sparse_start_lr0.0003", "eval_cft_sparse_start_lr0.0003")}
     select = _preset_plan(Path("/elsewhere/a")).select_jobs()
     assert len(select) >= 30 and any(j.name.startswith("seed0/curve_") for j in select)
-    assert [j.name for j in select if read_result(j) is None] == []
+    # the selection's arms all stand but the ceiling probe's grid (kept in benchmarks/records/smollm2_600)
+    assert [j.name for j in select if read_result(j) is None] == [
+        f"seed0/probe_embeddings_lr{lr:g}" for lr in (1e-3, 3e-3, 1e-2)]
 
 
 def test_the_600_step_records_stand_for_the_start_only_row_at_that_budget(monkeypatch):
@@ -478,3 +480,34 @@ def test_the_bpe_unigram_leaves_the_special_tokens_out(tmp_path):
     assert r["special_tokens_left_out"] == [0, 1, 2, 3]
     assert r["random_guess_bpb"] == pytest.approx(math.log(40) * r["tokens"] / (math.log(2) * r["bytes"]))
     assert r["bpb"] < r["random_guess_bpb"]
+
+
+def test_the_ceiling_probe_is_chosen_on_validation_and_bounds_the_p_only_rows(tmp_path):
+    """The P-only ceiling probe: an embeddings-only finetune (the body frozen) of S2T2's start for the P-only
+    steps at each step of its grid, chosen on validation; its held-out score and the start's are the two ends the
+    P-only rows are read between (0 = the start, 1 = the probe)."""
+    from s2t2_dist.recipes.reproduce_lm_report import probe_gap, table1_markdown
+
+    plan = _plan(tmp_path)
+    probes = [plan.probe(lr) for lr in plan.cfg.lm.probe_lr_sweep]
+    assert all("trainable=embeddings" in j.overrides and f"train.steps={plan.cfg.p_steps}" in j.overrides
+               and j.consumes[-1].endswith("seed0/translate_sparse_start/P.safetensors") for j in probes)
+    assert not any("trainable" in o for o in plan.ft_arm("new_tok_truncate", 1e-4, 0, tag="new_tok").overrides)
+    assert {j.name for j in probes} <= {j.name for j in plan.select_jobs()}
+    for j, v in zip(probes, (4.30, 4.25, 4.28)):
+        _record(j, v)
+    sel = select(plan)
+    assert sel["chosen"]["probe_lr"] == plan.cfg.lm.probe_lr_sweep[1] and "p_only_probe" not in sel.get(
+        "at_grid_edge", [])
+    chosen = {c: plan.candidates(c)[0] for c in plan.columns()}
+    table = {j.name: j for j in plan.table_jobs(chosen, 1e-4, sel["chosen"]["probe_lr"])}
+    ev = table[f"seed0/eval_{probes[1].name.split('/', 1)[1]}"]
+    assert ev.role == ("table1", "p_only_probe", 0) and table["seed0/eval_sparse_start"].role[1] == "fvt_start"
+    assert "seed1/eval_sparse_start" not in table  # the two ends on seed 0
+    rows = {"fvt_start": {"seeds": {"0": {"bpb": 5.0}}}, "p_only_probe": {"seeds": {"0": {"bpb": 4.0}}},
+            "s2t2": {"seeds": {"0": {"bpb": 4.6}, "1": {"bpb": 4.5}}}, "plain_p": {"seeds": {"0": {"bpb": 5.2}}}}
+    gap = probe_gap(rows)
+    assert gap["rows"]["s2t2"] == {"0": pytest.approx(0.4)} and gap["rows"]["plain_p"] == {"0": pytest.approx(-0.2)}
+    refs = {"residue_unigram": {"bpb": 4.17}, "unigram_bpe": {"bpb": 4.36}}
+    md = table1_markdown({"rows": {}, "references": refs, "probe_gap": gap, "paper": {}})
+    assert "S2T2 0.40" in md and "Plain P -0.20" in md

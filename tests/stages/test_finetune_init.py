@@ -183,6 +183,23 @@ def test_each_init_kind_trains_evaluates_and_exports(world, tmp_path, kind):
     assert json.loads((tmp_path / "result.json").read_text())["final_loss"] == losses[-1]
 
 
+def test_embeddings_only_trains_the_new_rows_on_the_frozen_body(world, tmp_path):
+    """trainable=embeddings (the P-only ceiling probe): from a translated start only E' and L' move; every other
+    weight of the export is the start's bit for bit; the loss falls. Another engine is refused in one line."""
+    from safetensors.torch import load_file
+
+    summary = run(_cfg(world, tmp_path / "run", f"init.p_file={world.p_file('softmax')}", "trainable=embeddings"))
+    losses = [l for _, l in summary["losses"]]
+    assert summary["finished"] and losses[-1] < losses[0], losses
+    start = load_file(str(tmp_path / "run" / "init" / "model.safetensors"))
+    end = load_file(str(tmp_path / "run" / "final" / "model.safetensors"))
+    moved = sorted(k for k in start if not torch.equal(start[k], end[k]))
+    assert moved == ["lm_head.weight", "model.embed_tokens.weight"], moved
+    with pytest.raises(ConfigError, match="trainable=embeddings: needs engine.kind=plain"):
+        run(_cfg(world, tmp_path / "fsdp", f"init.p_file={world.p_file('softmax')}", "trainable=embeddings",
+                 "engine.kind=fsdp"))
+
+
 def test_shards_of_the_wrong_tokenizer_are_refused(world, tmp_path):
     cfg = _cfg(world, tmp_path, "init.kind=new_tok_truncate", f"data.train={world.src_train}")
     with pytest.raises(ConfigError, match="data.train .* shards were tokenized with .* shards/new"):
