@@ -52,10 +52,10 @@ DEFAULT_DENSE_FRAC = 0.75
 class WarmUp:
     """The step size of C and, for the sparse kind, the dense warm-up from the uniform start (:func:`resolve`).
 
-    The first ``dense_frac`` of the run trains the softmax (dense Sinkhorn) plan of C at ``dense_lr``; then C is set
-    so that the sparse plan starts at that P (:meth:`TokenTranslator.init_from_dense`) and the sparse plan trains the
-    rest of the run at ``lr`` with a fresh AdamW state (``TorchEngine.set_phase``: each phase its own warm-up and
-    cosine). The exported P is sparse. (The stage dropped it: its FVT start is informed.)"""
+    The first ``dense_frac`` of the run trains a softmax (dense Sinkhorn) translator at ``dense_lr``; then a translator
+    of the run's kind starts at that P (:meth:`TokenTranslator.init_from_dense`) and trains the rest of the run at
+    ``lr`` with an engine of its own (a fresh AdamW state, its own warm-up and cosine). The exported P is sparse.
+    (The stage dropped it: its FVT start is informed.)"""
 
     def __init__(self, kind: str, v: int, recipe: str, lr: float, init: str = "uniform", steps: int = 0,
                  dense_frac: float = 0.0, dense_lr: float = 0.0):
@@ -72,40 +72,10 @@ class WarmUp:
         # at least the last step is sparse, so the exported plan is
         return min(int(round(self.dense_frac * self.steps)), max(self.steps - 1, 0))
 
-    def apply_init(self, tr: TokenTranslator):
-        """Returns ``schedule(step, engine)``, to call before every forward with the number of optimiser steps done
-        (idempotent; after a resume it puts the translator in the phase of that step)."""
-        final_kind = tr.kind
-        first = [True]
-        engine_phase = {}  # the phase last set on each engine (by id): set_phase once per phase
-
-        def schedule(step: int, engine=None) -> None:
-            if not self.dense_steps:
-                return
-            if first:  # C after `step` steps is the warm-up's (logits) up to and including step == dense_steps
-                tr.kind = "softmax" if step <= self.dense_steps else final_kind
-                tr.invalidate()
-                first.clear()
-            want = "softmax" if step < self.dense_steps else final_kind
-            switched = tr.kind != want
-            if switched:
-                if want == "softmax":  # a fresh start (C constant: the uniform plan either way) or a resume in it
-                    tr.kind = "softmax"
-                else:  # the switch, in a run that crosses it: the sparse plan starts at the warm-up's P
-                    with torch.no_grad():
-                        P = tr.P().clone()
-                    tr.kind = final_kind
-                    tr.invalidate()
-                    tr.init_from_dense(P)
-                tr.invalidate()
-            if engine is not None and engine_phase.get(id(engine)) != want:
-                # a fresh AdamW state at a switch (a resumed engine keeps its loaded state)
-                a, b = (0, self.dense_steps) if want == "softmax" else (self.dense_steps, self.steps)
-                engine.set_phase(self.dense_lr if want == "softmax" else self.lr, a, b,
-                                 reset_state=switched and (step == 0 or want == final_kind))
-                engine_phase[id(engine)] = want
-
-        return schedule
+    def phases(self) -> list[tuple[str, float, int]]:
+        """(kind, lr, steps) of each phase: the warm-up (if any), then the run's kind."""
+        d = self.dense_steps
+        return ([("softmax", self.dense_lr, d)] if d else []) + [(self.kind, self.lr, self.steps - d)]
 
 
 def resolve(kind: str, v: int, u: int, *, recipe: str = "default", lr: float = 0.0, init: str = "",
@@ -194,6 +164,33 @@ def oracle_loss(pb: Problem) -> float:
         return float(pb.loss(pb.E[pb.sigma], pb.L[pb.sigma], pb.held))
 
 
+def train(pb: Problem, step: WarmUp, mu: torch.Tensor | None = None, *, batch: int = 32, eps: float = 1e-5,
+          generator: torch.Generator | None = None, log_every: int = 0):
+    """Train through ``step``'s phases, each a translator of its kind with an engine of its own, the next started at
+    the previous one's P; returns (the last translator, its statistics, the last loss)."""
+    tr = stats = loss = None
+    for kind, lr, n in step.phases():
+        nxt = TokenTranslator(pb.v, pb.u, kind=kind, mu=mu)
+        if tr is not None:
+            with torch.no_grad():
+                nxt.init_from_dense(tr.P().detach().clone())
+        tr = nxt
+        stats = PStats(tr)
+        stats.watch_grad()
+        engine = TorchEngine.build(tr, OptimConfig(lr=lr, eps=eps), n, params="sharded")
+        for s in range(n):
+            idx = torch.randint(0, pb.train.shape[0], (batch,), generator=generator)
+            E_new, L_new = tr.embed_and_head(pb.E, pb.L)
+            loss = pb.loss(E_new, L_new, pb.train[idx])
+            engine.backward(loss)
+            stats.end_step()  # samples the gradient of C: before the step zeroes it
+            engine.step()
+            if log_every and (s + 1) % log_every == 0:
+                print(f"  {kind} step {s + 1} loss {float(loss):.4f} {stats.grad_stats()} {stats.mass_stats()}",
+                      file=sys.stderr)
+    return tr, stats, loss
+
+
 def run_one(pb: Problem, kind: str, *, recipe: str = "default", lr: float = 0.0, steps: int = 300, batch: int = 32,
             init: str = "", dense_frac: float = -1.0, dense_lr: float = 0.0, eps: float = 1e-5, mu: str = "uniform", seed: int = 0, log_every: int = 0
             ) -> dict:
@@ -206,26 +203,11 @@ def run_one(pb: Problem, kind: str, *, recipe: str = "default", lr: float = 0.0,
     m = None
     if mu == "freq":
         m = torch.bincount(pb.sigma, minlength=pb.v).double() / pb.u * 0.99 + 0.01 / pb.v
-    tr = TokenTranslator(pb.v, pb.u, kind=kind, mu=m)
     step = resolve(kind, pb.v, pb.u, recipe=recipe, lr=lr, init=init, dense_frac=dense_frac, dense_lr=dense_lr,
                    steps=steps)
-    schedule = step.apply_init(tr)
-    stats = PStats(tr)
-    stats.watch_grad()
-    engine = TorchEngine.build(tr, OptimConfig(lr=step.lr, eps=eps), steps, params="sharded")
-    schedule(0, engine)
     g = torch.Generator().manual_seed(seed)
     t0 = time.perf_counter()
-    for s in range(steps):
-        schedule(s, engine)
-        idx = torch.randint(0, pb.train.shape[0], (batch,), generator=g)
-        E_new, L_new = tr.embed_and_head(pb.E, pb.L)
-        loss = pb.loss(E_new, L_new, pb.train[idx])
-        engine.backward(loss)
-        stats.end_step()  # samples the gradient of C: before the step zeroes it
-        engine.step()
-        if log_every and (s + 1) % log_every == 0:
-            print(f"  step {s + 1} loss {float(loss):.4f} {stats.grad_stats()} {stats.mass_stats()}", file=sys.stderr)
+    tr, stats, loss = train(pb, step, m, batch=batch, eps=eps, generator=g, log_every=log_every)
     dt = time.perf_counter() - t0
     with torch.no_grad():
         E_new, L_new = tr.embed_and_head(pb.E, pb.L)

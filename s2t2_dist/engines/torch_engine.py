@@ -4,7 +4,6 @@ shard, e.g. the translator's C columns) or replicated (gradients averaged over r
 from __future__ import annotations
 
 import dataclasses
-import functools
 import warnings
 from pathlib import Path
 from typing import Literal
@@ -14,7 +13,6 @@ from s2t2_dist.distributed import collectives as coll
 from s2t2_dist.engines.base import Engine, EngineKind
 from s2t2_dist.models.hf import build_causal_lm, enable_activation_checkpointing
 import s2t2_dist.train.phases as phases
-from s2t2_dist.train.optim import cosine_lr_factor
 
 
 class TorchEngine(Engine):
@@ -92,20 +90,6 @@ class TorchEngine(Engine):
 
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
-
-    def set_phase(self, lr: float, start: int, end: int, reset_state: bool) -> None:
-        """Train steps [start, end) on a schedule of their own (warm-up, cosine, floor as configured) with peak
-        ``lr``, optionally from a fresh AdamW state: e.g. the translator's dense warm-up, then its sparse plan
-        (the moments of the old objective's gradients would be wrong in scale). Idempotent; call it again after a
-        resume (the schedule function is not part of the saved state; lr and moments are)."""
-        if reset_state:
-            self.optimizer.state.clear()
-        fn = functools.partial(cosine_lr_factor, **{**self.scheduler.lr_lambdas[0].keywords,
-                                                    "total_steps": max(end - start, 1), "start": start})
-        self.scheduler.lr_lambdas = [fn for _ in self.scheduler.lr_lambdas]
-        self.scheduler.base_lrs = [lr for _ in self.scheduler.base_lrs]
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr * fn(self.scheduler.last_epoch)
 
     def _file(self, directory: Path) -> Path:
         return Path(directory) / f"engine_rank{self.rank:05d}.pt"

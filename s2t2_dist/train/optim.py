@@ -32,11 +32,9 @@ def adamw(groups: list[dict], cfg, fused: bool = False) -> torch.optim.Optimizer
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, foreach=None)
 
 
-def cosine_lr_factor(step: int, total_steps: int, warmup_frac: float = 0.2, final_frac: float = 0.1,
-                     start: int = 0) -> float:
-    """Multiplier of the peak lr at `step` (0-based, counted from `start`): linear warm-up over warmup_frac of the
-    run, then a cosine decay that ends at final_frac of the peak on the last step."""
-    step -= start
+def cosine_lr_factor(step: int, total_steps: int, warmup_frac: float = 0.2, final_frac: float = 0.1) -> float:
+    """Multiplier of the peak lr at `step` (0-based): linear warm-up over warmup_frac of the run, then a cosine
+    decay that ends at final_frac of the peak on the last step."""
     warmup = int(round(warmup_frac * total_steps))
     if warmup > 0 and step < warmup:
         return (step + 1) / warmup
@@ -69,7 +67,7 @@ def param_groups(params: Iterable[torch.nn.Parameter], weight_decay: float) -> l
 
 
 def build_scheduler(optimizer, total_steps: int, warmup_frac: float, final_frac: float):
-    """LambdaLR over cosine_lr_factor; the factor is a partial, so `TorchEngine.set_phase` can re-aim it."""
+    """LambdaLR over cosine_lr_factor."""
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, functools.partial(cosine_lr_factor, total_steps=total_steps, warmup_frac=warmup_frac,
                                      final_frac=final_frac)

@@ -146,8 +146,10 @@ class TokenTranslator(nn.Module):
         self.live_cols = None if bool(live.all()) else live.nonzero().reshape(-1)
         self.C = nn.Parameter(torch.full((self.v, self.col_end - self.col_start), 1.0 / self.v, dtype=dtype,
                                          device=device))
-        self._kinds: dict[str, Kind] = {}  # one object per kind used (the sparse one keeps its warm start)
-        self.kind = kind
+        if kind not in REGISTRY:
+            raise ValueError(f"kind must be one of {sorted(REGISTRY)}, got {kind!r}")
+        self._kind_name = kind
+        self._plan_kind: Kind = REGISTRY[kind](self)
         self._comm = None
         self._cache_grad: tuple[int, Tensor] | None = None
         self._cache_val: tuple[int, Tensor] | None = None
@@ -188,22 +190,14 @@ class TokenTranslator(nn.Module):
     # ------------------------------------------------------------------ plumbing
     @property
     def kind(self) -> str:
-        """The kind's name; setting it switches how P is computed from the same C (a warm-up in another kind)."""
+        """The kind's name (fixed at construction: another kind is another translator, started from this one's P by
+        :meth:`init_from_dense`)."""
         return self._kind_name
-
-    @kind.setter
-    def kind(self, name: str) -> None:
-        if name not in REGISTRY:
-            raise ValueError(f"kind must be one of {sorted(REGISTRY)}, got {name!r}")
-        if name not in self._kinds:
-            self._kinds[name] = REGISTRY[name](self)
-        self._kind_name = name
-        self.invalidate()
 
     @property
     def plan_kind(self) -> Kind:
         """The kind object (translator/kinds.py) that computes P from C."""
-        return self._kinds[self._kind_name]
+        return self._plan_kind
 
     @property
     def nu_local(self) -> Tensor:

@@ -3,7 +3,7 @@ shipped step sizes learn the planted map; the paper's absolute lr at lr x v >> 1
 monitor reports and the start-up check warns about."""
 import torch
 
-from bench.bench_planted import make_problem, oracle_loss, resolve, run_one, uniform_loss
+from bench.bench_planted import make_problem, oracle_loss, resolve, run_one, train, uniform_loss
 from s2t2_dist.translator import TranslatorConfig, freeze_warning
 
 
@@ -38,38 +38,15 @@ def test_paper_lr_at_large_lr_x_v_freezes_and_is_detected():
     assert freeze_warning("softmax", 50280, 1e-3) == ""
 
 
-def _train(pb, steps, total, tmp=None, resume=None):
-    from s2t2_dist.engines.torch_engine import TorchEngine
-    from s2t2_dist.train.config import OptimConfig
-    from s2t2_dist.translator import TokenTranslator
-
-    tr = TokenTranslator(pb.v, pb.u, dtype=torch.float64)
-    schedule = resolve("sparse", pb.v, pb.u, dense_frac=0.5, steps=total).apply_init(tr)
-    eng = TorchEngine.build(tr, OptimConfig(lr=1.0), total, params="sharded")
-    start = 0
-    if resume is not None:
-        eng.load(resume)
-        start = eng.scheduler.last_epoch
-    for s in range(start, steps):
-        schedule(s, eng)
-        E, L = tr.embed_and_head(pb.E.double(), pb.L.double())
-        eng.backward(pb.loss(E.float(), L.float(), pb.train[s % 8 * 4: s % 8 * 4 + 4]))
-        eng.step()
-    if tmp is not None:
-        eng.save(tmp)
-    return tr
-
-
-def test_dense_warm_up_switch_and_resume_at_any_step(tmp_path):
-    """The bench's dense warm-up (steps 0-3 softmax, then sparse from its P): a run stopped and resumed before, exactly at, or
-    after the switch ends with the uninterrupted run's P; the end plan is sparse."""
+def test_dense_warm_up_hands_its_plan_to_the_sparse_translator():
+    """The bench's dense warm-up (the first half softmax, then sparse from its P): two phases, each a translator of
+    its own kind; the sparse one starts at the warm-up's P (its first plan is that P projected) and ends sparse."""
     pb = make_problem(8, 16, "split", n_train=32, n_held=8)
-    ref = _train(pb, 8, 8)
-    assert ref.kind == "sparse" and bool((ref.P() == 0).any())
-    for stop in (2, 4, 6):
-        d = tmp_path / f"s{stop}"
-        d.mkdir()
-        _train(pb, stop, 8, tmp=d)
-        again = _train(pb, 8, 8, resume=d)
-        assert again.kind == "sparse"
-        torch.testing.assert_close(again.P(), ref.P(), rtol=0, atol=1e-12)
+    step = resolve("sparse", pb.v, pb.u, dense_frac=0.5, steps=8)
+    assert [(k, n) for k, _, n in step.phases()] == [("softmax", 4), ("sparse", 4)]
+    warm, _, _ = train(pb, resolve("softmax", pb.v, pb.u, steps=4, lr=0.0), generator=torch.Generator().manual_seed(0))
+    assert warm.kind == "softmax" and bool((warm.P() > 0).all())
+    tr, _, _ = train(pb, step, generator=torch.Generator().manual_seed(0))
+    assert tr.kind == "sparse" and bool((tr.P() == 0).any())
+    # no phase: the run's kind alone, all steps
+    assert [(k, n) for k, _, n in resolve("softmax", pb.v, pb.u, steps=8).phases()] == [("softmax", 8)]
