@@ -17,7 +17,7 @@ import sys
 
 
 def texts(files: list[str], n: int):
-    from s2t2_dist.data.fasta import read_fasta
+    from s2t2_dist.api import read_fasta
 
     base = [r.text for f in files for r in read_fasta(f, uppercase=True) if not r.bad]
     base = [s for s in base if s]
@@ -28,7 +28,7 @@ def texts(files: list[str], n: int):
 
 
 def one(files: list[str], n: int) -> dict:
-    from s2t2_dist.data.bpe import build_bpe_tokenizer
+    from s2t2_dist.api import build_bpe_tokenizer
 
     chars = [0]
 

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from s2t2_dist.train.loop import Task
+from s2t2_dist.api import Task
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,17 +115,17 @@ def worker(args) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from s2t2_dist.train.checkpoint import Checkpointer
-    from s2t2_dist.train.config import OptimConfig, TrainConfig
-    from s2t2_dist.train.loop import train
-    from s2t2_dist.train.metrics import MetricsLogger
+    from s2t2_dist.api import Checkpointer
+    from s2t2_dist.api import OptimConfig, TrainConfig
+    from s2t2_dist.api import train
+    from s2t2_dist.api import MetricsLogger
 
     if args.worker == "deepspeed":
-        from s2t2_dist.engines.deepspeed_engine import init_deepspeed_distributed
+        from s2t2_dist.api import init_deepspeed_distributed
 
         denv = init_deepspeed_distributed()
     else:
-        from s2t2_dist.distributed.env import init_distributed
+        from s2t2_dist.api import init_distributed
 
         denv = init_distributed()
     rank, world = denv.rank, denv.world_size
@@ -135,8 +135,7 @@ def worker(args) -> None:
     hf = _olmo_config(args.width, args.layers)
     rss0 = _rss_mib()
     if args.worker == "deepspeed":
-        from s2t2_dist.engines.deepspeed_engine import (DeepSpeedEngine, build_model_zero3, partitioned_numel,
-                                                        resolve_ds_config)
+        from s2t2_dist.api import DeepSpeedEngine, build_model_zero3, partitioned_numel, resolve_ds_config
 
         ds_cfg = resolve_ds_config(ROOT / "configs" / "ds_zero3.json", train_cfg=tcfg, optim_cfg=ocfg, world_size=world,
                                    hidden_size=hf.hidden_size)
@@ -146,8 +145,8 @@ def worker(args) -> None:
     else:
         from transformers import OlmoForCausalLM
 
-        from s2t2_dist.engines.fsdp_engine import FSDP2Engine
-        from s2t2_dist.models.hf import local_numel
+        from s2t2_dist.api import FSDP2Engine
+        from s2t2_dist.api import local_numel
 
         torch.manual_seed(0)
         model = OlmoForCausalLM(hf)

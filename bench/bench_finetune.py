@@ -48,7 +48,7 @@ class FakeLM(torch.nn.Module):
 
 def bench_init(out: Path) -> list[dict]:
     from tests.helpers.finetune_fixtures import random_p
-    from s2t2_dist.translator.pfile import load_p, save_p
+    from s2t2_dist.api import load_p, save_p
     from s2t2_dist.api import translated_embeddings
 
     v, u = 50280, 512
@@ -58,7 +58,7 @@ def bench_init(out: Path) -> list[dict]:
         t0 = time.perf_counter()
         p = random_p(v, u, src, "s" * 64, "t" * 64, kind=kind, seed=0) if kind == "sparse" else None
         if p is None:  # a dense positive plan with the right marginals, built cheaply (no Sinkhorn loop)
-            from s2t2_dist.translator.pfile import SparseP
+            from s2t2_dist.api import SparseP
 
             g = torch.Generator().manual_seed(0)
             r = torch.rand(v, generator=g) + 0.5
@@ -92,9 +92,9 @@ def bench_init(out: Path) -> list[dict]:
 
 
 def bench_scoring() -> list[dict]:
-    from s2t2_dist.eval.bpb import score_documents
-    from s2t2_dist.eval.scoring import hf_logits_fn, score_documents_batched
-    from s2t2_dist.recipes.tiny import tiny_from_config
+    from s2t2_dist.api import score_documents
+    from s2t2_dist.api import hf_logits_fn, score_documents_batched
+    from s2t2_dist.api import tiny_from_config
 
     model = tiny_from_config("olmo-1b", n_layers=2, d_model=64, n_heads=4, vocab=512, seed=0)
     fn = hf_logits_fn(model, torch.device("cpu"))

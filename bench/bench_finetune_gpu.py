@@ -62,7 +62,7 @@ def _env() -> dict:
 
 
 def scalars(run_dir: Path, where: str, tag: str) -> list[tuple[int, float]]:
-    from s2t2_dist.recipes.orchestrate import tb_scalars
+    from s2t2_dist.api import tb_scalars
 
     d = run_dir / "tb" / where
     return tb_scalars(d, tag) if d.is_dir() else []

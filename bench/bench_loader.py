@@ -23,15 +23,15 @@ import os
 import time
 from pathlib import Path
 
-from s2t2_dist.data.global_loader import GlobalTrainLoader
+from s2t2_dist.api import GlobalTrainLoader
 STEP_S = 6 * 1.18e9 * 16 * 512 / (0.40 * 989e12)
 
 
 def build_small(work: Path, protein_dir: Path) -> Path:
-    from s2t2_dist.data.bpe import train_tokenizer
-    from s2t2_dist.data.records import RecordPolicy
-    from s2t2_dist.data.shards import write_shards
-    from s2t2_dist.data.split import split_dataset
+    from s2t2_dist.api import train_tokenizer
+    from s2t2_dist.api import RecordPolicy
+    from s2t2_dist.api import write_shards
+    from s2t2_dist.api import split_dataset
 
     aa = "ACDEFGHIKLMNPQRSTVWY"
     files = [str(protein_dir / f) for f in ("mmseqs2_QUERY_uniprotkb.fasta", "bio_embeddings_disprot_disordercdhit.fasta",

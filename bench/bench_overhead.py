@@ -54,10 +54,10 @@ class MemLoader:
 
 
 def loop_step_times(task, engine, batches, steps: int, work: Path) -> list[float]:
-    from s2t2_dist.train.checkpoint import Checkpointer
-    from s2t2_dist.train.config import TrainConfig
-    from s2t2_dist.train.loop import train
-    from s2t2_dist.train.metrics import MetricsLogger
+    from s2t2_dist.api import Checkpointer
+    from s2t2_dist.api import TrainConfig
+    from s2t2_dist.api import train
+    from s2t2_dist.api import MetricsLogger
 
     cfg = TrainConfig(steps=steps + 1, batch_size=1, micro_batch_size=1, context_len=batches[0]["input_ids"].shape[1],
                       log_every=10, ckpt_every=0, keep_checkpoints=1)
@@ -112,13 +112,13 @@ def main(argv=None) -> int:
 
     from transformers import AutoModelForCausalLM
 
-    from s2t2_dist.engines.torch_engine import TorchEngine
-    from s2t2_dist.models.hf import get_embedding_and_head
-    from s2t2_dist.recipes.tiny import tiny_config
-    from s2t2_dist.models.translated import TranslatedLM, materialize
+    from s2t2_dist.api import TorchEngine
+    from s2t2_dist.api import get_embedding_and_head
+    from s2t2_dist.api import tiny_config
+    from s2t2_dist.api import TranslatedLM, materialize
     from s2t2_dist.api import FinetuneTask, TranslateTask
-    from s2t2_dist.translator import TokenTranslator, TranslatorConfig
-    from s2t2_dist.train.config import OptimConfig
+    from s2t2_dist.api import TokenTranslator, TranslatorConfig
+    from s2t2_dist.api import OptimConfig
 
     torch.manual_seed(0)
     cfg = tiny_config("olmo-1b", n_layers=a.layers, d_model=a.width, n_heads=a.heads)

@@ -29,12 +29,12 @@ import torch
 
 from bench.rehearsal import shipped_translator, target_tokenizer
 
-from s2t2_dist.data.tokenizers import source_token_ids
-from s2t2_dist.recipes.tiny import save_olmo_tokenizer
-from s2t2_dist.translator import TokenTranslator, TranslatorConfig
-import s2t2_dist.translator.product as product
-from s2t2_dist.translator.module import translated_rows
-from s2t2_dist.translator.product import plan_product
+from s2t2_dist.api import source_token_ids
+from s2t2_dist.api import save_olmo_tokenizer
+from s2t2_dist.api import TokenTranslator, TranslatorConfig
+from s2t2_dist.api import product as product
+from s2t2_dist.api import translated_rows
+from s2t2_dist.api import plan_product
 
 #: the shipped recipe's weight floor (sparse kind, FVT start; translator.floor: null)
 DEFAULT_FLOOR = TranslatorConfig().resolve(None, None).floor
@@ -47,14 +47,14 @@ def dense(P, M, sparse=False):
 def kernel_of(P: torch.Tensor) -> str:
     """The kernel plan_product takes for the sparse kind's P on its device."""
     if P.is_cuda:
-        return "triton live rows" if product._gpu_live(P, True) else "dense"
+        return "triton live rows" if product.uses_live_rows(P, True) else "dense"
     return "dense" if product.live_rows(P) is None else "live rows"
 
 
 def recorded_plans(files: list[str], dev: torch.device, trs: dict) -> dict:
     """--plan FILE: each P file's plan as recorded (returned by name) and a translator started from it (into trs)."""
-    from s2t2_dist.errors import PFileError
-    from s2t2_dist.translator.pfile import load_p
+    from s2t2_dist.api import PFileError
+    from s2t2_dist.api import load_p
 
     recorded = {}
     for f in files:
@@ -87,7 +87,7 @@ def main() -> None:
         raise SystemExit("--device cuda: no CUDA device here")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    from s2t2_dist.data.tokenizers import load_hf_tokenizer
+    from s2t2_dist.api import load_hf_tokenizer
 
     t_setup = time.perf_counter()
 

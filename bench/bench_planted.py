@@ -38,10 +38,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from s2t2_dist.engines.torch_engine import TorchEngine
-from s2t2_dist.train.config import OptimConfig
-from s2t2_dist.translator import PStats, TokenTranslator, TranslatorConfig
-from s2t2_dist.translator.kinds import REGISTRY
+from s2t2_dist.api import TorchEngine
+from s2t2_dist.api import OptimConfig
+from s2t2_dist.api import PStats, TokenTranslator, TranslatorConfig
+from s2t2_dist.api import REGISTRY
 
 #: the paper's lr for P (section "Training details"): absolute, whatever v
 PAPER_LR = 1e-3

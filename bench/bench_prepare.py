@@ -33,11 +33,11 @@ import sys
 import time
 from pathlib import Path
 
-from s2t2_dist.data.bpe import train_tokenizer
-from s2t2_dist.data.fasta import read_fasta
-from s2t2_dist.data.records import RecordPolicy
-from s2t2_dist.data.shards import write_shards
-from s2t2_dist.data.split import split_dataset
+from s2t2_dist.api import train_tokenizer
+from s2t2_dist.api import read_fasta
+from s2t2_dist.api import RecordPolicy
+from s2t2_dist.api import write_shards
+from s2t2_dist.api import split_dataset
 AA = "ACDEFGHIKLMNPQRSTVWY"
 EXTRA = "UXBZO"
 

@@ -83,7 +83,7 @@ def corpus(out: Path, model: Path, n_docs: int, max_tokens: int = 256, seed: int
     import torch
     from transformers import AutoModelForCausalLM
 
-    from s2t2_dist.data.tokenizers import load_hf_tokenizer
+    from s2t2_dist.api import load_hf_tokenizer
 
     path = out / f"stories_{n_docs}_{max_tokens}_s{seed}.jsonl"
     if path.is_file():
@@ -113,8 +113,8 @@ def corpus(out: Path, model: Path, n_docs: int, max_tokens: int = 256, seed: int
 
 def prepare_data(out: Path, text: Path | list[str], model: Path, context_len: int, id_column: str | None = "id",
                  eval_fraction: float = 0.1) -> dict:
-    from s2t2_dist.data.config import DataConfig
-    from s2t2_dist.data.pipeline import prepare
+    from s2t2_dist.api import DataConfig
+    from s2t2_dist.api import prepare
 
     inputs = [str(t) for t in text] if isinstance(text, list) else [str(text)]
     cfg = DataConfig(inputs=inputs, format="jsonl", text_column="text", id_column=id_column, domain="text",
@@ -126,7 +126,7 @@ def prepare_data(out: Path, text: Path | list[str], model: Path, context_len: in
 def char_vocab_file(out: Path, model: Path, n: int = N_CHARS) -> Path:
     """The n single-character source tokens of lowest id (llama2.c's sentencepiece orders them by frequency),
     byte-fallback tokens left out: the v < d source vocabulary."""
-    from s2t2_dist.data.tokenizers import source_token_ids, token_bytes
+    from s2t2_dist.api import source_token_ids, token_bytes
 
     tb = token_bytes(str(model))
     ids = [i for i in source_token_ids(str(model), "single_char").tolist()
@@ -142,7 +142,7 @@ def char_vocab_file(out: Path, model: Path, n: int = N_CHARS) -> Path:
 
 class Bench:
     def __init__(self, args):
-        from s2t2_dist.recipes.orchestrate import Runner
+        from s2t2_dist.api import Runner
 
         self.args = args
         self.out = Path(args.out).resolve()
@@ -166,7 +166,7 @@ class Bench:
 
     def translate(self, name: str, regime: str, kind: str, init: str, weight: float, recipe: str, lr: float,
                   extra: dict | None = None) -> dict:
-        from s2t2_dist.recipes.demo import write_config
+        from s2t2_dist.api import write_config
         from s2t2_dist.api import TranslateConfig
 
         def run(tag: str, steps: int):
@@ -191,7 +191,7 @@ class Bench:
                 "start": start, "init_weight": resolved_init_weight(run_dir)}
 
     def evaluate(self, name: str, regime: str, init: dict, source: bool = False) -> float:
-        from s2t2_dist.recipes.demo import write_config
+        from s2t2_dist.api import write_config
         from s2t2_dist.api import EvaluateConfig
 
         run_dir = self.runs / regime / f"eval_{name}"
@@ -208,7 +208,7 @@ class Bench:
         return r.result["metrics"]["bpb"]
 
     def finetune(self, name: str, regime: str, init: dict, source: bool = False) -> float:
-        from s2t2_dist.recipes.demo import write_config
+        from s2t2_dist.api import write_config
         from s2t2_dist.api import FinetuneConfig
 
         run_dir = self.runs / regime / f"ft_{name}"
@@ -224,9 +224,9 @@ class Bench:
     def fvt_p_file(self, regime: str) -> str:
         """The FVT plan itself (init_weight 1, no training) as a P file."""
         import torch
-        from s2t2_dist.data.tokenizers import load_hf_tokenizer, load_tokenizer, source_token_ids, tokenizer_hash
-        from s2t2_dist.translator.pfile import SparseP, save_p
-        from s2t2_dist.translator.start import surface_prior
+        from s2t2_dist.api import load_hf_tokenizer, load_tokenizer, source_token_ids, tokenizer_hash
+        from s2t2_dist.api import SparseP, save_p
+        from s2t2_dist.api import surface_prior
 
         path = self.runs / regime / "fvt" / "P.safetensors"
         if path.is_file():
@@ -250,10 +250,10 @@ class Bench:
 
     def unbuilt(self, regime: str) -> list[int]:
         """Target columns of `regime` that no source piece builds (their surface decomposition is empty)."""
-        from s2t2_dist.data.tokenizers import load_hf_tokenizer, load_tokenizer, source_token_ids
-        from s2t2_dist.translator.start import surface_decomposition
+        from s2t2_dist.api import load_hf_tokenizer, load_tokenizer, source_token_ids
+        from s2t2_dist.api import surface_decomposition
 
-        from s2t2_dist.translator.stats import unbuilt_columns
+        from s2t2_dist.api import unbuilt_columns
 
         if regime not in self._unbuilt:
             src_tok = load_hf_tokenizer(self.model)
@@ -264,8 +264,8 @@ class Bench:
 
     def shared_to_self(self, p_file: str, regime: str) -> tuple[int, int]:
         """(target tokens whose string is one source token, how many of them have that token as top source)."""
-        from s2t2_dist.data.tokenizers import load_tokenizer, source_surface_bytes, token_bytes
-        from s2t2_dist.translator.pfile import load_p
+        from s2t2_dist.api import load_tokenizer, source_surface_bytes, token_bytes
+        from s2t2_dist.api import load_p
 
         p = load_p(p_file)
         src = source_surface_bytes(str(self.model), p.source_ids.tolist())
@@ -280,13 +280,13 @@ class Bench:
 
     # -----------------------------------------------------------------------------------------------------------
     def run(self) -> dict:  # noqa: C901 - a benchmark row's kinds and options, dispatched in one place
-        from s2t2_dist.recipes.orchestrate import quiet_process_env, stories260k
+        from s2t2_dist.api import quiet_process_env, stories260k
 
         a = self.args
         quiet_process_env()
         self.out.mkdir(parents=True, exist_ok=True)
         if a.source == "smollm2":
-            from s2t2_dist.recipes.smollm2 import smollm2
+            from s2t2_dist.api import smollm2
 
             self.model = smollm2()  # the project's cache: converted once per machine
         else:
@@ -312,12 +312,12 @@ class Bench:
                 rows.setdefault(name, {}).update(kw)
                 say(f"  [{regime}] {name}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                                                          for k, v in rows[name].items()))
-                from s2t2_dist.utils.io import atomic_write_json
+                from s2t2_dist.api import atomic_write_json
 
                 atomic_write_json(self.out / f"results{self.tag}.json", res)
 
             if regime == "protein":
-                from s2t2_dist.recipes.orchestrate import prepare_protein
+                from s2t2_dist.api import prepare_protein
 
                 prepare_protein(self.out / "protein_data", vocab_size=512, context_len=128, progress=False,
                                 source_tokenizer=str(self.model))
@@ -348,7 +348,7 @@ class Bench:
                 if a.ft_steps and "@" not in name:
                     put(name, finetuned=self.finetune(name, regime, {"kind": "translated", "p_file": t["p_file"]}))
             if regime == "protein" and want("unigram"):
-                from s2t2_dist.recipes.orchestrate import unigram_reference
+                from s2t2_dist.api import unigram_reference
 
                 d = self.data(regime=regime)
                 put("unigram", p_only=unigram_reference(d["train"], d["eval"])["bpb"])
@@ -395,8 +395,8 @@ def _number(s: str):
 def sparsity(p_file: str, unbuilt: list[int] | None = None) -> dict:
     """Non-zeros per target column, density and mass-based sparsity (W = P / nu) of a P file; with `unbuilt`
     (target columns no source piece builds) also the density over the other columns."""
-    from s2t2_dist.translator.pfile import load_p
-    from s2t2_dist.translator.stats import column_split
+    from s2t2_dist.api import load_p
+    from s2t2_dist.api import column_split
 
     p = load_p(p_file)
     st = p.stats()
@@ -421,7 +421,7 @@ def step_time(run_dir: Path) -> float | None:
     """Median seconds per training step of a run (TensorBoard `node/step_time_s`, one value per log interval)."""
     import statistics
 
-    from s2t2_dist.recipes.orchestrate import tb_scalars
+    from s2t2_dist.api import tb_scalars
 
     tb = Path(run_dir) / "tb" / "node_000"
     vals = [v for _, v in tb_scalars(tb, "node/step_time_s")] if tb.is_dir() else []

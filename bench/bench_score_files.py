@@ -18,9 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from s2t2_dist.data.raw_eval import format_records, tokenize_files
-from s2t2_dist.models.hf import asset_path
-from s2t2_dist.utils.io import sha256_file
+from s2t2_dist.api import format_records, tokenize_files
+from s2t2_dist.api import asset_path
+from s2t2_dist.api import sha256_file
 SHARED = Path(os.environ.get("S2T2_SHARED_DATA", "/work/shared/data"))
 FILES = [SHARED / "english" / "tinyshakespeare_input.txt",
          SHARED / "protein" / "bio_embeddings_disprot_disordercdhit.fasta"]

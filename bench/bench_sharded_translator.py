@@ -29,7 +29,7 @@ def _status(key):
 
 
 def worker(v, u, d, n_iter):
-    from s2t2_dist.translator import TokenTranslator
+    from s2t2_dist.api import TokenTranslator
 
     R = dist.get_world_size()
     rank = dist.get_rank()
@@ -65,7 +65,7 @@ def worker(v, u, d, n_iter):
     gc.collect()
     solver = tr.plan_kind.solver()
     if R == 1:  # single process: nothing is sent
-        from s2t2_dist.distributed.sharded_sinkhorn import CommStats
+        from s2t2_dist.api import CommStats
 
         solver.stats = CommStats()
     solver.stats.reset()

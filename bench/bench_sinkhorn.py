@@ -32,11 +32,11 @@ import time
 
 import torch
 
-from s2t2_dist.ot import dykstra_triton
-from s2t2_dist.ot.dykstra import dykstra
-from s2t2_dist.ot.routing import steps_for
-from s2t2_dist.ot.dykstra_triton import TritonSteps, dry_run
-from s2t2_dist.utils.syncs import count_host_syncs
+from s2t2_dist.api import dykstra_triton
+from s2t2_dist.api import dykstra
+from s2t2_dist.api import steps_for
+from s2t2_dist.api import TritonSteps, dry_run
+from s2t2_dist.api import count_host_syncs
 
 
 def sort_sparsemax(z, s, dim):
@@ -119,7 +119,7 @@ def main() -> None:
     C0 = start(args.start, v, u, dev)
     mu, nu = torch.full((v,), 1.0 / v, device=dev), torch.full((u,), 1.0 / u, device=dev)
     G = torch.randn(v, u, generator=torch.Generator().manual_seed(1)).to(dev)
-    from s2t2_dist.utils.routes import record, summary
+    from s2t2_dist.api import record, summary
 
     steps = steps_for(dev, mu, nu, on_route=record)
     name = type(steps).__name__

@@ -17,7 +17,7 @@ def _worker(v: int, u: int, repeat: int):
     import torch
     import torch.distributed as dist
 
-    from s2t2_dist.translator import PStats, TokenTranslator
+    from s2t2_dist.api import PStats, TokenTranslator
     from tests.distributed.test_stats_batch import _old_report  # the per-statistic reference
 
     group = dist.group.WORLD if dist.is_initialized() else None

@@ -33,8 +33,8 @@ def timed(fn, repeat: int) -> float:
 
 def measure(model, v: int, u: int, kind: str, micro_batches: int, batch: int, T: int, repeat: int,
             moved: bool) -> dict:
-    from s2t2_dist.models.translated import TranslatedLM
-    from s2t2_dist.translator import TokenTranslator
+    from s2t2_dist.api import TranslatedLM
+    from s2t2_dist.api import TokenTranslator
 
     E = model.get_input_embeddings().weight
     L = model.get_output_embeddings().weight
@@ -101,7 +101,7 @@ def main() -> None:
 
         models.append(AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32))
     else:
-        from s2t2_dist.recipes.tiny import tiny_from_config
+        from s2t2_dist.api import tiny_from_config
 
         models += [tiny_from_config("olmo-1b", n_layers=int(n), d_model=2048, n_heads=16, vocab=50304)
                    for n in args.layers.split(",")]

@@ -31,7 +31,7 @@ def _inputs(work: Path) -> tuple[Path, Path]:
 
         prepare_small(data)
     if not model.exists():
-        from s2t2_dist.recipes.llama2c import save_hf
+        from s2t2_dist.api import save_hf
 
         save_hf(model)
     return data, model

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from bench.gpu_smoke import stage_stats
-from s2t2_dist.utils.routes import fallbacks, text
+from s2t2_dist.api import fallbacks, text
 
 
 def _json(p: Path):

@@ -58,7 +58,7 @@ def non_embedding_params(model_dir: Path) -> int:
 
 
 def stage_stats(run_dir: Path) -> dict:
-    from s2t2_dist.recipes.orchestrate import tb_scalars
+    from s2t2_dist.api import tb_scalars
 
     tb = run_dir / "tb"
     out = {}
@@ -97,8 +97,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
 
-    from s2t2_dist.recipes.tiny import save_tiny
-    from s2t2_dist.recipes.orchestrate import Runner, prepare_protein
+    from s2t2_dist.api import save_tiny
+    from s2t2_dist.api import Runner, prepare_protein
 
     on_gpu = gpus > 0
     precision = a.precision or ("bf16" if on_gpu else "fp32")
@@ -150,7 +150,7 @@ def main(argv=None) -> int:
 
     # stage 1's steps that neither log nor checkpoint must not synchronise with the GPU: on CUDA they run under
     # torch.cuda.set_sync_debug_mode (the loop reads S2T2_SYNC_DEBUG; on a CPU nothing changes)
-    from s2t2_dist.train.loop import SYNC_DEBUG_ENV
+    from s2t2_dist.api import SYNC_DEBUG_ENV
 
     if a.sync_debug != "off":
         os.environ[SYNC_DEBUG_ENV] = a.sync_debug
@@ -163,7 +163,7 @@ def main(argv=None) -> int:
     finally:
         os.environ.pop(SYNC_DEBUG_ENV, None)
     record("translate", tr, 4 * n_params)
-    from s2t2_dist.utils.routes import fallbacks, text
+    from s2t2_dist.api import fallbacks, text
 
     report["routes"] = tr.result.get("routes") or {}
     print(f"  routes: {text(report['routes'])}", flush=True)

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from s2t2_dist.ot.dykstra import TorchSteps, dykstra
-from s2t2_dist.ot.kernel_check import check_problem, launch_findings, verdict
+from s2t2_dist.api import TorchSteps, dykstra
+from s2t2_dist.api import check_problem, launch_findings, verdict
 
 SHAPES = "3200x512,3176x512,2432x512,3200x128"
 
@@ -51,8 +51,8 @@ def one(device: torch.device, v: int, u: int, kernels: bool) -> dict:
         tg = whole_run(TorchSteps, device, v, u)
         out["torch_gpu_vs_torch_cpu"] = rel(tg, tc)
     if kernels:
-        from s2t2_dist.ot.dykstra_triton import TritonSteps
-        from s2t2_dist.ot.routing import kernels_why_not
+        from s2t2_dist.api import TritonSteps
+        from s2t2_dist.api import kernels_why_not
 
         k = whole_run(TritonSteps, device, v, u)
         out["kernels_vs_torch_cpu"] = rel(k, tc)

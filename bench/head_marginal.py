@@ -60,12 +60,11 @@ def main(argv=None) -> int:
 
     from transformers import AutoModelForCausalLM
 
-    from s2t2_dist.data.reader import EvalDocs
-    from s2t2_dist.data.tokenizers import (load_hf_tokenizer, load_tokenizer, source_surface_bytes,
-                                           source_token_ids, token_bytes)
-    from s2t2_dist.eval.scoring import evaluate_documents
-    from s2t2_dist.ot.prior import fvt_plan
-    from s2t2_dist.translator.start import surface_decomposition
+    from s2t2_dist.api import EvalDocs
+    from s2t2_dist.api import load_hf_tokenizer, load_tokenizer, source_surface_bytes, source_token_ids, token_bytes
+    from s2t2_dist.api import evaluate_documents
+    from s2t2_dist.api import fvt_plan
+    from s2t2_dist.api import surface_decomposition
 
     model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32).eval()
     src_tok, tgt = load_hf_tokenizer(args.model), load_tokenizer(args.tokenizer)
@@ -103,7 +102,7 @@ def main(argv=None) -> int:
 
     rows = {"fvt": head_logits(E_fvt, L_fvt), "marginal": marginal(E_fvt)}
     if args.p_file:
-        from s2t2_dist.translator.pfile import load_p
+        from s2t2_dist.api import load_p
 
         P = load_p(args.p_file).dense().float()
         Wp = P / P.sum(0, keepdim=True).clamp_min(1e-30)

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from s2t2_dist.ot import dykstra as D
-from s2t2_dist.ot import dykstra_triton as DT
-from s2t2_dist.ot import kernel_check as KC
+from s2t2_dist.api import TorchSteps, newton_thresholds
+from s2t2_dist.api import dykstra_triton as DT
+from s2t2_dist.api import check_problem, launch_findings, verdict
 
 TOL = 1e-4
 INTS = {"project": ["S", "N", "a_s", "a_n", "b_s", "b_n"], "backward": ["S", "N", "g_s", "g_n", "b_s", "b_n"]}
@@ -39,7 +39,7 @@ def variants() -> dict:
     specialisation (a Triton without an option leaves that variant out)."""
     import triton
 
-    from s2t2_dist.ot import triton_kernels as K
+    from s2t2_dist.api import triton_kernels as K
 
     out = {"specialised": (K.project, K.backward)}
     for name, opt in (("no_alignment", "do_not_specialize_on_alignment"), ("none", "do_not_specialize")):
@@ -79,8 +79,8 @@ def compare(a: torch.Tensor, b: torch.Tensor, slice_dim: int) -> dict:
 
 def diagnose(dev: torch.device, v: int, u: int) -> dict:
     """Each launch of the route at v x u (fp32) against the torch steps on identical inputs."""
-    C, mu, nu, G = KC.check_problem(dev, v, u, torch.float32)
-    K, T = DT.TritonSteps(mu, nu), D.TorchSteps(mu, nu)
+    C, mu, nu, G = check_problem(dev, v, u, torch.float32)
+    K, T = DT.TritonSteps(mu, nu), TorchSteps(mu, nu)
     res: dict = {}
     Pt, Qt, Xt = T.buffers(C)
     Pk, Qk, Xk = K.buffers(C)
@@ -123,11 +123,11 @@ def diagnose(dev: torch.device, v: int, u: int) -> dict:
     for layout, Z in (("column-major", colmajor(C)), ("row-major", C.contiguous())):
         for dim, s, side in ((0, nu, "columns"), (1, mu, "rows")):
             t1, c1 = K.thresholds(Z, s, dim)
-            t2, c2 = D.newton_thresholds(Z, s, dim)
+            t2, c2 = newton_thresholds(Z, s, dim)
             res[f"thresholds only, {layout}, {side}: thresholds"] = compare(t1, t2, 0)
             res[f"thresholds only, {layout}, {side}: counts"] = compare(c1.long(), c2, 0)
-    findings = KC.launch_findings(DT.TritonSteps, dev, v, u, torch.float32)
-    res["first-use check"] = {"verdict": KC.verdict(findings) or "passes",
+    findings = launch_findings(DT.TritonSteps, dev, v, u, torch.float32)
+    res["first-use check"] = {"verdict": verdict(findings) or "passes",
                               "parts": {part: [value, limit] for part, value, limit, _ in findings}}
     return res
 

@@ -77,10 +77,10 @@ def capture(v: int, u: int) -> list[Launch]:
     """Every launch the routes make for a v x u plan (meta tensors: shapes and strides only)."""
     import torch
 
-    import s2t2_dist.ot.dykstra_triton as dt
-    import s2t2_dist.translator.product_triton as pt
-    from s2t2_dist.ot import triton_kernels as k
-    from s2t2_dist.ot.dykstra import dykstra
+    from s2t2_dist.api import dykstra_triton as dt
+    from s2t2_dist.api import product_triton as pt
+    from s2t2_dist.api import triton_kernels as k
+    from s2t2_dist.api import dykstra
 
     out: list[Launch] = []
     fwd, grad_p = pt.kernels()

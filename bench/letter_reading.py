@@ -28,8 +28,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from s2t2_dist.data.split import iter_split_texts
-from s2t2_dist.recipes.reproduce_lm import residue_frequencies
+from s2t2_dist.api import iter_split_texts
+from s2t2_dist.api import residue_frequencies
 
 ADAPTIVE_K = (5, 10, 20, 50, 100, 200)
 

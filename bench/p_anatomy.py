@@ -70,8 +70,8 @@ def top_k_plan(P: torch.Tensor, nu: torch.Tensor, k: int) -> tuple[torch.Tensor,
 def main(argv=None) -> int:
     from tokenizers import Tokenizer
 
-    from s2t2_dist.translator.module import translation_weights
-    from s2t2_dist.translator.pfile import load_p, save_p
+    from s2t2_dist.api import translation_weights
+    from s2t2_dist.api import load_p, save_p
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--p-file", required=True)

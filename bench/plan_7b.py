@@ -39,7 +39,7 @@ GB = 1e9
 def meta_model(vocab: int | None = None, layers: int | None = None):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from s2t2_dist.recipes.tiny import real_config_dict
+    from s2t2_dist.api import real_config_dict
 
     d = real_config_dict("olmo-7b")
     if vocab is not None:  # the target vocabulary: the source's special ids mean nothing there
@@ -70,7 +70,7 @@ def fsdp2_local(world: int, vocab: int | None = None) -> dict:
     from torch.distributed.fsdp import fully_shard
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from s2t2_dist.models.hf import transformer_blocks
+    from s2t2_dist.api import transformer_blocks
 
     model, _ = meta_model(vocab)
     out = {}

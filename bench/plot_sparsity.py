@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 def points(out: Path) -> list[dict]:
-    from s2t2_dist.translator.pfile import load_p
+    from s2t2_dist.api import load_p
 
     pts = []
     for pf in sorted((out / "runs").glob("*/*/P.safetensors")):

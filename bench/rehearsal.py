@@ -248,7 +248,7 @@ def block_activation_bytes(d: int, heads: int) -> float:
     2-block model minus those of a 1-block model, forward on 1 x 512 with the input requiring grad."""
     import torch
 
-    from s2t2_dist.recipes.tiny import tiny_from_config
+    from s2t2_dist.api import tiny_from_config
 
     def saved(n):
         m = tiny_from_config("olmo-1b", n_layers=n, d_model=d, n_heads=heads, vocab=U)
@@ -285,8 +285,8 @@ def target_tokenizer(out: Path) -> Path:
         return prepared
     own = out / "share_tokenizer"
     if not (own / "tokenizer.json").is_file():
-        from s2t2_dist.data.bpe import build_bpe_tokenizer, save_tokenizer_dir
-        from s2t2_dist.data.fasta import read_fasta
+        from s2t2_dist.api import build_bpe_tokenizer, save_tokenizer_dir
+        from s2t2_dist.api import read_fasta
 
         seqs = [r.text for r in read_fasta(REPO / "s2t2_dist/assets/protein/mmseqs2_QUERY_uniprotkb.fasta")
                 if r.bad is None]
@@ -303,10 +303,10 @@ def shipped_translator(model_dir: str, src_tok, src_ids, tok_dir: Path, floor: f
 
     import torch
 
-    from s2t2_dist.config import load_config
-    from s2t2_dist.data.tokenizers import load_tokenizer
+    from s2t2_dist.api import load_config
+    from s2t2_dist.api import load_tokenizer
     from s2t2_dist.api import TranslateConfig
-    from s2t2_dist.translator.start import start_translator
+    from s2t2_dist.api import start_translator
 
     cfg = load_config(TranslateConfig, REPO / "configs" / "translate_olmo1b.yaml",
                       [f"model.path={model_dir}", f"translator.floor={floor}"])
@@ -339,10 +339,10 @@ def inner_share(model_dir: str, out: Path, reps: int, full_steps: list[str], dev
     import torch
     import torch.nn.functional as F
 
-    from s2t2_dist.models.hf import get_embedding_and_head, load_causal_lm
-    from s2t2_dist.data.tokenizers import load_hf_tokenizer, source_token_ids
-    from s2t2_dist.models.translated import TranslatedLM
-    from s2t2_dist.translator import TokenTranslator, TranslatorConfig
+    from s2t2_dist.api import get_embedding_and_head, load_causal_lm
+    from s2t2_dist.api import load_hf_tokenizer, source_token_ids
+    from s2t2_dist.api import TranslatedLM
+    from s2t2_dist.api import TokenTranslator, TranslatorConfig
 
     torch.manual_seed(0)
     dev = torch.device(device)

@@ -17,10 +17,10 @@ import torch
 
 
 def anatomy(model: str, tokenizer: str, weights: list[float], floor: float = 1.0, plain: bool = False) -> list[dict]:
-    from s2t2_dist.data.tokenizers import load_hf_tokenizer, load_tokenizer, source_token_ids
-    from s2t2_dist.ot.prior import blend_with_uniform, fvt_plan, row_marginal, shared_rows, start_plan
-    from s2t2_dist.translator.start import surface_decomposition
-    from s2t2_dist.translator.floor import floor_plan_reference
+    from s2t2_dist.api import load_hf_tokenizer, load_tokenizer, source_token_ids
+    from s2t2_dist.api import blend_with_uniform, fvt_plan, row_marginal, shared_rows, start_plan
+    from s2t2_dist.api import surface_decomposition
+    from s2t2_dist.api import floor_plan_reference
 
     src_tok = load_hf_tokenizer(model)
     src_ids = source_token_ids(src_tok, "all").tolist()

@@ -60,7 +60,7 @@ def _gpu_call(live_fn, dense_fn):
     return dense_fn()
 
 
-def _gpu_live(P: Tensor, sparse: bool) -> bool:
+def uses_live_rows(P: Tensor, sparse: bool) -> bool:
     """Whether a CUDA call takes the Triton live-row kernels: a sparse plan in float32, Triton importable."""
     return sparse and P.dtype == torch.float32 and _triton.available()
 
@@ -68,7 +68,7 @@ def _gpu_live(P: Tensor, sparse: bool) -> bool:
 def _record_gpu(P: Tensor, sparse: bool) -> None:
     """The route a non-CPU call takes, for :mod:`s2t2_dist.utils.routes` (a sparse plan off the kernels is a
     fallback)."""
-    if _gpu_live(P, sparse) and not _warned:
+    if uses_live_rows(P, sparse) and not _warned:
         record("product", P.device, "live-row kernels", "Triton, P's live rows found on the device")
     elif not sparse:
         record("product", P.device, "dense GEMMs", "not a sparse plan (its dead rows' gradient is read)")
@@ -80,7 +80,7 @@ def _record_gpu(P: Tensor, sparse: bool) -> None:
 
 
 def _product_gpu(P: Tensor, M: Tensor, sparse: bool) -> Tensor:
-    if _gpu_live(P, sparse):
+    if uses_live_rows(P, sparse):
         out = _gpu_call(lambda: _triton.live_product(P, M), lambda: P.t() @ M.to(P.dtype))
     else:
         out = P.t() @ M.to(P.dtype)
@@ -89,7 +89,7 @@ def _product_gpu(P: Tensor, M: Tensor, sparse: bool) -> Tensor:
 
 
 def _grad_p_gpu(P: Tensor, M: Tensor, G: Tensor, sparse: bool) -> Tensor:
-    if _gpu_live(P, sparse):
+    if uses_live_rows(P, sparse):
         out = _gpu_call(lambda: _triton.live_grad_p(P, M, G), lambda: M.to(P.dtype) @ G.t())
     else:
         out = M.to(P.dtype) @ G.t()
