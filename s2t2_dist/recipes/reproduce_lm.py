@@ -6,11 +6,14 @@ Phases (each arm a real `translate` / `finetune` / `evaluate` run in its own run
   select   seed 0, on a validation split carved from the training data (never the held-out one):
            the S2T2 P-only curve (`curve_steps`, validation BpB every `eval_every` steps); every P kind at each
            step size of its grid (`p_lr_sweep.*`, `p_steps` steps); the finetuning step (`ft_lr_sweep`) on the two
-           rows that do not depend on a P (FT new tok., FT orig. tok.), so the baselines get their best step.
+           rows that do not depend on a P (FT new tok., FT orig. tok.), so the baselines get their best step; the
+           P-only ceiling probe's step (`lm.probe_lr_sweep`: E' and L' free on the frozen body from S2T2's start).
   table    every seed: Plain P, Sinkhorn P, S2T2 (each at its chosen start and step), each P-only and + CFT;
            S2T2 P-only also at the paper's alpha 0, from the shipped or the paper's start (S2T2 + CFT finetunes the
            shipped recipe's P: on seed 0's validation split CFT from the paper start's P, the better P-only, ended
-           worse); FT orig. tok.; FT new tok.; the training-free FVT start; each scored on the held-out split.
+           worse); S2T2's start (0 P-only steps) + CFT; FT orig. tok.; FT new tok.; the training-free FVT start;
+           on seed 0 S2T2's start itself and the ceiling probe (the P-only rows' two ends); each scored on the
+           held-out split.
            The seed-0 runs of the chosen steps are the selection's runs (same arguments, reused). With
            `lm.ft_lr_check`, the finetuned rows also at every other step of `ft_lr_sweep`, each a table of its
            own (a check: it chooses nothing).
