@@ -925,7 +925,7 @@ def round6_cases(work, case, targs, ok, data, other) -> None:
          "traceback at the first loss)", [*targs, f"data.train={relabelled}/train", f"data.eval={relabelled}/eval",
                                          f"data.tokenizer={data}/tokenizer", f"run_dir={fr6}"], fr6, fresh=True)
     # one embedding row NaN, the last (byte tokens come first in stories260K's vocabulary: a row no source reads)
-    model = Path(next(a for a in targs if a.startswith("model.path=")).split("=", 1)[1])
+    model = Path(next(str(a) for a in targs if str(a).startswith("model.path=")).split("=", 1)[1])
     nan_row = work / "model_r6_nan_row"
     shutil.rmtree(nan_row, ignore_errors=True)
     shutil.copytree(model, nan_row)
@@ -936,7 +936,7 @@ def round6_cases(work, case, targs, ok, data, other) -> None:
     save_file(sd, str(nan_row / "model.safetensors"), metadata={"format": "pt"})
     fr7 = work / "rp_fresh_nan_row"
     case("translate", "model.path: one embedding row NaN, a row no source token reads (was: ran without a word)",
-         [*(a for a in targs if not a.startswith(("model.path=", "model.source_vocab="))), *ok,
+         [*(a for a in targs if not str(a).startswith(("model.path=", "model.source_vocab="))), *ok,
           f"model.path={nan_row}", "model.source_vocab=single_byte", f"run_dir={fr7}"], fr7, fresh=True)
 
 
