@@ -45,3 +45,12 @@ def test_the_proteins_figures_are_the_records():
     assert all(d > 0 for d in diffs) and f"(by {min(diffs):.3f}-{max(diffs):.3f}" in readme
     refs = json.loads(START_ONLY.read_text())["refs"]
     assert f"{refs['residue_unigram']['bpb']:.3f} / **{refs['adaptive_unigram']['bpb']:.3f}**" in readme
+    # each row at its own step (seed 0) and the ceiling probe: the 600-step records of seed 0
+    s0 = RECORDS / "smollm2_600" / "seed0"
+    assert f"**{_bpb(s0 / 'eval_cft_sparse_start_lr0.0003.json'):.3f}** (at 3e-4" in readme
+    assert f"/ {_bpb(s0 / 'eval_cft_sparse_lr3e-05_lr0.0001.json'):.3f} (at 1e-4)" in readme
+    start0, probe = _bpb(s0 / "eval_sparse_start.json"), _bpb(s0 / "eval_probe_embeddings_lr0.003.json")
+    shares = [(start0 - _bpb(RECORDS / "smollm2" / "seed0" / f"eval_{k}.json")) / (start0 - probe)
+              for k in ("sparse_lr3e-05", "unconstrained_lr0.001", "softmax_lr0.1", "sparse_paper_a0_lr1e-05")]
+    assert f"| {probe:.3f}; the P-only rows go {100 * min(shares):.0f}-{100 * max(shares):.0f}% of the way from " \
+           f"S2T2's start ({start0:.3f})" in readme

@@ -211,8 +211,9 @@ def test_the_kept_records_stand_for_the_shipped_plans_arms(monkeypatch):
 
 
 def test_the_600_step_records_stand_for_the_start_only_row_at_that_budget(monkeypatch):
-    """benchmarks/records/smollm2_600: the start-only row's arms at `ft_steps=600 lm.ft_eval_every=200`, lr 1e-4,
-    kept with their spec (the preset's names at another budget: a directory of their own)."""
+    """benchmarks/records/smollm2_600: the arms run at `ft_steps=600 lm.ft_eval_every=200` (the start-only row at
+    lr 1e-4 on 3 seeds; seed 0's two rows at 3e-4; the ceiling probe), kept with their spec (the preset's names at
+    another budget: a directory of their own)."""
     from s2t2_dist.recipes import arm_records
 
     kept = Path(__file__).resolve().parents[2] / "benchmarks" / "records" / "smollm2_600"
@@ -226,6 +227,16 @@ def test_the_600_step_records_stand_for_the_start_only_row_at_that_budget(monkey
         r = read_result(table[f"seed{s}/eval_cft_sparse_start_lr0.0001"])
         assert r is not None and len(r["documents"]["index"]) == 157, s
         assert read_result(table[f"seed{s}/ft_cft_sparse_start_lr0.0001"])["step"] == 600
+    # seed 0 at the other finetuning step, both rows; the ceiling probe's grid, its chosen step scored and S2T2's
+    # start scored (the P-only rows' two ends)
+    more = {j.name: j for j in plan.table_jobs(arms, 3e-4, 3e-3)}
+    for name in ("seed0/eval_cft_sparse_start_lr0.0003", "seed0/eval_cft_sparse_lr3e-05_lr0.0003",
+                 "seed0/eval_sparse_start", "seed0/eval_probe_embeddings_lr0.003"):
+        r = read_result(more[name])
+        assert r is not None and len(r["documents"]["index"]) == 157, name
+    probes = {lr: read_result(plan.probe(lr)) for lr in plan.cfg.lm.probe_lr_sweep}
+    assert all(r is not None and r["step"] == plan.cfg.p_steps for r in probes.values())
+    assert min(probes, key=lambda lr: probes[lr]["eval"]["bpb"]) == 3e-3  # chosen inside its grid
 
 
 def test_selection_takes_the_lowest_validation_bpb_and_waits_for_every_run(tmp_path):
