@@ -207,20 +207,20 @@ class PStats:
         stalled = cols < FREEZE_LIVE_COLS * max(self.tr.C.shape[1], 1)
         self._grad_zero_run = torch.where(stalled, self._grad_zero_run + steps, torch.zeros_like(self._grad_zero_run))
 
-    def monitor_state(self) -> dict[str, float]:
-        """This rank's gradient-monitor counts as host values (for a checkpoint; one host read)."""
+    def monitor_state(self) -> dict[str, Tensor]:
+        """This rank's gradient-monitor counts, 0-dim tensors where they live (for a checkpoint: saved with the
+        engine's state, no host read in the step)."""
         if not self._watching:
             return {}
-        return {"live": float(self._grad_live), "live_cols": float(self._grad_live_cols),
-                "zero_run": float(self._grad_zero_run)}
+        return {"live": self._grad_live, "live_cols": self._grad_live_cols, "zero_run": self._grad_zero_run}
 
-    def load_monitor_state(self, state: dict[str, float]) -> None:
+    def load_monitor_state(self, state: dict) -> None:
         """Restore :meth:`monitor_state` (a resumed run reports its last sample, not an empty one)."""
         if not state or not self._watching:
             return
         d = self.tr.C.device
         self._grad_live, self._grad_live_cols, self._grad_zero_run = (
-            torch.tensor(float(state[k]), dtype=torch.float64, device=d) for k in ("live", "live_cols", "zero_run"))
+            torch.as_tensor(state[k], dtype=torch.float64).to(d) for k in ("live", "live_cols", "zero_run"))
 
     def add_grad(self, b: StatsBatch) -> Callable[[Reduced], dict[str, float]]:
         """Global gradient-monitor statistics: ``grad_live_frac``, the fraction of all v x u entries of C whose
