@@ -230,16 +230,16 @@ class LmPlan:
             # the start-only row: S2T2's own start (the FVT start, 0 P-only steps) finetuned the same way, so that
             # S2T2 + CFT minus this row is what the learned P adds over the P it was learned from
             st = self.start(seed)
+            ft = self.ft_arm("translated", ft_lr, seed, st.produces[0], tag="cft_sparse_start", after=(st,))
+            jobs += [st, ft, self.evaluate(f"{s}/eval_cft_sparse_start_{_lr_tag(ft_lr)}", ft.produces[0], "as_is",
+                                           role=("table1", "fvt_start_cft", seed), after=(ft,))]
             if seed == self.cfg.seeds[0]:  # the P-only rows' two ends: S2T2's start and the ceiling probe
-                jobs += [st, self.evaluate(f"{s}/eval_sparse_start", self.p.model, "translated", st.produces[0],
-                                           role=("table1", "fvt_start", seed), after=(st,))]
+                jobs += [self.evaluate(f"{s}/eval_sparse_start", self.p.model, "translated", st.produces[0],
+                                       role=("table1", "fvt_start", seed), after=(st,))]
                 if probe_lr is not None:
                     pr = self.probe(probe_lr)
                     jobs += [pr, self.evaluate(f"{s}/eval_{pr.name.split('/', 1)[1]}", pr.produces[0], "as_is",
                                                role=("table1", "p_only_probe", seed), after=(pr,))]
-            ft = self.ft_arm("translated", ft_lr, seed, st.produces[0], tag="cft_sparse_start", after=(st,))
-            jobs += [st, ft, self.evaluate(f"{s}/eval_cft_sparse_start_{_lr_tag(ft_lr)}", ft.produces[0], "as_is",
-                                           role=("table1", "fvt_start_cft", seed), after=(ft,))]
             for kind, col in (("orig_tok", "ft_orig_tok"), ("new_tok_truncate", "ft_new_tok")):
                 ft = self.ft_arm(kind, ft_lr, seed, tag="new_tok" if kind == "new_tok_truncate" else "")
                 jobs += [ft, self.evaluate(f"{s}/eval_{ft.name.split('/ft_', 1)[1]}", ft.produces[0], "as_is",
@@ -302,18 +302,14 @@ def select(plan: LmPlan) -> dict:
         ft_scores[f"{lr:g}"] = {"ft_new_tok": a, "ft_orig_tok": b,
                                 "mean": None if a is None or b is None else (a + b) / 2}
     out["ft"] = ft_scores
-    probe = {f"{lr:g}": validation_bpb(plan.probe(lr)) for lr in c.lm.probe_lr_sweep}
-    out["probe"] = probe
-    done_probe = {k: v for k, v in probe.items() if v is not None}
-    done_ft = {k: v["mean"] for k, v in ft_scores.items() if v["mean"] is not None}
-    best_ft = float(min(done_ft, key=done_ft.get)) if done_ft else None
-    best_probe = float(min(done_probe, key=done_probe.get)) if done_probe else None
-    out["chosen"] = {"p": chosen, "ft_lr": best_ft if len(done_ft) == len(ft_scores) else None,
-                     "probe_lr": best_probe if len(done_probe) == len(probe) else None}
-    if best_ft is not None and out["chosen"]["ft_lr"] is None:
-        out.setdefault("provisional", {})["ft_lr"] = best_ft
-    if best_probe is not None and out["chosen"]["probe_lr"] is None:
-        out.setdefault("provisional", {})["probe_lr"] = best_probe
+    out["probe"] = {f"{lr:g}": validation_bpb(plan.probe(lr)) for lr in c.lm.probe_lr_sweep}
+    out["chosen"] = {"p": chosen}
+    for key, scores in (("ft_lr", {k: v["mean"] for k, v in ft_scores.items()}), ("probe_lr", out["probe"])):
+        done = {k: v for k, v in scores.items() if v is not None}
+        best = float(min(done, key=done.get)) if done else None
+        out["chosen"][key] = best if len(done) == len(scores) else None  # chosen once every candidate has run
+        if best is not None and out["chosen"][key] is None:
+            out.setdefault("provisional", {})[key] = best
     lrs = c.lm.probe_lr_sweep
     if out["chosen"]["probe_lr"] is not None and len(lrs) > 1 and out["chosen"]["probe_lr"] in (min(lrs), max(lrs)):
         out.setdefault("at_grid_edge", []).append("p_only_probe")

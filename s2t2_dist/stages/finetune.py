@@ -31,7 +31,7 @@ from s2t2_dist.data.config import DataPaths
 from s2t2_dist.engines.build import EngineConfig, build_model_and_engine, engine_kind
 from s2t2_dist.models import chunked_loss
 from s2t2_dist.errors import ConfigError
-from s2t2_dist.models.hf import ModelPathConfig, build_causal_lm
+from s2t2_dist.models.hf import ModelPathConfig, build_causal_lm, get_embedding_and_head
 from s2t2_dist.stages import checks
 from s2t2_dist.stages.common import (Runtime, config_part, fingerprint, parse_args, record_config, run_main,
                                      run_stage)
@@ -177,8 +177,6 @@ def build_model(cfg: FinetuneConfig, plan: InitPlan, rt: Runtime):
 
 def embeddings_only(model: torch.nn.Module) -> torch.nn.Module:
     """Freeze everything but the input embedding and the output head (untied: a translated start is untied)."""
-    from s2t2_dist.models.hf import get_embedding_and_head
-
     E, L, tied = get_embedding_and_head(model)
     if tied:
         raise ConfigError("trainable=embeddings: the model's embedding and head are tied; a translated start "

@@ -66,7 +66,8 @@ class Task:
 
     def state_dict(self) -> dict:
         """The task's own counters that a resumed run must carry on (saved with this rank's loop state in every
-        checkpoint; plain Python values). {} (here): none."""
+        checkpoint: Python values or tensors where they live, so that saving reads nothing back in the step). {}
+        (here): none."""
         return {}
 
     def load_state_dict(self, state: dict) -> None:
