@@ -82,12 +82,9 @@ class RealLMOptions:
     s2t2_alpha0: bool = True
     #: the step sizes each P column is selected from (validation split, seed 0)
     p_lr_sweep: PLrSweep = field(default_factory=PLrSweep)
-    #: finetuning steps tried (one for every finetuning row: the best mean validation BpB of FT new tok. and FT
-    #: orig. tok., the rows that do not depend on a P)
-    ft_lr_sweep: list[float] = field(default_factory=lambda: [1e-4, 3e-4])
-    #: also run the finetuned rows at every other step of ft_lr_sweep, on every seed, each reported as a table of
-    #: its own: how far the finetuned ordering depends on the step (it chooses nothing; ~1 h a seed in two lanes)
-    ft_lr_check: bool = True
+    #: finetuning steps tried: every finetuned row on seed 0 at each, its own step chosen on the validation split
+    #: (each baseline at its best step); the other seeds run each row at its step
+    ft_lr_sweep: list[float] = field(default_factory=lambda: [2e-5, 1e-4, 3e-4])
     #: the P-only ceiling probe's steps: free input and output embeddings for the new tokens on the frozen body
     #: (finetune trainable=embeddings from S2T2's start, p_steps steps, seed 0), chosen on the validation split; at
     #: least as expressive as any P, so the P-only rows are read as a fraction of the gap from the start to it
@@ -96,8 +93,9 @@ class RealLMOptions:
     #: checkpoint cadence of every arm (a killed lane resumes from here)
     ckpt_every: int = 50
     #: validation BpB every this many finetuning steps (0: at the end only): the finetuned rows' validation curves,
-    #: which read the rows at equal total tokens (a P + CFT row has seen its P-only steps too)
-    ft_eval_every: int = 0
+    #: which read the rows at equal total tokens (a P + CFT row has seen its P-only steps too: a multiple of
+    #: p_steps puts a point there)
+    ft_eval_every: int = 200
 
     def validate(self) -> None:
         for key in ("lanes", "eval_every"):
@@ -180,9 +178,9 @@ def preset(scale: str) -> ReproduceConfig:
             small=SourceRecipe(n_layers=2, d_model=64, n_heads=4, context_len=128, batch_size=8, steps=300),
             # more width and more steps: the transfer needs a target model that is better on English
             large=SourceRecipe(n_layers=2, d_model=128, n_heads=4, context_len=128, batch_size=8, steps=600))
-    if scale == "smollm2":  # a real pretrained LM on a CPU: ~2 hours per seed at bf16 in two lanes (2 cores)
+    if scale == "smollm2":  # a real pretrained LM on a CPU: ~22 hours at bf16 in two lanes (2 cores), resumable
         return ReproduceConfig(scale="smollm2", seeds=[0, 1, 2], vocab_size=512, context_len=256, batch_size=4,
-                               p_steps=200, ft_steps=200, eval_max_docs=0, log_every=10, ft_weight_decay=0.01)
+                               p_steps=200, ft_steps=600, eval_max_docs=0, log_every=10, ft_weight_decay=0.01)
     if scale == "paper":  # the paper's settings (printed as SLURM submissions, never run here)
         return ReproduceConfig(scale="paper", seeds=[0], vocab_size=512, context_len=512, batch_size=16,
                                p_steps=2000, ft_steps=2000, p_lr=1e-3, ft_lr=2e-5, transfer_p_lr=2e-5,

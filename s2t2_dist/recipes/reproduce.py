@@ -492,8 +492,9 @@ def parse(argv):
 SCALES = {
     "tiny": "two byte-level English LMs pretrained here, the shipped protein sample: minutes on a CPU (CI)",
     "small": "the same at 3 seeds x 200 steps with a P step sweep: ~12 min on 2 shared CPU cores",
-    "smollm2": "SmolLM2-135M-Instruct on every shipped protein set: a selection on seed 0 (~4-5 h on 2 cores), "
-               "then ~2 h a seed (+ ~1 h for the finetuning step check, lm.ft_lr_check); resumable (--record)",
+    "smollm2": "SmolLM2-135M-Instruct (a dequantised 4-bit GGUF) on every shipped protein set: the P selection on "
+               "seed 0 (~4-5 h on 2 cores), each finetuned row at 3 steps on seed 0 (~10 h), then ~3.5 h a seed; "
+               "resumable, finished arms kept (--record)",
     "paper": "prints the SLURM submissions (OLMo-1B / OLMo-7B on UniRef50); --collect reads their results",
 }
 

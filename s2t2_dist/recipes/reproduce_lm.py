@@ -5,18 +5,16 @@ two finetuning baselines, every row scored on the same held-out sequences and by
 Phases (each arm a real `translate` / `finetune` / `evaluate` run in its own run directory under OUT/runs):
   select   seed 0, on a validation split carved from the training data (never the held-out one):
            the S2T2 P-only curve (`curve_steps`, validation BpB every `eval_every` steps); every P kind at each
-           step size of its grid (`p_lr_sweep.*`, `p_steps` steps); the finetuning step (`ft_lr_sweep`) on the two
-           rows that do not depend on a P (FT new tok., FT orig. tok.), so the baselines get their best step; the
-           P-only ceiling probe's step (`lm.probe_lr_sweep`: E' and L' free on the frozen body from S2T2's start).
-  table    every seed: Plain P, Sinkhorn P, S2T2 (each at its chosen start and step), each P-only and + CFT;
-           S2T2 P-only also at the paper's alpha 0, from the shipped or the paper's start (S2T2 + CFT finetunes the
-           shipped recipe's P: on seed 0's validation split CFT from the paper start's P, the better P-only, ended
-           worse); S2T2's start (0 P-only steps) + CFT; FT orig. tok.; FT new tok.; the training-free FVT start;
-           on seed 0 S2T2's start itself and the ceiling probe (the P-only rows' two ends); each scored on the
-           held-out split.
-           The seed-0 runs of the chosen steps are the selection's runs (same arguments, reused). With
-           `lm.ft_lr_check`, the finetuned rows also at every other step of `ft_lr_sweep`, each a table of its
-           own (a check: it chooses nothing).
+           step size of its grid (`p_lr_sweep.*`, `p_steps` steps), the dense baselines from each start; the P-only
+           ceiling probe's step (`lm.probe_lr_sweep`: E' and L' free on the frozen body from S2T2's start).
+  grid     seed 0: every finetuned row at every step of `lm.ft_lr_sweep` (`ft_steps` steps), each row's own step
+           chosen on validation (every baseline at its best step), each point also scored held out (the bracket).
+  table    every seed: Plain P, Sinkhorn P (each at its chosen start, and from S2T2's start), S2T2, each P-only
+           and + CFT at the row's own finetuning step; S2T2 P-only also at the paper's alpha 0, from the shipped or
+           the paper's start (P-only); S2T2's start (0 P-only steps) + CFT; FT orig. tok.; FT new tok.; the
+           training-free FVT start; on seed 0 S2T2's start itself and the ceiling probe (the P-only rows' two
+           ends); each scored on the held-out split, each document's score kept (the paired intervals).
+           Seed 0's runs are the selection's and the grid's (same arguments, reused).
 Arms run in `lanes` parallel processes (`OMP_NUM_THREADS` = cores / lanes). A rerun skips finished arms (their small
 result record in OUT/record, which can be kept across machines: `--record`) and resumes interrupted ones from their
 latest checkpoint. A record stands for an arm only if it was made with the arm's spec (its steps, lrs, seed, ... and
@@ -39,8 +37,13 @@ from s2t2_dist.recipes.orchestrate import REPO_ROOT, Runner, StageFailed, fmt_se
 from s2t2_dist.recipes.paper_plan import Job, ReproduceConfig
 from s2t2_dist.recipes.reproduce_lm_report import FT_ROWS
 
-#: translator kind per P column of Table 1 (s2t2_a0: S2T2 at the paper's entropy weight 0)
-P_COLUMNS = {"plain_p": "unconstrained", "sinkhorn_p": "softmax", "s2t2": "sparse", "s2t2_a0": "sparse"}
+#: translator kind per P column of Table 1 (s2t2_a0: S2T2 at the paper's entropy weight 0; *_fvt: the dense
+#: baseline from S2T2's start, so that every translator is finetuned from that start too)
+P_COLUMNS = {"plain_p": "unconstrained", "plain_p_fvt": "unconstrained", "sinkhorn_p": "softmax",
+             "sinkhorn_p_fvt": "softmax", "s2t2": "sparse", "s2t2_a0": "sparse"}
+#: the P column each P + CFT row finetunes from
+FT_P_ROW = {"plain_p_cft": "plain_p", "plain_p_fvt_cft": "plain_p_fvt", "sinkhorn_p_cft": "sinkhorn_p",
+            "sinkhorn_p_fvt_cft": "sinkhorn_p_fvt", "s2t2_cft": "s2t2"}
 #: the validation split's hash seed inside the training split (the held-out split uses protein_corpus.HELDOUT_SEED)
 VALIDATION_SEED = 1
 VALIDATION_FRACTION = 0.1
@@ -148,9 +151,11 @@ class LmPlan:
     def candidates(self, col: str) -> list[Arm]:
         """Every (start, alpha, step) a P column is selected from: S2T2 at the shipped alpha from the shipped start;
         S2T2 at the paper's alpha 0 from either start (the paper's start is alpha 0 by definition); the dense
-        baselines from each of `lm.baseline_starts`."""
+        baselines from each of `lm.baseline_starts`, and (their *_fvt columns) from the shipped start alone."""
         kind = P_COLUMNS[col]
         grid = getattr(self.cfg.lm.p_lr_sweep, kind)
+        if col.endswith("_fvt"):
+            return [Arm(kind, "shipped", None, lr) for lr in grid]
         if col == "s2t2":
             return [Arm(kind, "shipped", None, lr) for lr in grid]
         if col == "s2t2_a0":
@@ -158,7 +163,9 @@ class LmPlan:
         return [Arm(kind, start, None, lr) for start in self.cfg.lm.baseline_starts for lr in grid]
 
     def columns(self) -> list[str]:
-        return [c for c in P_COLUMNS if c != "s2t2_a0" or self.cfg.lm.s2t2_alpha0]
+        lm = self.cfg.lm
+        return [c for c in P_COLUMNS if (c != "s2t2_a0" or lm.s2t2_alpha0)
+                and (not c.endswith("_fvt") or "shipped" in lm.baseline_starts)]
 
     def p_arm(self, arm: Arm, seed: int) -> Job:
         # the shipped start is the sparse kind's own, the paper's the baselines' first: only the other is tagged
@@ -206,8 +213,40 @@ class LmPlan:
         # the order of first use: the arms of the S2T2 start first, the baselines' other start last
         return sorted(jobs, key=lambda j: "_fvt_" in j.name)
 
-    def table_jobs(self, chosen: dict[str, Arm], ft_lr: float, probe_lr: float | None = None) -> list[Job]:
-        """`probe_lr`: the ceiling probe's chosen step (None: no probe row)."""
+    def ft_rows(self, chosen: dict[str, Arm]) -> list[str]:
+        """The finetuned rows that can be built from `chosen` (a P + CFT row needs its P column's choice)."""
+        return [r for r in FT_ROWS if r not in FT_P_ROW or FT_P_ROW[r] in chosen]
+
+    def ft_row(self, row: str, chosen: dict[str, Arm], lr: float, seed: int) -> list[Job]:
+        """One finetuned row at finetuning step `lr` on one seed: the P run it reads (if any), its finetune and the
+        finetune's held-out score."""
+        s = f"seed{seed}"
+        pre: list[Job] = []
+        if row in ("ft_orig_tok", "ft_new_tok"):
+            kind = "orig_tok" if row == "ft_orig_tok" else "new_tok_truncate"
+            ft = self.ft_arm(kind, lr, seed, tag="new_tok" if row == "ft_new_tok" else "")
+        else:
+            # the start-only row: S2T2's own start (0 P-only steps) finetuned the same way, so that a P + CFT row
+            # minus it is what the learned P adds over the P it was learned from
+            t = self.start(seed) if row == "fvt_start_cft" else self.p_arm(chosen[FT_P_ROW[row]], seed)
+            tag = "cft_sparse_start" if row == "fvt_start_cft" else f"cft_{t.name.split('/translate_', 1)[1]}"
+            ft = self.ft_arm("translated", lr, seed, t.produces[0], tag=tag, after=(t,))
+            pre = [t]
+        return pre + [ft, self.evaluate(f"{s}/eval_{ft.name.split('/ft_', 1)[1]}", ft.produces[0], "as_is",
+                                        role=("table1", row, seed), source_tokens=row == "ft_orig_tok",
+                                        after=(ft,))]
+
+    def grid_jobs(self, chosen: dict[str, Arm]) -> list[Job]:
+        """Seed 0: every finetuned row at every step of `lm.ft_lr_sweep`, each scored on validation (the choice of
+        the row's own step) and held out (the bracket, reported)."""
+        s0 = self.cfg.seeds[0]
+        return [j for lr in self.cfg.lm.ft_lr_sweep for row in self.ft_rows(chosen)
+                for j in self.ft_row(row, chosen, lr, s0)]
+
+    def table_jobs(self, chosen: dict[str, Arm], ft_lrs: dict[str, float], probe_lr: float | None = None
+                   ) -> list[Job]:
+        """`ft_lrs`: each finetuned row's own step (a row without one has no jobs); `probe_lr`: the ceiling
+        probe's chosen step (None: no probe row). Seed 0's finetunes are the grid's runs (same names, reused)."""
         jobs: list[Job] = []
         fvt = self.translate("refs/translate_fvt", "sparse", None, self.cfg.seeds[0], 0, start="shipped")
         fvt.overrides += ["translator.init=fvt", "translator.init_weight=1"]
@@ -219,42 +258,20 @@ class LmPlan:
             s = f"seed{seed}"
             for col in (c for c in self.columns() if c in chosen):  # a report under way may lack a column
                 t = self.p_arm(chosen[col], seed)
-                pf, arm = t.produces[0], t.name.split("/translate_", 1)[1]
-                jobs += [t, self.evaluate(f"{s}/eval_{arm}", self.p.model, "translated", pf,
-                                          role=("table1", col, seed), after=(t,))]
-                if col == "s2t2_a0":  # P-only: S2T2 + CFT reads the shipped recipe's P (the s2t2 column's)
-                    continue
-                ft = self.ft_arm("translated", ft_lr, seed, pf, tag=f"cft_{arm}", after=(t,))
-                jobs += [ft, self.evaluate(f"{s}/eval_{ft.name.split('/ft_', 1)[1]}", ft.produces[0], "as_is",
-                                           role=("table1", f"{col}_cft", seed), after=(ft,))]
-            # the start-only row: S2T2's own start (the FVT start, 0 P-only steps) finetuned the same way, so that
-            # S2T2 + CFT minus this row is what the learned P adds over the P it was learned from
-            st = self.start(seed)
-            ft = self.ft_arm("translated", ft_lr, seed, st.produces[0], tag="cft_sparse_start", after=(st,))
-            jobs += [st, ft, self.evaluate(f"{s}/eval_cft_sparse_start_{_lr_tag(ft_lr)}", ft.produces[0], "as_is",
-                                           role=("table1", "fvt_start_cft", seed), after=(ft,))]
+                jobs += [t, self.evaluate(f"{s}/eval_{t.name.split('/translate_', 1)[1]}", self.p.model,
+                                          "translated", t.produces[0], role=("table1", col, seed), after=(t,))]
+            for row in self.ft_rows(chosen):
+                if ft_lrs.get(row) is not None:
+                    jobs += self.ft_row(row, chosen, ft_lrs[row], seed)
             if seed == self.cfg.seeds[0]:  # the P-only rows' two ends: S2T2's start and the ceiling probe
-                jobs += [self.evaluate(f"{s}/eval_sparse_start", self.p.model, "translated", st.produces[0],
-                                       role=("table1", "fvt_start", seed), after=(st,))]
+                st = self.start(seed)
+                jobs += [st, self.evaluate(f"{s}/eval_sparse_start", self.p.model, "translated", st.produces[0],
+                                           role=("table1", "fvt_start", seed), after=(st,))]
                 if probe_lr is not None:
                     pr = self.probe(probe_lr)
                     jobs += [pr, self.evaluate(f"{s}/eval_{pr.name.split('/', 1)[1]}", pr.produces[0], "as_is",
                                                role=("table1", "p_only_probe", seed), after=(pr,))]
-            for kind, col in (("orig_tok", "ft_orig_tok"), ("new_tok_truncate", "ft_new_tok")):
-                ft = self.ft_arm(kind, ft_lr, seed, tag="new_tok" if kind == "new_tok_truncate" else "")
-                jobs += [ft, self.evaluate(f"{s}/eval_{ft.name.split('/ft_', 1)[1]}", ft.produces[0], "as_is",
-                                           role=("table1", col, seed), source_tokens=kind == "orig_tok",
-                                           after=(ft,))]
         return jobs
-
-    def check_jobs(self, chosen: dict[str, Arm], ft_lr: float) -> dict[float, list[Job]]:
-        """The finetuned rows at every other step of the finetuning sweep (`lm.ft_lr_check`), by step: the same
-        P's, seeds and budget as the table's; the P-only runs they read are the table's own."""
-        if not self.cfg.lm.ft_lr_check:
-            return {}
-        return {lr: [j for j in self.table_jobs(chosen, lr) if j.stage == "finetune" or (
-                    j.stage == "evaluate" and j.role and j.role[1] in FT_ROWS)]
-                for lr in self.cfg.lm.ft_lr_sweep if lr != ft_lr}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -268,13 +285,21 @@ def validation_bpb(job: Job) -> float | None:
     return m.get("bpb")
 
 
+def _best(scores: dict[str, float | None]) -> tuple[float | None, bool]:
+    """The step of the lowest score so far, and whether every candidate has run (only then is it a choice)."""
+    done = {k: v for k, v in scores.items() if v is not None}
+    return (float(min(done, key=done.get)) if done else None), len(done) == len(scores)
+
+
 def select(plan: LmPlan) -> dict:
-    """Each P column's (start, alpha, step) and the one finetuning step, by validation BpB; a column is chosen only
-    once every candidate has run (None until then)."""
+    """Each P column's (start, alpha, step), each finetuned row's own finetuning step and the ceiling probe's step,
+    by validation BpB on seed 0; a choice is made only once every candidate has run (None until then), and a P +
+    CFT row's step only once its P is chosen."""
     c, s0 = plan.cfg, plan.cfg.seeds[0]
     out: dict = {"criterion": "validation BpB at the end of the run (seed 0; the validation split of the training "
                               "data)", "p": {}, "ft": {}}
     chosen: dict = {}
+    prov: dict = {}
     for col in plan.columns():
         scores = {a.label(): (a, validation_bpb(plan.p_arm(a, s0))) for a in plan.candidates(col)}
         for a in plan.candidates(col):  # how sparse each P ended, and how much of C still learned
@@ -288,41 +313,49 @@ def select(plan: LmPlan) -> dict:
         best = min(done, key=lambda t: t[0])[1] if done else None
         chosen[col] = asdict(best) if len(done) == len(scores) else None
         if best is not None and not chosen[col]:  # for a report of a run still under way only: never run from
-            out.setdefault("provisional", {})[col] = asdict(best)
+            prov[col] = asdict(best)
             out.setdefault("provisional_label", {})[col] = best.label()
         if chosen[col]:
             out.setdefault("chosen_label", {})[col] = Arm(**chosen[col]).label()
             grid = getattr(c.lm.p_lr_sweep, chosen[col]["kind"])
             if chosen[col]["lr"] in (min(grid), max(grid)):  # the optimum may lie outside: widen the grid
                 out.setdefault("at_grid_edge", []).append(col)
-    ft_scores = {}
-    for lr in c.lm.ft_lr_sweep:
-        a = validation_bpb(plan.ft_arm("new_tok_truncate", lr, s0, tag="new_tok"))
-        b = validation_bpb(plan.ft_arm("orig_tok", lr, s0))
-        ft_scores[f"{lr:g}"] = {"ft_new_tok": a, "ft_orig_tok": b,
-                                "mean": None if a is None or b is None else (a + b) / 2}
-    out["ft"] = ft_scores
+    out["chosen"] = {"p": chosen, "ft_lr": {}}
+    arms = {col: Arm(**(v or prov[col])) for col, v in chosen.items() if v or col in prov}
+    lrs = c.lm.ft_lr_sweep
+    for row in plan.ft_rows(arms):
+        scores = {f"{lr:g}": validation_bpb(plan.ft_row(row, arms, lr, s0)[-2]) for lr in lrs}
+        out["ft"][row] = scores
+        best, complete = _best(scores)
+        final = complete and (row not in FT_P_ROW or chosen.get(FT_P_ROW[row]) is not None)
+        out["chosen"]["ft_lr"][row] = best if final else None
+        if best is not None and not final:
+            prov.setdefault("ft_lr", {})[row] = best
+        if final and len(lrs) > 1 and best in (min(lrs), max(lrs)):
+            out.setdefault("at_grid_edge", []).append(row)
     out["probe"] = {f"{lr:g}": validation_bpb(plan.probe(lr)) for lr in c.lm.probe_lr_sweep}
-    out["chosen"] = {"p": chosen}
-    for key, scores in (("ft_lr", {k: v["mean"] for k, v in ft_scores.items()}), ("probe_lr", out["probe"])):
-        done = {k: v for k, v in scores.items() if v is not None}
-        best = float(min(done, key=done.get)) if done else None
-        out["chosen"][key] = best if len(done) == len(scores) else None  # chosen once every candidate has run
-        if best is not None and out["chosen"][key] is None:
-            out.setdefault("provisional", {})[key] = best
+    best, complete = _best(out["probe"])
+    out["chosen"]["probe_lr"] = best if complete else None
+    if best is not None and not complete:
+        prov["probe_lr"] = best
     lrs = c.lm.probe_lr_sweep
-    if out["chosen"]["probe_lr"] is not None and len(lrs) > 1 and out["chosen"]["probe_lr"] in (min(lrs), max(lrs)):
+    if complete and best is not None and len(lrs) > 1 and best in (min(lrs), max(lrs)):
         out.setdefault("at_grid_edge", []).append("p_only_probe")
+    if prov:
+        out["provisional"] = prov
     return out
 
 
-def report_choices(sel: dict) -> tuple[dict[str, Arm], float | None, list[str]]:
+def report_choices(sel: dict) -> tuple[dict[str, Arm], dict[str, float], list[str]]:
     """The choices a report reads rows by: the selection's, or where a grid is still running, its best finished
-    candidate so far (named in the third value: those rows may change; the run itself never uses them)."""
+    candidate so far (named in the third value, a finetuned row's step as "ft_lr:ROW": those rows may change; the
+    run itself never uses them)."""
     prov = sel.get("provisional") or {}
     arms = {col: Arm(**(v or prov[col])) for col, v in sel["chosen"]["p"].items() if v or col in prov}
-    ft_lr = sel["chosen"]["ft_lr"] if sel["chosen"]["ft_lr"] is not None else prov.get("ft_lr")
-    return arms, ft_lr, sorted(prov)
+    ft_lrs = {row: lr for row, lr in sel["chosen"]["ft_lr"].items() if lr is not None}
+    ft_lrs.update(prov.get("ft_lr") or {})
+    names = sorted([k for k in prov if k != "ft_lr"] + [f"ft_lr:{r}" for r in prov.get("ft_lr") or {}])
+    return arms, ft_lrs, names
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -551,14 +584,12 @@ def references(paths: LmPaths) -> dict:
 
 
 def _table_plan(plan: LmPlan):
-    """The selection so far and the table it gives: by the selection's choices once it is complete (run then), else
-    by the best so far (reported only)."""
+    """The selection so far, the seed-0 finetuning grid and the table they give: by the selection's choices once
+    they are made (run then), else by the best so far (reported only)."""
     sel = select(plan)
-    arms, ft_lr, provisional = report_choices(sel)
+    arms, ft_lrs, provisional = report_choices(sel)
     probe_lr = sel["chosen"].get("probe_lr") or (sel.get("provisional") or {}).get("probe_lr")
-    jobs = plan.table_jobs(arms, ft_lr, probe_lr) if ft_lr is not None else []
-    checks = plan.check_jobs(arms, ft_lr) if ft_lr is not None else {}
-    return sel, jobs, checks, arms, ft_lr, provisional
+    return sel, plan.grid_jobs(arms), plan.table_jobs(arms, ft_lrs, probe_lr), arms, provisional
 
 
 @contextmanager
@@ -631,11 +662,14 @@ def run_smollm2(cfg: ReproduceConfig, out: Path, *, cache: Path | None = None, e
         lanes = Lanes(cfg.lm.lanes, runner, say=say)
         if phase != "report":
             failed = lanes.run(plan.select_jobs(), t0)
-        sel, jobs, checks, arms, ft_lr, provisional = _table_plan(plan)
-        ready = ft_lr is not None and not provisional and len(arms) == len(plan.columns())
-        if ready and phase == "all" and not failed and not lanes.stopped:
-            # the table first, then its finetuned rows at the sweep's other steps (one queue keeps both lanes busy)
-            failed = lanes.run(jobs + [j for js in checks.values() for j in js], t0)
+        sel, grid, jobs, arms, provisional = _table_plan(plan)
+        p_ready = not [k for k in provisional if not k.startswith("ft_lr")] and len(arms) == len(plan.columns())
+        if p_ready and phase == "all" and not failed and not lanes.stopped:
+            # seed 0's finetuning grid (each row's own step), then the table at those steps
+            failed = lanes.run(grid, t0)
+            sel, grid, jobs, arms, provisional = _table_plan(plan)
+            if not provisional and not failed and not lanes.stopped:
+                failed = lanes.run(jobs, t0)
     sig = stop.outside()
     if sig is not None:
         # a stop signal: the arms under way checkpointed; the report waits for a run that ends by itself
@@ -645,7 +679,7 @@ def run_smollm2(cfg: ReproduceConfig, out: Path, *, cache: Path | None = None, e
     say("[select] " + json.dumps(sel["chosen"]))
     from s2t2_dist.recipes.reproduce_lm_report import collect
 
-    results = collect(plan, jobs, sel, refs, step_checks=checks,
+    results = collect(plan, jobs, sel, refs, grid=grid,
                       extra={"config": asdict(cfg), "data": data_info, "failed": failed, "provisional": provisional,
                              "seconds": round(time.time() - t0, 1)})
     for k, p in write_outputs(results, out).items():

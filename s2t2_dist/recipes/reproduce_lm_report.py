@@ -12,13 +12,17 @@ from pathlib import Path
 from s2t2_dist.recipes.paper_plan import PAPER_TABLE1, TABLE1
 
 #: rows of the table, in order: key -> label (Table 1's columns, then the training-free references)
-ROWS = {**TABLE1, "s2t2_a0": "S2T2, alpha 0 (paper)", "fvt": "FVT plan, letters only (no training)",
+ROWS = {**TABLE1, "plain_p_fvt": "Plain P from S2T2's start", "sinkhorn_p_fvt": "Sinkhorn P from S2T2's start",
+        "s2t2_a0": "S2T2, alpha 0 (paper)", "fvt": "FVT plan, letters only (no training)",
         "fvt_start": "S2T2's start (FVT)",
         "p_only_probe": "P-only ceiling probe (free E', L' on the frozen body)"}
 #: the P-only rows, read as a fraction of the gap from S2T2's start to the ceiling probe
-P_ONLY_ROWS = ("plain_p", "sinkhorn_p", "s2t2", "s2t2_a0")
+P_ONLY_ROWS = ("plain_p", "plain_p_fvt", "sinkhorn_p", "sinkhorn_p_fvt", "s2t2", "s2t2_a0")
 #: the finetuned rows, in the table's order
-FT_ROWS = ("plain_p_cft", "sinkhorn_p_cft", "s2t2_cft", "fvt_start_cft", "ft_orig_tok", "ft_new_tok")
+FT_ROWS = ("plain_p_cft", "plain_p_fvt_cft", "sinkhorn_p_cft", "sinkhorn_p_fvt_cft", "s2t2_cft", "fvt_start_cft",
+           "ft_orig_tok", "ft_new_tok")
+#: the table's order: the P-only rows, the finetuned rows, the training-free ones and the probe
+ORDER = (*P_ONLY_ROWS, *FT_ROWS, "fvt", "fvt_start", "p_only_probe")
 
 
 def label(key: str) -> str:
@@ -29,8 +33,11 @@ def label(key: str) -> str:
 ORDERING = [("s2t2", "sinkhorn_p", 0.0), ("s2t2", "plain_p", 0.0), ("s2t2_a0", "sinkhorn_p", 0.0),
             ("s2t2_a0", "plain_p", 0.0), ("s2t2_cft", "ft_new_tok", 0.02),
             ("s2t2_cft", "plain_p_cft", 0.02), ("s2t2_cft", "sinkhorn_p_cft", 0.02),
-            # does the learned P beat the start it was learned from, after the same finetuning?
-            ("s2t2_cft", "fvt_start_cft", 0.02)]
+            # does a learned P beat the start it was learned from, after the same finetuning?
+            ("s2t2_cft", "fvt_start_cft", 0.02), ("plain_p_fvt_cft", "fvt_start_cft", 0.02),
+            ("sinkhorn_p_fvt_cft", "fvt_start_cft", 0.02),
+            # and does the start itself beat the plain new tokenizer?
+            ("fvt_start_cft", "ft_new_tok", 0.02)]
 
 
 def _stats(xs: list[float]) -> dict:
@@ -70,31 +77,73 @@ def _rows(jobs) -> tuple[dict[str, dict], list[str]]:
     return rows, missing
 
 
-def collect(plan, jobs, selection: dict, references: dict, step_checks: dict | None = None,
+def collect(plan, jobs, selection: dict, references: dict, grid: list | None = None,
             extra: dict | None = None) -> dict:
-    """The table's rows and claims from `jobs`; with `step_checks` ({finetuning step: jobs}), the finetuned rows
-    at each other step beside them, with the claims that read a finetuned row."""
+    """The table's rows and claims from `jobs`; with `grid` (seed 0's finetuned rows at every finetuning step),
+    each row's validation and held-out score at each step beside them."""
     rows, missing = _rows(jobs)
     results = {"scale": plan.cfg.scale, "rows": rows, "missing": missing, "selection": selection,
                "references": references, "paper": {k: {"perplexity": a, "bpb": b}
                                                    for k, (a, b) in PAPER_TABLE1.items()}}
     results["curve"] = _curve(plan)
     results["ft_curves"] = ft_curves(jobs)
-    results["ft_lr_check"] = {}
-    for lr, js in (step_checks or {}).items():
-        ft_rows, ft_missing = _rows(js)
-        results["missing"] += ft_missing
-        results["ft_lr_check"][f"{lr:g}"] = {"rows": ft_rows, "ft_curves": ft_curves(js)}
-    every = [rows] + [c["rows"] for c in results["ft_lr_check"].values()]
-    results["same_bytes"] = _same_bytes({f"{i}/{k}": r for i, rs in enumerate(every) for k, r in rs.items()})
+    results["ft_grid"], grid_missing = ft_grid(grid or [])
+    results["missing"] += [n for n in grid_missing if n not in results["missing"]]
+    results["equal_tokens"] = equal_tokens(jobs, plan.cfg.p_steps, plan.cfg.ft_steps)
+    grid_rows = {f"grid/{k}": {"seeds": {lr: v for lr, v in r.items() if v.get("bytes")}}
+                 for k, r in results["ft_grid"].items()}
+    results["same_bytes"] = _same_bytes({**rows, **grid_rows})
     results.update(extra or {})
     results["probe_gap"] = probe_gap(rows)
     results["checks"] = checks(results)
-    for c in results["ft_lr_check"].values():
-        # the P-only rows are the table's own; the claims that read only them are the table's
-        merged = {**results, "rows": {**{k: r for k, r in rows.items() if k not in FT_ROWS}, **c["rows"]}}
-        c["checks"] = [x for x in checks(merged) if x["reads_finetuned"]]
     return results
+
+
+def ft_grid(jobs) -> tuple[dict, list[str]]:
+    """Seed 0's finetuned rows by finetuning step: the validation BpB each finetune ended at (what chose the
+    row's step) and its held-out score; and the held-out scores not yet run."""
+    from s2t2_dist.recipes.arm_records import read_result
+
+    producer = {p: j for j in jobs for p in j.produces}
+    out: dict = {}
+    missing: list[str] = []
+    for j in jobs:
+        if j.stage != "evaluate" or not j.role:
+            continue
+        ft = next(producer[c] for c in j.consumes if c in producer and producer[c].stage == "finetune")
+        lr = next(o.split("=", 1)[1] for o in ft.overrides if o.startswith("optim.lr="))
+        fr, er = read_result(ft), read_result(j)
+        point = {"validation": ((fr or {}).get("eval") or {}).get("bpb")}
+        if er:
+            m = er["metrics"]
+            point.update(heldout=m["bpb"], bytes=m["bytes"], docs=m["docs"])
+        elif j.name not in missing:
+            missing.append(j.name)
+        out.setdefault(j.role[1], {})[f"{float(lr):g}"] = point
+    return out, missing
+
+
+def equal_tokens(jobs, p_steps: int, ft_steps: int) -> dict:
+    """Each finetuned row's validation BpB at equal total tokens: after `ft_steps` steps of training in all (a P +
+    CFT row's P-only steps counted), read off its validation curve; by seed. A row whose curve has no point there
+    is left out (its finetune scored validation too rarely)."""
+    from s2t2_dist.recipes.arm_records import read_result
+
+    producer = {p: j for j in jobs for p in j.produces}
+    out: dict = {"total_steps": ft_steps, "rows": {}}
+    for j in jobs:
+        if j.stage != "evaluate" or not j.role or j.role[1] not in FT_ROWS:
+            continue
+        row, seed = j.role[1], str(j.role[2])
+        ft = next(producer[c] for c in j.consumes if c in producer and producer[c].stage == "finetune")
+        before = p_steps if any(producer.get(c) is not None and producer[c].stage == "translate"
+                                and f"train.steps={p_steps}" in producer[c].overrides for c in ft.consumes) else 0
+        at = ft_steps - before
+        pts = {int(s): v for series in (read_result(ft) or {}).get("curve") or [] if series["tag"] == "eval/bpb"
+               for s, v in series["points"]}
+        if at in pts:
+            out["rows"].setdefault(row, {})[seed] = {"finetuning_steps": at, "bpb": pts[at]}
+    return out
 
 
 def probe_gap(rows: dict) -> dict:
@@ -245,23 +294,31 @@ def _spread(b: dict) -> str:
 
 
 def _mark(key: str, provisional: set[str]) -> str:
-    """The suffix " *" of a row read by a choice still provisional (its P column's, or the finetuning step's)."""
-    by_ft = "ft_lr" in provisional and (key.endswith("_cft") or key.startswith("ft_"))
+    """The suffix " *" of a row read by a choice still provisional (its P column's, or its finetuning step)."""
+    by_ft = f"ft_lr:{key}" in provisional
     by_probe = "probe_lr" in provisional and key == "p_only_probe"
     return " *" if key.removesuffix("_cft") in provisional or by_ft or by_probe else ""
+
+
+def _ft_lr(results: dict, key: str) -> float | None:
+    """The finetuning step a finetuned row is reported at (chosen, or the best so far)."""
+    sel = results.get("selection") or {}
+    lr = ((sel.get("chosen") or {}).get("ft_lr") or {}).get(key)
+    return lr if lr is not None else ((sel.get("provisional") or {}).get("ft_lr") or {}).get(key)
 
 
 def table1_markdown(results: dict) -> str:
     refs = results["references"]
     seeds = sorted({s for r in results["rows"].values() for s in r["seeds"] if s != "all"})
-    head = ["row", "BpB (mean +- sd)", *[f"seed {s}" for s in seeds], "perplexity (mean)", "paper BpB"]
+    head = ["row", "finetuning lr", "BpB (mean +- sd)", *[f"seed {s}" for s in seeds], "perplexity (mean)",
+            "paper BpB"]
     prov = set(results.get("provisional") or [])
     lines = []
     if prov:
         lines += [f"Provisional (marked *): the selection is still running for {', '.join(sorted(prov))}; those rows "
                   "use the best finished candidate so far and may change.", ""]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for key in ROWS:
+    for key in ORDER:
         r = results["rows"].get(key)
         if not r:
             continue
@@ -271,14 +328,16 @@ def table1_markdown(results: dict) -> str:
         if "all" in r["seeds"]:
             per = [_f(r["seeds"]["all"]["bpb"])] * len(seeds)
         paper = results["paper"].get(key, {}).get("bpb")
-        lines.append(f"| {lab} | {_f(b.get('mean'))} {_spread(b)} | " + " | ".join(per)
-                     + f" | {_f(r['perplexity'].get('mean'), 1)} | {_f(paper, 2)} |")
+        lr = _ft_lr(results, key) if key in FT_ROWS else None
+        lines.append(f"| {lab} | {'-' if lr is None else f'{lr:g}'} | {_f(b.get('mean'))} {_spread(b)} | "
+                     + " | ".join(per) + f" | {_f(r['perplexity'].get('mean'), 1)} | {_f(paper, 2)} |")
     rg = next((r.get("random_guess_bpb") for r in results["rows"].values() if r.get("random_guess_bpb")), None)
     ada = refs.get("adaptive_unigram") or {}
     lines += ["", "BpB: bits per byte of the held-out proteins (the same bytes for every row); perplexity: per token "
               "of the row's own tokenizer (the new 512-BPE, or SmolLM2's for FT orig. tok.: not comparable across "
               "tokenizers); paper BpB: the paper's Table 1 (OLMo-1B on UniRef50; its FT orig. tok. figure is bits per "
-              "OLMo token, ~4.04 BpB at OLMo's ~1.79 bytes a token).",
+              "OLMo token, ~4.04 BpB at OLMo's ~1.79 bytes a token). Each finetuned row at its own finetuning step, "
+              "chosen on seed 0's validation split.",
               "", f"Training-free references on the same held-out bytes: residue unigram "
               f"{_f(refs['residue_unigram']['bpb'])} BpB, in-sequence adaptive unigram {_f(ada.get('bpb'))}"
               + (f" (prior strength {ada['strength']:g}, chosen on validation)" if ada.get("strength") else "")
@@ -291,27 +350,40 @@ def table1_markdown(results: dict) -> str:
                   f"probe ({_f(gap['probe'][s])}, seed {s}; free E' and L' for the new tokens on the frozen body, "
                   "trained for the P-only steps; 0 = the start, 1 = the probe): "
                   + ", ".join(f"{label(k)} {fr[s]:.2f}" for k, fr in gap["rows"].items() if s in fr) + "."]
-    for lr, c in (results.get("ft_lr_check") or {}).items():
-        lines += ["", step_check_markdown(results, lr, c, seeds)]
+    if results.get("ft_grid"):
+        lines += ["", grid_markdown(results)]
+    eq = (results.get("equal_tokens") or {}).get("rows") or {}
+    if eq:
+        lines += ["", f"At equal total tokens (validation BpB after {results['equal_tokens']['total_steps']} steps "
+                  "of training in all, a P + CFT row's P-only steps counted; read off its validation curve):", "",
+                  "| row | finetuning steps | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+                  "|" + "---|" * (2 + len(seeds))]
+        for key in (k for k in FT_ROWS if k in eq):
+            at = next(iter(eq[key].values()))["finetuning_steps"]
+            lines.append(f"| {label(key)} | {at} | " + " | ".join(_f((eq[key].get(s) or {}).get("bpb"))
+                                                               for s in seeds) + " |")
     return "\n".join(lines) + "\n"
 
 
-def step_check_markdown(results: dict, lr: str, check: dict, seeds: list[str]) -> str:
-    """The finetuned rows at another finetuning step, beside the table's: the same P's, seeds and budget."""
-    sel = results.get("selection") or {}
-    at = (sel.get("chosen") or {}).get("ft_lr") or (sel.get("provisional") or {}).get("ft_lr")
-    head = ["row", f"BpB at lr {lr} (mean +- sd)", *[f"seed {s}" for s in seeds], f"at the table's lr {'-' if at is None else f'{at:g}'}"]
-    lines = [f"The finetuned rows at finetuning step {lr} (a check: it chooses nothing; the table's step was chosen "
-             "on seed 0's validation split):", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for key in FT_ROWS:
-        r = check["rows"].get(key)
-        if not r:
-            continue
-        b = r["bpb"]
-        per = [_f(r["seeds"].get(s, {}).get("bpb")) for s in seeds]
-        table = ((results["rows"].get(key) or {}).get("bpb") or {}).get("mean")
-        lines.append(f"| {label(key)} | {_f(b.get('mean'))} {_spread(b)} | " + " | ".join(per) + f" | {_f(table)} |")
-    lines += [""] + [f"- {_verdict(c)}: {c['claim']} ({c['detail']})" for c in check.get("checks") or []]
+def grid_markdown(results: dict) -> str:
+    """Seed 0's finetuned rows at every finetuning step: validation (what chose the step) / held out."""
+    grid = results["ft_grid"]
+    lrs = sorted({lr for r in grid.values() for lr in r}, key=float)
+    lines = ["Each finetuned row at every finetuning step (seed 0; validation / held-out BpB; the row's own step, "
+             "chosen on validation, in bold):", "", "| row | " + " | ".join(f"lr {lr}" for lr in lrs) + " |",
+             "|" + "---|" * (1 + len(lrs))]
+    for key in (k for k in FT_ROWS if k in grid):
+        own = _ft_lr(results, key)
+        cells = []
+        for lr in lrs:
+            pt = grid[key].get(lr) or {}
+            cell = f"{_f(pt.get('validation'))} / {_f(pt.get('heldout'))}"
+            cells.append(f"**{cell}**" if own is not None and float(lr) == own else cell)
+        lines.append(f"| {label(key)} | " + " | ".join(cells) + " |")
+    edge = [k for k in (results.get("selection") or {}).get("at_grid_edge", []) if k in FT_ROWS]
+    if edge:
+        lines += ["", "Chosen at an end of the grid (the best step may lie beyond it): "
+                  + ", ".join(label(k) for k in edge) + "."]
     return "\n".join(lines)
 
 
@@ -334,10 +406,6 @@ def selection_markdown(sel: dict) -> str:
     if sel.get("at_grid_edge"):
         lines += ["", "Chosen at an end of its grid (the best step may lie beyond it): "
                   + ", ".join(label(c) for c in sel["at_grid_edge"]) + "."]
-    lines += ["", "| finetuning lr | FT new tok. | FT orig. tok. | mean |", "|---|---|---|---|"]
-    for lr, v in sel["ft"].items():
-        mark = " **(chosen)**" if sel["chosen"]["ft_lr"] is not None and float(lr) == sel["chosen"]["ft_lr"] else ""
-        lines.append(f"| {lr}{mark} | {_f(v['ft_new_tok'])} | {_f(v['ft_orig_tok'])} | {_f(v['mean'])} |")
     if sel.get("probe"):
         ch = sel["chosen"].get("probe_lr")
         lines += ["", "| ceiling probe lr | validation BpB |", "|---|---|"]
@@ -379,26 +447,18 @@ def plots(results: dict, out: Path) -> dict[str, Path]:
     d = out / "plots"
     d.mkdir(parents=True, exist_ok=True)
     refs = results["references"]
-    keys = [k for k in ROWS if k in results["rows"]]
+    keys = [k for k in ORDER if k in results["rows"]]
     if keys:
         fig, ax = plt.subplots(figsize=(9, 4.5))
         for i, k in enumerate(keys):
             vals = [v["bpb"] for v in results["rows"][k]["seeds"].values()]
             ax.scatter([i] * len(vals), vals, color="C0", s=18, zorder=3)
             ax.bar(i, statistics.fmean(vals), color="C1" if k.startswith("s2t2") else "C7", alpha=0.6)
-        for n, (lr, c) in enumerate((results.get("ft_lr_check") or {}).items()):
-            pts = [(i + 0.22 * (n + 1), v["bpb"]) for i, k in enumerate(keys) if k in c["rows"]
-                   for v in c["rows"][k]["seeds"].values()]
-            if pts:
-                ax.scatter(*zip(*pts), facecolors="none", edgecolors=f"C{n + 2}", s=22, zorder=3,
-                           label=f"finetuned at lr {lr} (a check)")
         _unigram_lines(ax, refs)
         ax.set_xticks(range(len(keys)))
         prov = set(results.get("provisional") or [])
         ax.set_xticklabels([label(k) + _mark(k, prov) for k in keys], rotation=30, ha="right", fontsize=8)
-        lo = min([v["bpb"] for k in keys for v in results["rows"][k]["seeds"].values()]
-                 + [v["bpb"] for c in (results.get("ft_lr_check") or {}).values() for r in c["rows"].values()
-                    for v in r["seeds"].values()])
+        lo = min(v["bpb"] for k in keys for v in results["rows"][k]["seeds"].values())
         ax.set_ylim(lo - 0.15, max(refs["residue_unigram"]["bpb"], refs["unigram_bpe"]["bpb"]) + 0.6)
         ax.set_ylabel("held-out bits per byte (dots: seeds)")
         ax.set_title("Table 1 with SmolLM2-135M on proteins" + (" (*: provisional choice)" if prov else ""))
@@ -414,14 +474,8 @@ def plots(results: dict, out: Path) -> dict[str, Path]:
         paths["curve"] = _save(fig, ax, d / "curve.png")
     curves = results.get("ft_curves") or {}
     if curves:
-        sel = results.get("selection") or {}
-        lr = (sel.get("chosen") or {}).get("ft_lr") or (sel.get("provisional") or {}).get("ft_lr")
         paths["finetune"] = _ft_plot(curves, refs.get("validation") or refs, d / "finetune_curves.png",
-                                     f"at lr {lr:g}" if lr else "")
-    for lr, c in (results.get("ft_lr_check") or {}).items():
-        if c.get("ft_curves"):
-            paths[f"finetune at lr {lr}"] = _ft_plot(c["ft_curves"], refs.get("validation") or refs,
-                                                      d / f"finetune_curves_lr{lr}.png", f"at lr {lr} (a check)")
+                                     "at each row's own step")
     return paths
 
 

@@ -106,22 +106,31 @@ def _record(job: Job, bpb: float) -> None:
     write_record(job)
 
 
-def _preset_plan(root: Path, **keys) -> LmPlan:
-    """The shipped preset's plan (with `keys` set) under `root`, its model and data inside it."""
+def _preset_plan(root: Path, lm: dict | None = None, **keys) -> LmPlan:
+    """The shipped preset's plan (with `keys` and the `lm` keys set) under `root`, its model and data inside it."""
     cfg = preset("smollm2")
     for k, v in keys.items():
         setattr(cfg, k, v)
+    for k, v in (lm or {}).items():
+        setattr(cfg.lm, k, v)
     return LmPlan(cfg, LmPaths(out=root, model=str(root / "m"), data=root / "data", heldout_new="hn",
                                heldout_source="hs"))
 
 
-def _table(tmp_path, out="a", ft_lr=1e-4, **keys):
-    from s2t2_dist.recipes.reproduce_lm import Arm
+#: the P columns the kept records were selected with (the dense baselines from the paper's start)
+ARMS = {"plain_p": Arm("unconstrained", "paper", None, 1e-3), "sinkhorn_p": Arm("softmax", "paper", None, 0.1),
+        "s2t2": Arm("sparse", "shipped", None, 3e-5), "s2t2_a0": Arm("sparse", "paper", 0.0, 1e-5)}
 
-    plan = _preset_plan(tmp_path / out, **keys)
-    arms = {"plain_p": Arm("unconstrained", "paper", None, 1e-3), "sinkhorn_p": Arm("softmax", "paper", None, 0.1),
-            "s2t2": Arm("sparse", "shipped", None, 3e-5), "s2t2_a0": Arm("sparse", "paper", 0.0, 1e-5)}
-    return {j.name: j for j in plan.table_jobs(arms, ft_lr)}
+
+def _every_row_at(lr: float) -> dict[str, float]:
+    from s2t2_dist.recipes.reproduce_lm_report import FT_ROWS
+
+    return {row: lr for row in FT_ROWS}
+
+
+def _table(tmp_path, out="a", ft_lr=1e-4, lm=None, **keys):
+    plan = _preset_plan(tmp_path / out, lm, **keys)
+    return {j.name: j for j in plan.table_jobs(ARMS, _every_row_at(ft_lr))}
 
 
 def test_a_record_stands_for_its_own_arm_only_and_for_what_it_read(tmp_path, monkeypatch):
@@ -131,7 +140,7 @@ def test_a_record_stands_for_its_own_arm_only_and_for_what_it_read(tmp_path, mon
     from another machine answer for the same arms here."""
     from s2t2_dist.recipes import arm_records
 
-    done = _table(tmp_path)
+    done = _table(tmp_path, ft_steps=200)
     for j in done.values():
         if j.name.startswith("seed0/"):
             _record(j, 4.3)
@@ -139,7 +148,7 @@ def test_a_record_stands_for_its_own_arm_only_and_for_what_it_read(tmp_path, mon
     assert all(read_result(done[n]) is not None for n in names)
     # the same arms from another machine: other paths, the records read through --record
     monkeypatch.setattr(arm_records, "EXTRA_RECORDS", [tmp_path / "a" / "record"])
-    here = _table(tmp_path, out="b")
+    here = _table(tmp_path, out="b", ft_steps=200)
     for n in names:  # the run directories here hold the P files (a rerun also makes a missing input again)
         for f in here[n].produces:
             Path(f).parent.mkdir(parents=True, exist_ok=True)
@@ -153,7 +162,7 @@ def test_a_record_stands_for_its_own_arm_only_and_for_what_it_read(tmp_path, mon
                                                                                           "orig_tok_lr0.0001"))}
     assert "seed0/eval_cft_sparse_lr3e-05_lr0.0001" in again and "seed0/eval_sparse_lr3e-05" not in again
     # other P steps: the P runs, their scores and the finetunes from them; FT orig. / new tok. keep their records
-    other_p = _table(tmp_path, out="b", p_steps=300)
+    other_p = _table(tmp_path, out="b", ft_steps=200, p_steps=300)
     again = {j.name for j in Lanes.needed([other_p[n] for n in names])}
     assert "seed0/eval_cft_softmax_lr0.1_lr0.0001" in again and "seed0/eval_sparse_paper_a0_lr1e-05" in again
     assert not again & {"seed0/ft_new_tok_lr0.0001", "seed0/eval_orig_tok_lr0.0001"}
@@ -189,21 +198,23 @@ def test_a_record_altered_after_it_was_written_is_refused_in_one_line(tmp_path):
 
 def test_the_kept_records_stand_for_the_shipped_plans_arms(monkeypatch):
     """benchmarks/records/smollm2 (the finished arms, reused by --record on any machine) answer for every arm of the
-    shipped preset, the selection's (the P-only curve, each P's step grid, the finetuning step) and the table's: a
+    preset at 200 finetuning steps (`ft_steps=200 lm.ft_eval_every=0 lm.ft_lr_sweep=[1e-4,3e-4]`), the selection's (the P-only curve, each P's step grid, the finetuning step) and the table's: a
     change to what an arm is (an override, a step, the automatic step's rule in the curve's name) shows here as
     records that no longer stand for it, to be rerun rather than reused."""
     from s2t2_dist.recipes import arm_records
 
     kept = Path(__file__).resolve().parents[2] / "benchmarks" / "records" / "smollm2"
     monkeypatch.setattr(arm_records, "EXTRA_RECORDS", [kept])
-    table = {**_table(Path("/elsewhere")), **_table(Path("/elsewhere"), ft_lr=3e-4)}
+    earlier = {"ft_lr_sweep": [1e-4, 3e-4], "ft_eval_every": 0}  # the preset they were run at: 200 steps
+    table = {**_table(Path("/elsewhere"), lm=earlier, ft_steps=200),
+             **_table(Path("/elsewhere"), ft_lr=3e-4, lm=earlier, ft_steps=200)}
     standing = {n for n, j in table.items() if read_result(j) is not None}
     # every arm stands but the start-only row's finetunes at the preset's 200 steps (run at 600 steps only:
     # benchmarks/records/smollm2_600) and the held-out score of the start itself; the start, 0 P-only steps, stands
     assert len(table) >= 80 and set(table) - standing == {"seed0/eval_sparse_start"} | {
         f"seed{s}/{a}" for s in (0, 1, 2) for a in ("ft_cft_sparse_start_lr0.0001", "eval_cft_sparse_start_lr0.0001",
                                                     "ft_cft_sparse_start_lr0.0003", "eval_cft_sparse_start_lr0.0003")}
-    select = _preset_plan(Path("/elsewhere/a")).select_jobs()
+    select = _preset_plan(Path("/elsewhere/a"), earlier, ft_steps=200).select_jobs()
     assert len(select) >= 30 and any(j.name.startswith("seed0/curve_") for j in select)
     # the selection's arms all stand but the ceiling probe's grid (kept in benchmarks/records/smollm2_600)
     assert [j.name for j in select if read_result(j) is None] == [
@@ -211,25 +222,21 @@ def test_the_kept_records_stand_for_the_shipped_plans_arms(monkeypatch):
 
 
 def test_the_600_step_records_stand_for_the_start_only_row_at_that_budget(monkeypatch):
-    """benchmarks/records/smollm2_600: the arms run at `ft_steps=600 lm.ft_eval_every=200` (the start-only row at
-    lr 1e-4 on 3 seeds; seed 0's two rows at 3e-4; the ceiling probe), kept with their spec (the preset's names at
-    another budget: a directory of their own)."""
+    """benchmarks/records/smollm2_600: arms of the shipped preset (600 finetuning steps, validation every 200; the
+    start-only row at lr 1e-4 on 3 seeds; seed 0's two rows at 3e-4; the ceiling probe), kept with their spec."""
     from s2t2_dist.recipes import arm_records
 
     kept = Path(__file__).resolve().parents[2] / "benchmarks" / "records" / "smollm2_600"
     monkeypatch.setattr(arm_records, "EXTRA_RECORDS", [kept])
-    plan = _preset_plan(Path("/elsewhere/a"), ft_steps=600)
-    plan.cfg.lm.ft_eval_every = 200
-    arms = {"plain_p": Arm("unconstrained", "paper", None, 1e-3), "sinkhorn_p": Arm("softmax", "paper", None, 0.1),
-            "s2t2": Arm("sparse", "shipped", None, 3e-5), "s2t2_a0": Arm("sparse", "paper", 0.0, 1e-5)}
-    table = {j.name: j for j in plan.table_jobs(arms, 1e-4)}
+    plan = _preset_plan(Path("/elsewhere/a"))  # the shipped preset: 600 steps, validation every 200
+    table = {j.name: j for j in plan.table_jobs(ARMS, _every_row_at(1e-4))}
     for s in (0, 1, 2):
         r = read_result(table[f"seed{s}/eval_cft_sparse_start_lr0.0001"])
         assert r is not None and len(r["documents"]["index"]) == 157, s
         assert read_result(table[f"seed{s}/ft_cft_sparse_start_lr0.0001"])["step"] == 600
     # seed 0 at the other finetuning step, both rows; the ceiling probe's grid, its chosen step scored and S2T2's
     # start scored (the P-only rows' two ends)
-    more = {j.name: j for j in plan.table_jobs(arms, 3e-4, 3e-3)}
+    more = {j.name: j for j in plan.table_jobs(ARMS, _every_row_at(3e-4), 3e-3)}
     for name in ("seed0/eval_cft_sparse_start_lr0.0003", "seed0/eval_cft_sparse_lr3e-05_lr0.0003",
                  "seed0/eval_sparse_start", "seed0/eval_probe_embeddings_lr0.003"):
         r = read_result(more[name])
@@ -255,30 +262,52 @@ def test_selection_takes_the_lowest_validation_bpb_and_waits_for_every_run(tmp_p
     sel = select(plan)
     assert sel["chosen"]["p"]["s2t2"]["lr"] == 3e-4 and sel["chosen"]["p"]["s2t2"]["alpha"] is None
     assert sel["chosen"]["p"]["sinkhorn_p"] == {"kind": "softmax", "start": "shipped", "alpha": None, "lr": 0.01}
+    # Sinkhorn P from S2T2's start: the best of the shipped start's steps (here the column's own choice)
+    assert sel["chosen"]["p"]["sinkhorn_p_fvt"] == sel["chosen"]["p"]["sinkhorn_p"]
     assert sel["chosen"]["p"]["plain_p"] is None  # not run: nothing is chosen from a partial grid
-    assert sel["chosen"]["ft_lr"] == 3e-4  # mean 4.05 against 4.10
+    # each finetuned row its own step: FT new tok. 1e-4 (4.0 against 4.1), FT orig. tok. 3e-4 (4.0 against 4.2)
+    assert sel["chosen"]["ft_lr"]["ft_new_tok"] == 1e-4 and sel["chosen"]["ft_lr"]["ft_orig_tok"] == 3e-4
+    assert sel["chosen"]["ft_lr"]["s2t2_cft"] is None  # its grid has not run
+    # S2T2 + CFT's grid: seed 0 at both steps, from the chosen P; its step chosen once both have run
+    grid = {j.name: j for j in plan.grid_jobs(report_choices(sel)[0])}
+    p_arm = plan.p_arm(Arm(**sel["chosen"]["p"]["s2t2"]), 0).name.split("/translate_")[1]
+    _record(grid[f"seed0/ft_cft_{p_arm}_lr0.0001"], 4.05)
+    sel = select(plan)
+    assert sel["chosen"]["ft_lr"]["s2t2_cft"] is None and sel["provisional"]["ft_lr"]["s2t2_cft"] == 1e-4
+    _record(grid[f"seed0/ft_cft_{p_arm}_lr0.0003"], 4.08)
+    sel = select(plan)
+    assert sel["chosen"]["ft_lr"]["s2t2_cft"] == 1e-4 and "s2t2_cft" not in (sel.get("provisional") or {}).get(
+        "ft_lr", {})
     # a report under way reads the best finished candidate of a partial grid, and names it provisional
     plain = plan.candidates("plain_p")
     _record(plan.p_arm(plain[1], 0), 4.3)
     _record(plan.p_arm(plain[2], 0), 4.2)
     sel = select(plan)
     assert sel["chosen"]["p"]["plain_p"] is None
-    arms, ft_lr, provisional = report_choices(sel)
-    assert arms["plain_p"] == plain[2] and arms["s2t2"].lr == 3e-4 and ft_lr == 3e-4
-    assert provisional == ["plain_p"] and "s2t2_a0" not in arms  # alpha 0: nothing finished, no row
-    table = {j.name for j in plan.table_jobs(arms, ft_lr)}
+    arms, ft_lrs, provisional = report_choices(sel)
+    assert arms["plain_p"] == plain[2] and arms["s2t2"].lr == 3e-4 and ft_lrs["ft_new_tok"] == 1e-4
+    assert "plain_p" in provisional and "s2t2_a0" not in arms  # alpha 0: nothing finished, no row
+    assert "plain_p_cft" not in ft_lrs  # no finetune of it yet: no row
+    table = {j.name for j in plan.table_jobs(arms, ft_lrs)}
     assert plan.p_arm(plain[2], 1).name in table and not any("_a0_" in n for n in table)
+    assert {"seed1/ft_new_tok_lr0.0001", "seed1/ft_orig_tok_lr0.0003", f"seed1/ft_cft_{p_arm}_lr0.0001"} <= table
+    assert not any(n.startswith("seed1/ft_new_tok_lr0.0003") for n in table)
     # names: the shipped start is S2T2's own, the paper's the baselines'; the other start and alpha 0 are tagged
     names = {j.name for j in plan.select_jobs()}
     assert {"seed0/translate_sparse_lr0.0003", "seed0/translate_softmax_lr0.1", "seed0/translate_softmax_fvt_lr0.1",
             "seed0/translate_sparse_a0_lr0.001", "seed0/curve_s2t2_auto0.015_per_u"} <= names
-    # the table's seed-0 arms at the chosen steps are the selection's runs
+    # the table's seed-0 arms at the chosen steps are the selection's and the grid's runs
     chosen = {c: plan.candidates(c)[0] for c in plan.columns()}
-    table = {j.name for j in plan.table_jobs(chosen, 3e-4)}
+    table = {j.name for j in plan.table_jobs(chosen, _every_row_at(3e-4))}
+    assert {j.name for j in plan.table_jobs(chosen, _every_row_at(3e-4)) if j.name.startswith("seed0/ft_")} <= {
+        j.name for j in plan.grid_jobs(chosen)}
     assert plan.p_arm(chosen["s2t2"], 0).name in table and "seed0/ft_new_tok_lr0.0003" in table
     arm = plan.p_arm(chosen["s2t2"], 2).name.split("/translate_")[1]  # sparse_lr3e-05
     assert {f"seed2/ft_cft_{arm}_lr0.0003", f"seed2/eval_cft_{arm}_lr0.0003", f"seed2/eval_{arm}",
             "seed2/eval_new_tok_lr0.0003", "seed2/eval_orig_tok_lr0.0003"} <= table
+    # every translator is finetuned from S2T2's start too: Plain P and Sinkhorn P from the shipped start
+    fvt = {plan.p_arm(chosen[c], 2).name.split("/translate_")[1] for c in ("plain_p_fvt", "sinkhorn_p_fvt")}
+    assert all("_fvt_" in a and f"seed2/ft_cft_{a}_lr0.0003" in table for a in fvt)
     assert not any("cft_sparse_a0" in n for n in table)  # the alpha-0 row is P-only
 
 
@@ -303,8 +332,8 @@ def test_s2t2_at_alpha_0_is_chosen_over_both_starts_and_stays_p_only(tmp_path):
     assert sel["chosen"]["p"]["s2t2_a0"] == {"kind": "sparse", "start": "paper", "alpha": 0.0, "lr": 1e-5}
     assert sel["chosen"]["p"]["s2t2"] == {"kind": "sparse", "start": "shipped", "alpha": None, "lr": 1e-5}
     assert {"s2t2", "s2t2_a0"} <= set(sel["at_grid_edge"])
-    arms, ft_lr, _ = report_choices(sel)
-    table = {j.name for j in plan.table_jobs(arms, ft_lr)}
+    arms, _, _ = report_choices(sel)
+    table = {j.name for j in plan.table_jobs(arms, _every_row_at(1e-4))}
     for seed in plan.cfg.seeds:  # both S2T2 rows scored P-only; S2T2 + CFT from the shipped recipe's P only
         assert {f"seed{seed}/eval_sparse_lr1e-05", f"seed{seed}/eval_sparse_paper_a0_lr1e-05",
                 f"seed{seed}/ft_cft_sparse_lr1e-05_lr0.0001"} <= table
@@ -413,58 +442,64 @@ def _scored(job: Job, bpb: float) -> None:
     write_record(job)
 
 
-def test_the_finetuned_rows_at_the_other_step_are_a_table_of_their_own(tmp_path):
+def test_each_finetuned_row_runs_at_its_own_step_from_a_seed_0_grid(tmp_path):
+    """Seed 0 runs every finetuned row at every finetuning step (the grid); each row's own step, chosen on
+    validation, is the step its other seeds run at; the report shows the grid (validation / held out, the chosen
+    step in bold) and every finetuned row at equal total tokens (a P + CFT row's P-only steps counted)."""
+    from torch.utils.tensorboard import SummaryWriter
+
     from s2t2_dist.recipes.reproduce_lm_report import FT_ROWS, collect, plots, table1_markdown
 
     plan = _plan(tmp_path, ft_lr_sweep=[1e-4, 3e-4])
     plan.cfg.seeds = [0, 1]
     chosen = {c: plan.candidates(c)[0] for c in plan.columns()}
-    table, checks = plan.table_jobs(chosen, 3e-4), plan.check_jobs(chosen, 3e-4)
-    assert list(checks) == [1e-4]
-    # only the finetunes and their scores, on every seed, reading the table's own P's
-    jobs = checks[1e-4]
-    assert {j.stage for j in jobs} == {"finetune", "evaluate"} and len(jobs) == 2 * len(FT_ROWS) * 2
-    assert all(j.name.endswith("_lr0.0001") for j in jobs)
-    p_files = {p for j in table if j.stage == "translate" for p in j.produces}
-    read = lambda js: {c for j in js if j.stage == "finetune" for c in j.consumes} & p_files  # noqa: E731
-    # Plain, Sinkhorn, S2T2 and S2T2's start on both seeds
-    assert read(jobs) == read(table) and len(read(jobs)) == 4 * 2
-    # the report: the table at its step, the check beside it with the claims that read a finetuned row
-    for j in table + jobs:
-        if j.stage == "evaluate":
-            key, seed = j.role[1], j.role[2] or 0
-            at_check = j in jobs
-            v = {"s2t2_cft": 4.0 if at_check else 4.3, "ft_new_tok": 4.1}.get(key, 4.25)
-            _scored(j, v + 0.001 * seed)
-        elif j.stage == "finetune":  # a training curve: 2 bytes a token, 9 nats at the check's step, 7 at the table's
+    grid = plan.grid_jobs(chosen)
+    fts = [j for j in grid if j.stage == "finetune"]
+    assert len({j.name for j in fts}) == len(FT_ROWS) * 2 and all(j.name.startswith("seed0/") for j in fts)
+    assert {j.role[1] for j in grid if j.stage == "evaluate"} == set(FT_ROWS)
+    # the start-only row reads S2T2's start; the *_fvt rows a P from that start; the others their column's
+    reads = {j.role[1]: next(c for c in j.consumes if c.endswith("final")) for j in grid if j.stage == "evaluate"}
+    assert "translate_sparse_start" in {Path(c).parent.name for f in fts for c in f.consumes}
+    assert "_fvt_" in reads["plain_p_fvt_cft"] and "_fvt_" not in reads["plain_p_cft"]
+    own = {row: (3e-4 if row in ("s2t2_cft", "ft_new_tok") else 1e-4) for row in FT_ROWS}
+    table = plan.table_jobs(chosen, own)
+    by_name = {j.name: j for j in table}
+    assert "seed1/ft_new_tok_lr0.0003" in by_name and "seed1/ft_new_tok_lr0.0001" not in by_name
+    assert "seed1/ft_orig_tok_lr0.0001" in by_name and "seed1/eval_cft_sparse_start_lr0.0001" in by_name
+    # records: validation every 200 steps; the held-out scores
+    for j in {j.name: j for j in grid + table}.values():
+        if j.stage == "finetune":
+            lr = float(next(o for o in j.overrides if o.startswith("optim.lr=")).split("=")[1])
+            v = 4.2 if lr == 3e-4 else 4.3
             Path(j.run_dir).mkdir(parents=True, exist_ok=True)
-            Path(j.result).write_text(json.dumps({"finished": True, "eval": {"bytes_per_token": 2.0},
-                                                  "losses": [[1, 9.0 if j in jobs else 7.0], [2, 6.0]]}))
+            Path(j.result).write_text(json.dumps({
+                "finished": True, "eval": {"bpb": v, "bytes_per_token": 2.0}, "losses": [[1, 7.0], [2, 6.0]]}))
+            with SummaryWriter(str(Path(j.run_dir) / "tb" / "global")) as tb:  # where the record reads its curve
+                for step, bpb in ((200, v + 0.2), (400, v + 0.1), (600, v)):
+                    tb.add_scalar("eval/bpb", bpb, step)
             write_record(j)
-    res = collect(plan, table, {"chosen": {"ft_lr": 3e-4}}, {"residue_unigram": {"bpb": 4.2},
-                                                             "unigram_bpe": {"bpb": 4.4}}, step_checks=checks)
+        elif j.stage == "evaluate" and j.role and j.role[1] in FT_ROWS:
+            _scored(j, 4.25 if j.name.endswith("_lr0.0003") else 4.35)
+        elif j.stage == "evaluate":
+            _scored(j, 4.5)
+    sel = {"chosen": {"ft_lr": own}, "at_grid_edge": ["ft_new_tok"]}
+    res = collect(plan, table, sel, {"residue_unigram": {"bpb": 4.2}, "unigram_bpe": {"bpb": 4.4}}, grid=grid)
     assert res["missing"] == [] and res["same_bytes"]["ok"]
-    check = res["ft_lr_check"]["0.0001"]
-    assert sorted(check["rows"]) == sorted(FT_ROWS)
-    assert check["rows"]["s2t2_cft"]["bpb"]["mean"] == pytest.approx(4.0005)
-    assert res["rows"]["s2t2_cft"]["bpb"]["mean"] == pytest.approx(4.3005)
-    by = {c["claim"]: c["holds"] for c in check["checks"]}
-    assert by["S2T2 + CFT below FT new tok. by >= 0.02 BpB on every seed"] is True  # 4.0 against 4.1
-    assert by["valid run: a finetuned row below the residue unigram"] is True
-    assert not any(c.startswith("S2T2 below") for c in by)  # P-only claims are the table's alone
-    table_claims = {c["claim"]: c["holds"] for c in res["checks"]}
-    assert table_claims["S2T2 + CFT below FT new tok. by >= 0.02 BpB on every seed"] is False
+    assert res["ft_grid"]["s2t2_cft"] == {"0.0001": {"validation": 4.3, "heldout": 4.35, "bytes": 100, "docs": 2},
+                                          "0.0003": {"validation": 4.2, "heldout": 4.25, "bytes": 100, "docs": 2}}
+    assert res["rows"]["s2t2_cft"]["bpb"]["mean"] == pytest.approx(4.25)  # both seeds at its own step
+    assert res["rows"]["plain_p_cft"]["bpb"]["mean"] == pytest.approx(4.35)
+    eq = res["equal_tokens"]["rows"]
+    # 600 steps in all: a P + CFT row after 400 finetuning steps, the rows without P-only steps after 600
+    assert eq["s2t2_cft"]["1"] == {"finetuning_steps": 400, "bpb": pytest.approx(4.3)}
+    assert eq["fvt_start_cft"]["0"] == {"finetuning_steps": 600, "bpb": pytest.approx(4.3)}
+    assert eq["ft_new_tok"]["0"]["finetuning_steps"] == 600
     text = table1_markdown(res)
-    assert "at finetuning step 0.0001" in text and "| S2T2 + CFT | 4.0005 +- 0.001 | 4.0000 | 4.0010 | 4.3005 |" in text
-    # each step's finetuning curves, in BpB (nats / ln 2 / bytes per token), and a plot of each
-    assert check["ft_curves"]["s2t2_cft"]["1"][0] == [1, pytest.approx(9 / math.log(2) / 2)]
-    assert res["ft_curves"]["s2t2_cft"]["1"][0] == [1, pytest.approx(7 / math.log(2) / 2)]
+    assert "| S2T2 + CFT | 0.0003 | 4.2500 +- 0.000 |" in text
+    assert "| S2T2 + CFT | 4.3000 / 4.3500 | **4.2000 / 4.2500** |" in text
+    assert "Chosen at an end of the grid" in text and "At equal total tokens" in text
     pl = plots(res, tmp_path / "report")
-    assert pl["finetune"].name == "finetune_curves.png"
-    assert pl["finetune at lr 0.0001"].name == "finetune_curves_lr0.0001.png"
-    assert all(p.stat().st_size > 1000 for p in pl.values())
-    plan.cfg.lm.ft_lr_check = False
-    assert plan.check_jobs(chosen, 3e-4) == {}
+    assert pl["finetune"].name == "finetune_curves.png" and all(p.stat().st_size > 1000 for p in pl.values())
 
 
 def test_the_adaptive_unigram_reads_a_sequences_own_composition():
@@ -511,7 +546,7 @@ def test_the_ceiling_probe_is_chosen_on_validation_and_bounds_the_p_only_rows(tm
     assert sel["chosen"]["probe_lr"] == plan.cfg.lm.probe_lr_sweep[1] and "p_only_probe" not in sel.get(
         "at_grid_edge", [])
     chosen = {c: plan.candidates(c)[0] for c in plan.columns()}
-    table = {j.name: j for j in plan.table_jobs(chosen, 1e-4, sel["chosen"]["probe_lr"])}
+    table = {j.name: j for j in plan.table_jobs(chosen, _every_row_at(1e-4), sel["chosen"]["probe_lr"])}
     ev = table[f"seed0/eval_{probes[1].name.split('/', 1)[1]}"]
     assert ev.role == ("table1", "p_only_probe", 0) and table["seed0/eval_sparse_start"].role[1] == "fvt_start"
     assert "seed1/eval_sparse_start" not in table  # the two ends on seed 0
