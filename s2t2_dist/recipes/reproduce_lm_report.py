@@ -343,6 +343,11 @@ def table1_markdown(results: dict) -> str:
               + (f" (prior strength {ada['strength']:g}, chosen on validation)" if ada.get("strength") else "")
               + f", 512-BPE token unigram {_f(refs['unigram_bpe']['bpb'])} (special tokens left out), random guess "
               f"(log2 u per token) {_f(rg)}."]
+    bpt = bytes_per_token(results["rows"])
+    if bpt:
+        lines += ["", "Bytes per token on the held-out proteins: " + ", ".join(
+            f"{name} {v:.3f}" for name, v in bpt.items()) + " (the paper's figures per OLMo token convert at OLMo's "
+            "own, ~1.79 here)."]
     gap = results.get("probe_gap") or {}
     if gap.get("rows"):
         s = sorted(gap["start"])[0]
@@ -363,6 +368,19 @@ def table1_markdown(results: dict) -> str:
             lines.append(f"| {label(key)} | {at} | " + " | ".join(_f((eq[key].get(s) or {}).get("bpb"))
                                                                for s in seeds) + " |")
     return "\n".join(lines) + "\n"
+
+
+def bytes_per_token(rows: dict) -> dict[str, float]:
+    """Bytes per token of each tokenizer on the held-out bytes, from a row scored with it (the new BPE: any row
+    but FT orig. tok.; the source model's own: FT orig. tok.)."""
+    out = {}
+    for name, keys in (("the new BPE", [k for k in ORDER if k != "ft_orig_tok"]), ("the source model's own",
+                                                                                  ["ft_orig_tok"])):
+        v = next((v for k in keys for v in ((rows.get(k) or {}).get("seeds") or {}).values()
+                  if v.get("tokens")), None)
+        if v:
+            out[name] = v["bytes"] / v["tokens"]
+    return out
 
 
 def grid_markdown(results: dict) -> str:

@@ -498,6 +498,7 @@ def test_each_finetuned_row_runs_at_its_own_step_from_a_seed_0_grid(tmp_path):
     assert "| S2T2 + CFT | 0.0003 | 4.2500 +- 0.000 |" in text
     assert "| S2T2 + CFT | 4.3000 / 4.3500 | **4.2000 / 4.2500** |" in text
     assert "Chosen at an end of the grid" in text and "At equal total tokens" in text
+    assert "Bytes per token on the held-out proteins: the new BPE 2.000, the source model's own 2.000" in text
     pl = plots(res, tmp_path / "report")
     assert pl["finetune"].name == "finetune_curves.png" and all(p.stat().st_size > 1000 for p in pl.values())
 
