@@ -3,10 +3,11 @@ name (``from s2t2_dist.api import TokenTranslator, load_p``), never from the mod
 package may move a name between its modules without its clients noticing. A name is resolved from its home module on
 first use (PEP 562): importing this module imports nothing else, and a script pays only for the parts it reads.
 
-The names, by part (each part's modules document them). Four modules are public as modules: the CUDA kernels'
+The names, by part (each part's modules document them). Seven modules are public as modules: the CUDA kernels'
 seams, which a bench swaps for variants within ``kernels_as``: ``dykstra_triton``, ``triton_kernels``,
-``product_triton``, ``product``. tests/project/test_layout.py keeps bench/ on this API and checks every name here
-resolves to its home."""
+``product_triton``, ``product``; the environment variables (``envvars``), the stop requests a loop reads
+(``stop``) and the stages' input checks (``stage_checks``). tests/project/test_layout.py keeps bench/ and the
+recipes on this API and checks every name here resolves to its home."""
 
 from __future__ import annotations
 
@@ -72,6 +73,11 @@ _HOME: dict[str, str] = {
     "source_token_ids": "s2t2_dist.data.tokenizers",
     "token_bytes": "s2t2_dist.data.tokenizers",
     "tokenizer_hash": "s2t2_dist.data.tokenizers",
+    "byte_level_decoder": "s2t2_dist.data.tokenizers",
+    "load_model_tokenizer": "s2t2_dist.data.tokenizers",
+    "load_manifest": "s2t2_dist.data.shards",
+    "ShardReader": "s2t2_dist.data.reader",
+    "split_of": "s2t2_dist.data.split",
     # models: loading, embeddings and head, the translated LM
     "asset_path": "s2t2_dist.models.hf",
     "get_embedding_and_head": "s2t2_dist.models.hf",
@@ -80,11 +86,16 @@ _HOME: dict[str, str] = {
     "transformer_blocks": "s2t2_dist.models.hf",
     "materialize": "s2t2_dist.models.translated",
     "TranslatedLM": "s2t2_dist.models.translated",
+    "RECORD": "s2t2_dist.models.dir_check",
+    "verify_record": "s2t2_dist.models.dir_check",
+    "write_record": "s2t2_dist.models.dir_check",
     # scoring: bits per byte and perplexity of documents
     "score_documents": "s2t2_dist.eval.bpb",
     "evaluate_documents": "s2t2_dist.eval.scoring",
     "hf_logits_fn": "s2t2_dist.eval.scoring",
     "score_documents_batched": "s2t2_dist.eval.scoring",
+    "claim": "s2t2_dist.eval.paired",
+    "paired_difference": "s2t2_dist.eval.paired",
     # training: the loop, its config, optimiser, checkpoints, metrics
     "Checkpointer": "s2t2_dist.train.checkpoint",
     "OptimConfig": "s2t2_dist.train.config",
@@ -101,16 +112,22 @@ _HOME: dict[str, str] = {
     "resolve_ds_config": "s2t2_dist.engines.deepspeed_engine",
     "FSDP2Engine": "s2t2_dist.engines.fsdp_engine",
     "TorchEngine": "s2t2_dist.engines.torch_engine",
+    "engine_overrides": "s2t2_dist.engines.launcher",
     # distributed: process groups, the sharded Sinkhorn's counters
     "init_distributed": "s2t2_dist.distributed.env",
     "CommStats": "s2t2_dist.distributed.sharded_sinkhorn",
-    # the stages: configs, Tasks, stage 2's translated initialisation
+    # the stages: configs, Tasks, stage 2's translated initialisation, their checks, error handling and commands
     "EvaluateConfig": "s2t2_dist.stages.evaluate",
     "FinetuneConfig": "s2t2_dist.stages.finetune",
     "FinetuneTask": "s2t2_dist.stages.finetune",
     "translated_embeddings": "s2t2_dist.stages.init_model",
     "TranslateConfig": "s2t2_dist.stages.translate",
     "TranslateTask": "s2t2_dist.stages.translate",
+    "report_user_error": "s2t2_dist.stages.common",
+    "run_main": "s2t2_dist.stages.common",
+    "stage_checks": "s2t2_dist.stages.checks",
+    "writable_dir": "s2t2_dist.stages.checks",
+    "COMMANDS": "s2t2_dist.cli",
     # recipes: source models, the runner, shipped small models, data preparation
     "write_config": "s2t2_dist.recipes.demo",
     "save_hf": "s2t2_dist.recipes.llama2c",
@@ -127,21 +144,39 @@ _HOME: dict[str, str] = {
     "save_tiny": "s2t2_dist.recipes.tiny",
     "tiny_config": "s2t2_dist.recipes.tiny",
     "tiny_from_config": "s2t2_dist.recipes.tiny",
-    # utilities: atomic files, routes taken, host-sync counting
+    # utilities: atomic files, run-directory locks, stop requests, routes taken, host-sync counting
     "atomic_write_json": "s2t2_dist.utils.io",
     "sha256_file": "s2t2_dist.utils.io",
+    "atomic_dir": "s2t2_dist.utils.io",
+    "atomic_open": "s2t2_dist.utils.io",
+    "atomic_write_text": "s2t2_dist.utils.io",
+    "build_lock": "s2t2_dist.utils.io",
+    "write_error": "s2t2_dist.utils.io",
+    "lock": "s2t2_dist.utils.rundir",
+    "stop": "s2t2_dist.utils.stop",
     "fallbacks": "s2t2_dist.utils.routes",
     "record": "s2t2_dist.utils.routes",
     "summary": "s2t2_dist.utils.routes",
     "text": "s2t2_dist.utils.routes",
     "count_host_syncs": "s2t2_dist.utils.syncs",
-    # the package's top level: errors and the config system
+    # the package's top level: errors, the config system, environment variables
     "load_config": "s2t2_dist.config",
     "PFileError": "s2t2_dist.errors",
+    "apply_overrides": "s2t2_dist.config",
+    "config_from_dict": "s2t2_dist.config",
+    "save_config": "s2t2_dist.config",
+    "to_dict": "s2t2_dist.config",
+    "config_rows": "s2t2_dist.config_docs",
+    "envvars": "s2t2_dist.envvars",
+    "ConfigError": "s2t2_dist.errors",
+    "DataError": "s2t2_dist.errors",
+    "SourceModelError": "s2t2_dist.errors",
+    "UserError": "s2t2_dist.errors",
 }
 
 #: the names that are modules
-_MODULES = frozenset({"dykstra_triton", "product", "product_triton", "triton_kernels"})
+_MODULES = frozenset({"dykstra_triton", "envvars", "product", "product_triton", "stage_checks", "stop",
+                      "triton_kernels"})
 
 __all__ = sorted(_HOME)
 

@@ -10,7 +10,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from s2t2_dist.errors import DataError
+from s2t2_dist.api import DataError
 from s2t2_dist.recipes.paper_plan import Job
 
 #: further directories of arm records to reuse, read-only (`--record`: records kept from another machine)
@@ -69,7 +69,7 @@ def read_result(job: Job) -> dict | None:
 
 
 def write_record(job: Job) -> None:
-    from s2t2_dist.utils.io import atomic_write_json
+    from s2t2_dist.api import atomic_write_json
 
     r = json.loads(Path(job.result).read_text())
     if job.stage in ("translate", "finetune"):

@@ -62,7 +62,7 @@ def write_config(path: Path, cfg: dict, cls) -> Path:
     """Write a stage config as YAML and check it through the config system before any process starts."""
     import yaml
 
-    from s2t2_dist.config import load_config
+    from s2t2_dist.api import load_config
 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -73,8 +73,8 @@ def write_config(path: Path, cfg: dict, cls) -> Path:
 def p_summary(p_file: str | Path, target_tokenizer: str | Path, source_model: str | Path, show: str = "ACDEGKLS"
               ) -> dict:
     """Sparsity of a P file and the top source tokens of a few single-residue target tokens."""
-    from s2t2_dist.data.tokenizers import load_model_tokenizer, load_tokenizer, token_bytes
-    from s2t2_dist.translator.pfile import load_p
+    from s2t2_dist.api import load_model_tokenizer, load_tokenizer, token_bytes
+    from s2t2_dist.api import load_p
 
     p = load_p(p_file)
     v = p.shape[0]
@@ -90,7 +90,7 @@ def p_summary(p_file: str | Path, target_tokenizer: str | Path, source_model: st
             return b.decode("utf-8")
         except UnicodeDecodeError:  # a lone byte of a multi-byte character
             return "<0x" + b.hex().upper() + ">"
-    from s2t2_dist.translator import translation_weights
+    from s2t2_dist.api import translation_weights
 
     W = translation_weights(p.dense(), p.mu, p.nu, p.normalization, "head")  # the head weights of each target column
     top = {}
@@ -128,11 +128,11 @@ def parse(argv):
 
 
 def run(args) -> dict:
-    from s2t2_dist.stages.finetune import FinetuneConfig
-    from s2t2_dist.stages.evaluate import EvaluateConfig
+    from s2t2_dist.api import FinetuneConfig
+    from s2t2_dist.api import EvaluateConfig
     from s2t2_dist.recipes.orchestrate import english_bytes, prepare_protein, stories260k, unigram_reference
-    from s2t2_dist.stages.translate import TranslateConfig
-    from s2t2_dist.utils.io import atomic_write_json, atomic_write_text
+    from s2t2_dist.api import TranslateConfig
+    from s2t2_dist.api import atomic_write_json, atomic_write_text
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -351,8 +351,8 @@ def _report(r: dict, rows) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(list(sys.argv[1:] if argv is None else argv))
-    from s2t2_dist import envvars
-    from s2t2_dist.stages.common import report_user_error
+    from s2t2_dist.api import envvars
+    from s2t2_dist.api import report_user_error
 
     try:
         envvars.check()  # the S2T2_* variables its stages will read, before the first of them starts

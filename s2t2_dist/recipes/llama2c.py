@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from s2t2_dist.models.hf import asset_path
+from s2t2_dist.api import asset_path
 
 HEADER = struct.Struct("<7i")
 BOS_ID, EOS_ID, UNK_ID = 1, 2, 0

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from s2t2_dist.cli import COMMANDS
+from s2t2_dist.api import COMMANDS
 
 #: the repository (or installed package parent) holding launch/ and s2t2_dist/
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -106,7 +106,7 @@ def _tee(proc: subprocess.Popen, log_path: Path, echo) -> None:
 
 def _config_hashes(argv: list[str]) -> dict:
     """Content hashes of the config files named in argv: a changed file is another run."""
-    from s2t2_dist.utils.io import sha256_file
+    from s2t2_dist.api import sha256_file
 
     out = {}
     for flag, val in zip(argv, argv[1:]):
@@ -207,7 +207,7 @@ class Runner:
                 run = StageRun(stage, name, run_dir, result, secs, True, printable)
                 self.history.append(run)
                 return run
-        from s2t2_dist.utils.io import atomic_write_json
+        from s2t2_dist.api import atomic_write_json
 
         # a run interrupted in a copied output directory starts afresh too: its checkpoints name the old paths
         if not same or moved:
@@ -312,8 +312,8 @@ def prepare_protein(out: Path, *, vocab_size: int, context_len: int, eval_fracti
     """`prepare` (split, BPE, shards; source-tokenizer shards too when `source_tokenizer` is given) on the shipped
     protein sample. Rerunning with the same settings reuses the finished steps. split_by="text" keeps identical
     sequences (the sample has some under different ids) in one split, so no eval text is also a train text."""
-    from s2t2_dist.data.config import DataConfig
-    from s2t2_dist.data.pipeline import prepare
+    from s2t2_dist.api import DataConfig
+    from s2t2_dist.api import prepare
 
     cfg = DataConfig(inputs=[str(p) for p in (inputs or protein_sample())], format="fasta", domain="protein",
                      extra_residue_policy="keep", eval_fraction=eval_fraction, seed=0, vocab_size=vocab_size,
@@ -325,10 +325,10 @@ def prepare_protein(out: Path, *, vocab_size: int, context_len: int, eval_fracti
 
 def stories260k_cached(out: Path, log=None) -> bool:
     """``out`` holds the conversion of the shipped checkpoint, its files as written (their recorded checksums)."""
-    from s2t2_dist.errors import ConfigError
-    from s2t2_dist.models.dir_check import RECORD, verify_record
+    from s2t2_dist.api import ConfigError
+    from s2t2_dist.api import RECORD, verify_record
     from s2t2_dist.recipes.llama2c import default_checkpoint
-    from s2t2_dist.utils.io import sha256_file
+    from s2t2_dist.api import sha256_file
 
     try:
         if json.loads((out / "llama2c_source.json").read_text())["checkpoint"]["sha256"] != \
@@ -347,9 +347,9 @@ def stories260k_cached(out: Path, log=None) -> bool:
 
 def stories260k(cache: Path, log=print) -> Path:
     """The shipped stories260K (llama2.c) converted to a Hugging Face directory, once, under `cache`."""
-    from s2t2_dist.models.dir_check import write_record
+    from s2t2_dist.api import write_record
     from s2t2_dist.recipes.llama2c import save_hf
-    from s2t2_dist.utils.io import atomic_dir, build_lock
+    from s2t2_dist.api import atomic_dir, build_lock
 
     out = Path(cache) / "stories260k"
     if stories260k_cached(out, log):
@@ -420,8 +420,8 @@ def unigram_reference(train_shards: str | Path, eval_shards: str | Path) -> dict
     tokenizer should beat once it has learned anything beyond frequencies."""
     import numpy as np
 
-    from s2t2_dist.data.reader import EvalDocs, ShardReader
-    from s2t2_dist.data.shards import load_manifest
+    from s2t2_dist.api import EvalDocs, ShardReader
+    from s2t2_dist.api import load_manifest
 
     m = load_manifest(train_shards)
     V = int(m["tokenizer"]["vocab_size"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from s2t2_dist.errors import ConfigError
+from s2t2_dist.api import ConfigError
 
 # ----------------------------------------------------------------------------------------------------------------
 # configuration

@@ -89,7 +89,7 @@ def byte_tokenizer():
     (eos and bos), 257 = <|padding|>."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    from s2t2_dist.data.tokenizers import byte_level_decoder
+    from s2t2_dist.api import byte_level_decoder
 
     vocab = {ch: b for ch, b in byte_level_decoder().items()}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))

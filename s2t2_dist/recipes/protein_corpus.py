@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from s2t2_dist.data.fasta import read_fasta
-from s2t2_dist.data.split import split_of
-from s2t2_dist.utils.io import atomic_open, atomic_write_json, sha256_file
+from s2t2_dist.api import read_fasta
+from s2t2_dist.api import split_of
+from s2t2_dist.api import atomic_open, atomic_write_json, sha256_file
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "protein"
 #: file -> what it is (the FASTA files the corpus reads, in this order)

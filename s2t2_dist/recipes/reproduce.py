@@ -44,8 +44,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from s2t2_dist.config import load_config
-from s2t2_dist.errors import ConfigError
+from s2t2_dist.api import load_config
+from s2t2_dist.api import ConfigError
 from s2t2_dist.recipes.orchestrate import REPO_ROOT, Runner, StageFailed, fmt_seconds
 from s2t2_dist.recipes.paper_plan import (  # noqa: F401 (KINDS, TABLE1, PAPER_TABLE1: the plan's public names)
     KINDS,
@@ -280,18 +280,18 @@ def paper_script(cfg: ReproduceConfig, jobs: list[Job]) -> str:
 
 def _stage_config_class(stage: str):
     if stage == "prepare":
-        from s2t2_dist.data.config import DataConfig
+        from s2t2_dist.api import DataConfig
 
         return DataConfig
     if stage == "translate":
-        from s2t2_dist.stages.translate import TranslateConfig
+        from s2t2_dist.api import TranslateConfig
 
         return TranslateConfig
     if stage == "finetune":
-        from s2t2_dist.stages.finetune import FinetuneConfig
+        from s2t2_dist.api import FinetuneConfig
 
         return FinetuneConfig
-    from s2t2_dist.stages.evaluate import EvaluateConfig
+    from s2t2_dist.api import EvaluateConfig
 
     return EvaluateConfig
 
@@ -326,7 +326,7 @@ def _load_stage_config(j: Job):
     cls = _stage_config_class(j.stage)
     path = REPO_ROOT / j.config
     if j.stage in ("finetune", "evaluate"):  # their entry points translate launcher arguments first
-        from s2t2_dist.engines.launcher import engine_overrides
+        from s2t2_dist.api import engine_overrides
 
         overrides = engine_overrides(list(j.overrides))
     else:
@@ -356,11 +356,11 @@ def run_local(cfg: ReproduceConfig, out: Path, *, ranks: int = 1, cache: Path | 
               ) -> dict:
     from s2t2_dist.recipes.orchestrate import english_bytes, prepare_protein
     from s2t2_dist.recipes.reproduce_report import collect, write_outputs
-    from s2t2_dist.utils.io import atomic_write_json
+    from s2t2_dist.api import atomic_write_json
 
     t0 = time.time()
     out.mkdir(parents=True, exist_ok=True)
-    from s2t2_dist.config import save_config
+    from s2t2_dist.api import save_config
 
     save_config(cfg, out / "reproduce_config.yaml")
     cache = cache or out / "source_lm"
@@ -500,7 +500,7 @@ SCALES = {
 
 
 def _epilog() -> str:
-    from s2t2_dist.config_docs import config_rows
+    from s2t2_dist.api import config_rows
 
     lines = ["scales:"] + [f"  {k:<8} {v}" for k, v in SCALES.items()]
     lines += ["", "keys (dotted key=value after the options; each scale presets its own values, e.g. "
@@ -515,7 +515,7 @@ def _epilog() -> str:
 
 def with_overrides(cfg: ReproduceConfig, overrides: list[str]) -> ReproduceConfig:
     """The preset with dotted `key=value` overrides, through the config system (types and keys checked)."""
-    from s2t2_dist.config import apply_overrides, config_from_dict, to_dict
+    from s2t2_dist.api import apply_overrides, config_from_dict, to_dict
 
     return config_from_dict(ReproduceConfig, apply_overrides(to_dict(cfg), list(overrides)))
 
@@ -525,7 +525,7 @@ def preflight(args, cfg: ReproduceConfig) -> Path | None:
     apply to the scale, a directory that cannot be written, a missing input, or an output of another scale; then
     the output directory's lock (one reproduction per directory; RunDirError names the holder). Returns the
     output directory (None for the paper scale's printed plan)."""
-    from s2t2_dist.stages import checks
+    from s2t2_dist.api import stage_checks as checks
 
     lm = args.scale == "smollm2"
     if args.ranks < 1:
@@ -553,7 +553,7 @@ def preflight(args, cfg: ReproduceConfig) -> Path | None:
     other = _scale_of(out)
     if other is not None and other != args.scale:
         raise ConfigError(f"--out: {out} holds a reproduction of scale {other}, not {args.scale}; give another --out")
-    from s2t2_dist.utils.rundir import lock
+    from s2t2_dist.api import lock
 
     lock(out, "reproduce", key="--out", until_exit=True)
     return out
@@ -591,13 +591,13 @@ def main(argv: list[str] | None = None) -> int:
     quiet_process_env()
 
     try:
-        from s2t2_dist import envvars
+        from s2t2_dist.api import envvars
 
         envvars.check()  # the S2T2_* variables its stages will read, before the first of them starts
         args, cfg = parse(argv)
         out = preflight(args, cfg)
     except ConfigError as e:
-        from s2t2_dist.stages.common import report_user_error
+        from s2t2_dist.api import report_user_error
 
         return report_user_error("s2t2 reproduce", e)
     if args.scale == "paper":
@@ -618,20 +618,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# {len(jobs)} jobs; configs, overrides and dependencies validated.", file=sys.stderr)
         return 0
     if args.scale == "smollm2":
-        from s2t2_dist.errors import UserError
+        from s2t2_dist.api import UserError
         from s2t2_dist.recipes.reproduce_lm import run_smollm2
 
         try:
             res = run_smollm2(cfg, out, cache=Path(args.cache).resolve() if args.cache else None,
                               echo=not args.quiet, phase=args.phase, records=[Path(r) for r in args.record])
         except UserError as e:  # an altered record, a source model that cannot be built: one line
-            from s2t2_dist.stages.common import report_user_error
+            from s2t2_dist.api import report_user_error
 
             return report_user_error("s2t2 reproduce", e)
         if res.get("signal") is not None:
             return _stopped(res, out)
         return 1 if res.get("failed") else 0
-    from s2t2_dist.utils import stop
+    from s2t2_dist.api import stop
 
     try:
         run_local(cfg, out, ranks=args.ranks, cache=Path(args.cache).resolve() if args.cache else None,

@@ -193,7 +193,7 @@ class LmPlan:
                              after=(st,), steps=self.cfg.p_steps, embeddings_only=True)
 
     def curve(self) -> Job:
-        from s2t2_dist.translator.kinds import REGISTRY
+        from s2t2_dist.api import REGISTRY
 
         # at the automatic step; its rule is in the name, so that a record of another rule never stands for it
         # (the shipped start's marginal is its own, not uniform)
@@ -397,7 +397,7 @@ class Lanes:
 
     def _attempt(self, runner, job: Job, k: int) -> str:
         """Run one arm: "done", "failed" (said), or "stopped" (a stop signal ended it: checkpointed, resumable)."""
-        from s2t2_dist.utils import stop
+        from s2t2_dist.api import stop
 
         try:
             self.history.append(self._run_one(runner, job))
@@ -409,7 +409,7 @@ class Lanes:
             return "failed"
 
     def run(self, jobs: list[Job], t0: float) -> list[str]:
-        from s2t2_dist.utils import stop
+        from s2t2_dist.api import stop
 
         todo = self.needed(jobs)
         # the same job (a selection run reused by the table) only once
@@ -478,9 +478,9 @@ class Lanes:
 
 
 def prepare_lm_data(out: Path, cfg: ReproduceConfig, model: str, progress: bool = False) -> tuple[LmPaths, dict]:
-    from s2t2_dist.data.config import DataConfig
-    from s2t2_dist.data.pipeline import prepare
-    from s2t2_dist.data.raw_eval import tokenize_files
+    from s2t2_dist.api import DataConfig
+    from s2t2_dist.api import prepare
+    from s2t2_dist.api import tokenize_files
     from s2t2_dist.recipes.protein_corpus import build_corpus
 
     data = out / "data"
@@ -560,8 +560,8 @@ def adaptive_unigram(train_texts: list[str], scored_texts: list[str], strength: 
 
 def references(paths: LmPaths) -> dict:
     """The training-free lines, on the held-out split (the table's) and on the validation split (the curve's)."""
-    from s2t2_dist.data.fasta import read_fasta
-    from s2t2_dist.data.split import iter_split_texts
+    from s2t2_dist.api import read_fasta
+    from s2t2_dist.api import iter_split_texts
     from s2t2_dist.recipes.orchestrate import unigram_reference
 
     splits = paths.data / "splits"
@@ -600,7 +600,7 @@ def _stop_passed_on(say):
     import signal
 
     from s2t2_dist.recipes.orchestrate import signal_children
-    from s2t2_dist.utils import stop
+    from s2t2_dist.api import stop
 
     def handler(signum, frame):
         if stop.outside() is not None:
@@ -627,11 +627,11 @@ def run_smollm2(cfg: ReproduceConfig, out: Path, *, cache: Path | None = None, e
                 phase: str = "all", records: list[Path] | None = None, say=print) -> dict:
     """Run the phases up to `phase` (select | all; report: run nothing) and write the outputs from every finished
     arm."""
-    from s2t2_dist.config import save_config
+    from s2t2_dist.api import save_config
     from s2t2_dist.recipes.reproduce_lm_report import write_outputs
     from s2t2_dist.recipes.smollm2 import smollm2
-    from s2t2_dist.utils import stop
-    from s2t2_dist.utils.io import atomic_write_json
+    from s2t2_dist.api import stop
+    from s2t2_dist.api import atomic_write_json
 
     t0 = time.time()
     stop.request(None)

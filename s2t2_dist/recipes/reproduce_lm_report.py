@@ -260,7 +260,7 @@ def checks(results: dict) -> list[dict]:
 def _interval(results: dict, better: str, worse: str, seeds: list[str], margin: float) -> dict | None:
     """The paired bootstrap of better minus worse over the held-out documents (and the seeds), where both rows kept
     each document's scores on every paired seed; else None (a corpus total has no interval)."""
-    from s2t2_dist.eval.paired import claim, paired_difference
+    from s2t2_dist.api import claim, paired_difference
 
     docs = [((results["rows"][better]["seeds"][s] or {}).get("documents"),
              (results["rows"][worse]["seeds"][s] or {}).get("documents")) for s in seeds]
@@ -551,7 +551,7 @@ def _without_documents(x):
 
 
 def write_outputs(results: dict, out: Path) -> dict[str, Path]:
-    from s2t2_dist.utils.io import atomic_write_json, atomic_write_text
+    from s2t2_dist.api import atomic_write_json, atomic_write_text
 
     pl = plots(results, out)
     paths = {"results": out / "results.json", "table": out / "table1.md", "report": out / "report.md",

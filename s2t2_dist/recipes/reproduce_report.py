@@ -58,7 +58,7 @@ def _read(path: str) -> dict | None:
 
 def p_stats(p_file: str) -> dict | None:
     """Sparsity of a learned P: density (non-zeros / (v u)), non-zeros per target column, entropy H(P)."""
-    from s2t2_dist.translator.pfile import load_p
+    from s2t2_dist.api import load_p
 
     if not Path(p_file).is_file():
         return None
@@ -573,7 +573,7 @@ def _f(x) -> str:
 
 
 def write_outputs(results: dict, out: Path) -> dict[str, Path]:
-    from s2t2_dist.utils.io import atomic_write_json, atomic_write_text
+    from s2t2_dist.api import atomic_write_json, atomic_write_text
 
     out.mkdir(parents=True, exist_ok=True)
     plot_paths = plots(results, out / "plots")

