@@ -39,10 +39,21 @@ def test_the_proteins_figures_are_the_records():
            f"{cft['ft_new_tok']:.3f}" in readme
     orig = statistics.fmean(longer[str(s)]["ft_orig_tok"]["heldout"]["bpb"] for s in (0, 1))
     assert f"| {orig:.3f} |" in readme
-    start = [_bpb(RECORDS / "smollm2_600" / f"seed{s}" / "eval_cft_sparse_start_lr0.0001.json") for s in seeds]
-    assert f"**{statistics.fmean(start):.3f}: better than S2T2 + CFT on 3 of 3 seeds" in readme
-    diffs = [longer[str(s)]["s2t2_cft"]["heldout"]["bpb"] - start[s] for s in seeds]
-    assert all(d > 0 for d in diffs) and f"(by {min(diffs):.3f}-{max(diffs):.3f}" in readme
+    # S2T2 + CFT against its own start, both rerun at 600 steps with each document's scores: the paired intervals
+    from s2t2_dist.api import paired_difference
+
+    k600 = RECORDS / "smollm2_600"
+    rec = {(s, k): json.loads((k600 / f"seed{s}" / f"eval_cft_{k}_lr0.0001.json").read_text())
+           for s in seeds for k in ("sparse_start", "sparse_lr3e-05")}
+    start = statistics.fmean(rec[s, "sparse_start"]["metrics"]["bpb"] for s in seeds)
+    learned = statistics.fmean(rec[s, "sparse_lr3e-05"]["metrics"]["bpb"] for s in seeds)
+    assert f"**{start:.3f}: better than S2T2 + CFT ({learned:.3f}) on 3 of 3 seeds" in readme
+    iv = paired_difference([(rec[s, "sparse_lr3e-05"]["documents"], rec[s, "sparse_start"]["documents"])
+                            for s in seeds])
+    assert all(p["lo"] > 0 for p in iv["per_seed"])  # "each paired interval excluding 0"
+    per = " / ".join(f"{p['diff']:+.3f}" for p in iv["per_seed"])
+    m = iv["mean"]
+    assert f"minus the start {per}; over seeds {m['diff']:+.3f} [{m['lo']:+.3f}, {m['hi']:+.3f}]" in readme
     refs = json.loads(START_ONLY.read_text())["refs"]
     assert f"{refs['residue_unigram']['bpb']:.3f} / **{refs['adaptive_unigram']['bpb']:.3f}**" in readme
     # each row at its own step (seed 0) and the ceiling probe: the 600-step records of seed 0
