@@ -110,7 +110,7 @@ def ft_grid(jobs) -> tuple[dict, list[str]]:
     for j in jobs:
         if j.stage != "evaluate" or not j.role:
             continue
-        ft = next(producer[c] for c in j.consumes if c in producer and producer[c].stage == "finetune")
+        ft = _finetune_of(j, producer)
         lr = next(o.split("=", 1)[1] for o in ft.overrides if o.startswith("optim.lr="))
         fr, er = read_result(ft), read_result(j)
         point = {"validation": ((fr or {}).get("eval") or {}).get("bpb")}
@@ -135,7 +135,7 @@ def equal_tokens(jobs, p_steps: int, ft_steps: int) -> dict:
         if j.stage != "evaluate" or not j.role or j.role[1] not in FT_ROWS:
             continue
         row, seed = j.role[1], str(j.role[2])
-        ft = next(producer[c] for c in j.consumes if c in producer and producer[c].stage == "finetune")
+        ft = _finetune_of(j, producer)
         before = p_steps if any(producer.get(c) is not None and producer[c].stage == "translate"
                                 and f"train.steps={p_steps}" in producer[c].overrides for c in ft.consumes) else 0
         at = ft_steps - before
@@ -178,6 +178,11 @@ def _curve(plan) -> list[list[float]]:
     return [[s, pts[s]] for s in sorted(pts)]
 
 
+def _finetune_of(job, producer: dict):
+    """The finetune whose export a held-out score reads (None: it reads none), by `producer` (path -> its job)."""
+    return next((producer[c] for c in job.consumes if c in producer and producer[c].stage == "finetune"), None)
+
+
 def ft_curves(jobs) -> dict[str, dict[str, list[list[float]]]]:
     """Each finetuned row's training loss per step, by seed, in bits per byte: nats per token over ln 2 times
     tokens per byte of the run's own validation score (each row has its own tokenizer, so per-token losses do not
@@ -190,7 +195,7 @@ def ft_curves(jobs) -> dict[str, dict[str, list[list[float]]]]:
     for j in jobs:
         if j.stage != "evaluate" or not j.role or j.role[1] not in FT_ROWS:
             continue
-        ft = next((producer[c] for c in j.consumes if c in producer and producer[c].stage == "finetune"), None)
+        ft = _finetune_of(j, producer)
         r = read_result(ft) if ft is not None else None
         bpt = ((r or {}).get("eval") or {}).get("bytes_per_token")
         if not r or not bpt or not r.get("losses"):
