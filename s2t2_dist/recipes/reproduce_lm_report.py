@@ -330,11 +330,11 @@ def table1_markdown(results: dict) -> str:
         b = r["bpb"]
         lab = label(key) + _mark(key, prov)
         per = [_f(r["seeds"].get(s, {}).get("bpb")) for s in seeds]
-        if "all" in r["seeds"]:
-            per = [_f(r["seeds"]["all"]["bpb"])] * len(seeds)
+        # a row no seed enters (nothing trained): its one value, once, not a spread over seeds it never ran
+        spread = "(no seed: untrained)" if "all" in r["seeds"] else _spread(b)
         paper = results["paper"].get(key, {}).get("bpb")
         lr = _ft_lr(results, key) if key in FT_ROWS else None
-        lines.append(f"| {lab} | {'-' if lr is None else f'{lr:g}'} | {_f(b.get('mean'))} {_spread(b)} | "
+        lines.append(f"| {lab} | {'-' if lr is None else f'{lr:g}'} | {_f(b.get('mean'))} {spread} | "
                      + " | ".join(per) + f" | {_f(r['perplexity'].get('mean'), 1)} | {_f(paper, 2)} |")
     rg = next((r.get("random_guess_bpb") for r in results["rows"].values() if r.get("random_guess_bpb")), None)
     ada = refs.get("adaptive_unigram") or {}

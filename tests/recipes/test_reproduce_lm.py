@@ -435,6 +435,24 @@ def test_a_table_under_way_marks_its_provisional_rows():
     assert "*" not in table1_markdown(res) and "Provisional" not in table1_markdown(res)
 
 
+def test_an_untrained_row_prints_its_one_value_once():
+    """The FVT plan (letters only, no training) is scored once, seed-free: the table gives that value as the row's,
+    says it has no seed, and prints no copy of it under the seed columns, where a reader would take it for three
+    runs."""
+    from s2t2_dist.recipes.reproduce_lm_report import label, table1_markdown
+
+    res = _results({"s2t2": [4.3, 4.31, 4.32]})
+    res["rows"]["fvt"] = {"seeds": {"all": {"bpb": 5.9612}}, "bpb": {"n": 1, "mean": 5.9612}}
+    res["paper"], res["provisional"] = {}, []
+    for r in res["rows"].values():
+        r["perplexity"] = {"mean": 90.0}
+    row = next(x for x in table1_markdown(res).splitlines() if x.startswith(f"| {label('fvt')} |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "5.9612 (no seed: untrained)" and cells[3:6] == ["-", "-", "-"], cells
+    s2t2 = next(x for x in table1_markdown(res).splitlines() if x.startswith(f"| {label('s2t2')} |"))
+    assert "4.3000 | 4.3100 | 4.3200" in s2t2
+
+
 def _scored(job: Job, bpb: float) -> None:
     Path(job.run_dir).mkdir(parents=True, exist_ok=True)
     Path(job.result).write_text(json.dumps({"finished": True, "metrics": {
