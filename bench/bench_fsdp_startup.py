@@ -22,11 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import json, resource, sys, time
 import torch
-from s2t2_dist.engines.build import EngineConfig, engine_kind
-from s2t2_dist.engines.fsdp_engine import FSDP2Engine
-from s2t2_dist.models.hf import build_causal_lm
-import s2t2_dist.train.phases as phases
-from s2t2_dist.train.config import OptimConfig, TrainConfig
+from s2t2_dist.api import (EngineConfig, FSDP2Engine, OptimConfig, TrainConfig, build_causal_lm, engine_kind,
+                           phases)
 
 model_dir, way = sys.argv[1], sys.argv[2]
 engine_kind("fsdp").init_distributed()

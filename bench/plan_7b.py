@@ -121,7 +121,7 @@ def ds_estimates(c: dict, world: int, per_node: int = 8) -> dict:
 MAKE_SOURCE = r"""
 import sys, torch
 from transformers import AutoConfig, AutoModelForCausalLM
-from s2t2_dist.recipes.tiny import real_config_dict
+from s2t2_dist.api import real_config_dict
 d = real_config_dict("olmo-7b"); d["num_hidden_layers"] = int(sys.argv[1])
 dt = getattr(torch, sys.argv[3])
 AutoModelForCausalLM.from_config(AutoConfig.for_model(**d), dtype=dt).save_pretrained(sys.argv[2])
@@ -131,7 +131,7 @@ AutoModelForCausalLM.from_config(AutoConfig.for_model(**d), dtype=dt).save_pretr
 WRITE_INITIAL = r"""
 import json, resource, sys, time, torch
 from transformers import AutoModelForCausalLM
-from s2t2_dist.models.translated import materialize
+from s2t2_dist.api import materialize
 src, out, u = sys.argv[1], sys.argv[2], int(sys.argv[3])
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # interpreter, torch, transformers
 t = time.time()

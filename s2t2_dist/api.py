@@ -3,10 +3,10 @@ name (``from s2t2_dist.api import TokenTranslator, load_p``), never from the mod
 package may move a name between its modules without its clients noticing. A name is resolved from its home module on
 first use (PEP 562): importing this module imports nothing else, and a script pays only for the parts it reads.
 
-The names, by part (each part's modules document them). Seven modules are public as modules: the CUDA kernels'
+The names, by part (each part's modules document them). Eight modules are public as modules: the CUDA kernels'
 seams, which a bench swaps for variants within ``kernels_as``: ``dykstra_triton``, ``triton_kernels``,
-``product_triton``, ``product``; the environment variables (``envvars``), the stop requests a loop reads
-(``stop``) and the stages' input checks (``stage_checks``). tests/project/test_layout.py keeps bench/ and the
+``product_triton``, ``product``; the start-up phase timer (``phases``); the environment variables (``envvars``), the
+stop requests a loop reads (``stop``) and the stages' input checks (``stage_checks``). tests/project/test_layout.py keeps bench/ and the
 recipes on this API and checks every name here resolves to its home."""
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ _HOME: dict[str, str] = {
     "split_of": "s2t2_dist.data.split",
     # models: loading, embeddings and head, the translated LM
     "asset_path": "s2t2_dist.models.hf",
+    "build_causal_lm": "s2t2_dist.models.hf",
     "get_embedding_and_head": "s2t2_dist.models.hf",
     "load_causal_lm": "s2t2_dist.models.hf",
     "local_numel": "s2t2_dist.models.hf",
@@ -104,6 +105,7 @@ _HOME: dict[str, str] = {
     "Task": "s2t2_dist.train.loop",
     "train": "s2t2_dist.train.loop",
     "MetricsLogger": "s2t2_dist.train.metrics",
+    "phases": "s2t2_dist.train.phases",
     # engines: plain, DeepSpeed ZeRO-3, FSDP2
     "build_model_zero3": "s2t2_dist.engines.deepspeed_engine",
     "DeepSpeedEngine": "s2t2_dist.engines.deepspeed_engine",
@@ -113,6 +115,8 @@ _HOME: dict[str, str] = {
     "FSDP2Engine": "s2t2_dist.engines.fsdp_engine",
     "TorchEngine": "s2t2_dist.engines.torch_engine",
     "engine_overrides": "s2t2_dist.engines.launcher",
+    "EngineConfig": "s2t2_dist.engines.build",
+    "engine_kind": "s2t2_dist.engines.build",
     # distributed: process groups, the sharded Sinkhorn's counters
     "init_distributed": "s2t2_dist.distributed.env",
     "CommStats": "s2t2_dist.distributed.sharded_sinkhorn",
@@ -175,7 +179,7 @@ _HOME: dict[str, str] = {
 }
 
 #: the names that are modules
-_MODULES = frozenset({"dykstra_triton", "envvars", "product", "product_triton", "stage_checks", "stop",
+_MODULES = frozenset({"dykstra_triton", "envvars", "phases", "product", "product_triton", "stage_checks", "stop",
                       "triton_kernels"})
 
 __all__ = sorted(_HOME)

@@ -233,6 +233,26 @@ def test_export_builds_the_rows_training_used(normalization, config):
     assert 0 < filed["max_weight_mean"] <= 1 and 0 <= filed["col_entropy_mean"] <= math.log(v) + 1e-9
 
 
+#: bench files whose child code imports a module of *another checkout* (an A/B against an older tree, which may
+#: predate the API or the name): it must reach that tree's own module
+CHILD_CODE_OF_ANOTHER_CHECKOUT = {"bench_prepare.py"}
+
+
+def _child_code_imports(path: Path) -> list[str]:
+    """Modules of the package imported by the Python source held in `path`'s string constants (read line by line:
+    such code is often a str.format template, which does not parse until it is filled in)."""
+    line = re.compile(r"^\s*(?:from|import)\s+(s2t2_dist[\w.]*)", re.M)
+    return [m for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) for m in line.findall(node.value)]
+
+
+def test_the_child_code_finder_sees_an_import_in_a_string(tmp_path):
+    f = tmp_path / "b.py"
+    f.write_text('CODE = """\nimport json\nfrom s2t2_dist.data import shards\nprint({x!r})\n"""\n'
+                 'OK = "from s2t2_dist.api import stop"\nTEXT = "see s2t2_dist.data for the shards"\n')
+    assert _child_code_imports(f) == ["s2t2_dist.data", "s2t2_dist.api"]
+
+
 def test_bench_and_recipes_are_clients_of_the_public_api_only():
     """The lab imports the package only through s2t2_dist.api (by name; no module path of the package appears in
     bench/), the recipes likewise (besides each other), and every name of the API resolves in the module it names
@@ -246,6 +266,10 @@ def test_bench_and_recipes_are_clients_of_the_public_api_only():
     taken = {(p.name, m, n) for p in clients for m, n in _imports_of(p)
              if m != "s2t2_dist.api" and not (p.parent.name == "recipes" and m.startswith("s2t2_dist.recipes"))}
     assert not taken, sorted(taken)
+    # nor the code a bench hands to a child process (a string run by `python -c` or a script it writes)
+    in_children = {(p.name, m) for p in bench.rglob("*.py") for m in _child_code_imports(p)
+                   if m != "s2t2_dist.api" and p.name not in CHILD_CODE_OF_ANOTHER_CHECKOUT}
+    assert not in_children, sorted(in_children)
     used = {n for p in clients for m, n in _imports_of(p) if m == "s2t2_dist.api"}
     assert used and used <= set(api.__all__), used - set(api.__all__)
     for name, home in api._HOME.items():
