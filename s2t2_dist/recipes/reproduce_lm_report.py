@@ -256,6 +256,7 @@ def checks(results: dict) -> list[dict]:
         add(f"{label(better)} below {label(worse)} by >= {margin} BpB on every seed",
             None if not paired else len(wins) == len(paired), f"{len(wins)}/{len(paired)} seeds; {diffs}",
             better in FT_ROWS or worse in FT_ROWS)
+        out[-1]["margin"] = margin
         out[-1]["interval"] = _interval(results, better, worse, paired, margin)
         if out[-1]["interval"]:
             out[-1]["detail"] += "; " + interval_text(out[-1]["interval"])
@@ -495,11 +496,46 @@ def plots(results: dict, out: Path) -> dict[str, Path]:
         ax.set_xlabel("step (4 x 256 tokens)")
         ax.set_ylabel("bits per byte")
         paths["curve"] = _save(fig, ax, d / "curve.png")
+    paired = [c for c in results.get("checks") or [] if c.get("interval")]
+    if paired:
+        paths["paired"] = _paired_plot(paired, d / "paired.png")
     curves = results.get("ft_curves") or {}
     if curves:
         paths["finetune"] = _ft_plot(curves, refs.get("validation") or refs, d / "finetune_curves.png",
                                      "at each row's own step")
     return paths
+
+
+def _paired_plot(paired: list[dict], path: Path) -> Path:
+    """One line per paired claim: each seed's difference (the first row minus the second, BpB; below 0: the first
+    row better) with its 95% bootstrap interval over the documents, and the mean over seeds and documents; the
+    claim's margin as a dotted line (a claim holds where the whole interval lies left of it)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 1.8 + 0.55 * len(paired)))
+    for i, c in enumerate(paired):
+        r, y = c["interval"], len(paired) - 1 - i
+        n = len(r["per_seed"])
+        for j, (seed, p) in enumerate(zip(r["seed_names"], r["per_seed"])):
+            off = (j - n / 2) * 0.12
+            ax.errorbar(p["diff"], y + off, xerr=[[p["diff"] - p["lo"]], [p["hi"] - p["diff"]]], fmt="o", ms=4,
+                        color=f"C{j}", capsize=2, label=f"seed {seed}" if i == 0 else None)
+        m = r["mean"]
+        ax.errorbar(m["diff"], y + (n / 2) * 0.12, xerr=[[m["diff"] - m["lo"]], [m["hi"] - m["diff"]]], fmt="D",
+                    ms=5, color="k", capsize=3, label="over seeds" if i == 0 else None)
+        margin = c.get("margin") or 0.0
+        if margin:
+            ax.plot([-margin] * 2, [y - 0.4, y + 0.4], color="k", ls=":", lw=1)
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set_yticks(range(len(paired)))
+    ax.set_yticklabels([c["claim"].split(" by >=")[0] for c in reversed(paired)], fontsize=7)
+    ax.set_xlabel("held-out BpB, first row minus second (95% paired bootstrap over the documents)", fontsize=8)
+    ax.set_title("Paired claims (dotted: the claim's margin; a claim holds left of it)", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def _ft_plot(curves: dict, refs: dict, path: Path, at: str, window: int = 10) -> Path:

@@ -364,7 +364,7 @@ def test_claims_are_paired_by_seed():
     assert all(c["interval"] is None for c in checks(r) if "interval" in c)  # no document scores: no interval
 
 
-def test_a_claim_gets_a_paired_interval_where_both_rows_kept_their_documents():
+def test_a_claim_gets_a_paired_interval_where_both_rows_kept_their_documents(tmp_path):
     """S2T2 + CFT against its own start + CFT, per seed and over seeds: the interval is over the documents, paired."""
     import math
 
@@ -380,6 +380,14 @@ def test_a_claim_gets_a_paired_interval_where_both_rows_kept_their_documents():
     assert [round(p["diff"], 4) for p in iv["per_seed"]] == [-0.05, -0.04, -0.03]
     assert iv["per_seed_claims"] == ["beats by > 0.02"] * 3 and iv["docs"] == 40 and iv["seeds"] == 3
     assert iv["mean"]["lo"] <= -0.04 <= iv["mean"]["hi"] and "95% paired bootstrap over 40 documents" in c["detail"]
+    # the report draws every claim that has an interval (and only those) in plots/paired.png
+    from s2t2_dist.recipes.reproduce_lm_report import plots
+
+    r["checks"], r["curve"] = checks(r), []
+    drawn = plots(r, tmp_path)
+    assert drawn["paired"].read_bytes()[:4] == b"\x89PNG" and c["margin"] == 0.02
+    r["checks"] = [x for x in r["checks"] if not x.get("interval")]
+    assert "paired" not in plots(r, tmp_path / "none")
 
 
 @pytest.mark.slow
