@@ -54,7 +54,6 @@ from s2t2_dist.recipes.paper_plan import (  # noqa: F401 (KINDS, TABLE1, PAPER_T
     Job,
     ReproduceConfig,
     Setting,
-    SourceRecipe,
     alpha_tag,
     preset,
 )
@@ -151,9 +150,6 @@ def build_plan(cfg: ReproduceConfig, st: Setting, p_lrs: dict[str, float] | None
                          f"source_tokenizer={st.source_tokenizer}"],
                         d, f"{d}/prepare_summary.json", produces=[d], script="slurm/prepare_data.sh"))
 
-    def translate(name, kind, alpha, lr, seed):
-        return translate_job(cfg, st, name, kind, alpha, lr, seed)
-
     def evaluate(name, model, kind, p_file="", source=False, role=None, config="configs/evaluate_olmo1b.yaml"):
         rd = f"{out}/{name}"
         ov = [f"run_dir={rd}", f"output={rd}/eval.json", f"model.path={model}", f"init.kind={kind}",
@@ -185,7 +181,7 @@ def build_plan(cfg: ReproduceConfig, st: Setting, p_lrs: dict[str, float] | None
         s = f"seed{seed}"
         p_files = {}
         for method, kind in KINDS.items():
-            j = translate(f"{s}/translate_{kind}", kind, 0.0, p_lrs[kind], seed)
+            j = translate_job(cfg, st, f"{s}/translate_{kind}", kind, 0.0, p_lrs[kind], seed)
             jobs.append(j)
             p_files[method] = j.produces[0]
         transfer_p = {}
@@ -193,7 +189,7 @@ def build_plan(cfg: ReproduceConfig, st: Setting, p_lrs: dict[str, float] | None
             if a == 0 and t_lr == p_lrs["sparse"]:
                 transfer_p[a] = p_files["s2t2"]
                 continue
-            j = translate(f"{s}/translate_sparse_transfer_{alpha_tag(a)}", "sparse", a, t_lr, seed)
+            j = translate_job(cfg, st, f"{s}/translate_sparse_transfer_{alpha_tag(a)}", "sparse", a, t_lr, seed)
             jobs.append(j)
             transfer_p[a] = j.produces[0]
         # the training-free FVT baseline: the surface-string start (translator.init=fvt, init_weight 1) as the

@@ -154,9 +154,7 @@ class LmPlan:
         baselines from each of `lm.baseline_starts`, and (their *_fvt columns) from the shipped start alone."""
         kind = P_COLUMNS[col]
         grid = getattr(self.cfg.lm.p_lr_sweep, kind)
-        if col.endswith("_fvt"):
-            return [Arm(kind, "shipped", None, lr) for lr in grid]
-        if col == "s2t2":
+        if col.endswith("_fvt") or col == "s2t2":
             return [Arm(kind, "shipped", None, lr) for lr in grid]
         if col == "s2t2_a0":
             return [Arm(kind, start, 0.0, lr) for start in ("shipped", "paper") for lr in grid]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from dataclasses import asdict
 from pathlib import Path
 
 from s2t2_dist.recipes.orchestrate import manifest_bytes_per_token, tb_scalars
@@ -109,7 +110,7 @@ def collect(cfg: ReproduceConfig, jobs: list[Job], st: Setting, extra: dict | No
                 random_guess.setdefault("new_tok_table1", (m.get("random_guess_nll_per_token"),
                                                            m.get("random_guess_bpb")))
     results: dict = {
-        "scale": cfg.scale, "config": _cfg_dict(cfg), "missing_runs": missing, "runs": per_run,
+        "scale": cfg.scale, "config": asdict(cfg), "missing_runs": missing, "runs": per_run,
         "table1": {k: {mm: _stats(v[mm]) for mm in METRICS} for k, v in table.items()},
         "transfer": {k: {mm: _stats(v[mm]) for mm in METRICS} for k, v in transfer.items()},
         "random_guess": {k: {"nll_per_token": a, "bpb": b} for k, (a, b) in random_guess.items()},
@@ -121,12 +122,6 @@ def collect(cfg: ReproduceConfig, jobs: list[Job], st: Setting, extra: dict | No
         results.update(extra)
     results["checks"] = checks(results)
     return results
-
-
-def _cfg_dict(cfg) -> dict:
-    from dataclasses import asdict
-
-    return asdict(cfg)
 
 
 def _sparsity(cfg: ReproduceConfig, jobs: list[Job], per_run: dict) -> dict:
@@ -179,11 +174,6 @@ def _curves(cfg: ReproduceConfig, jobs: list[Job], st: Setting) -> dict:
 
 # ----------------------------------------------------------------------------------------------------------------
 # the paper's claims
-
-
-def _mean(results, section, key, metric):
-    s = results[section].get(key, {}).get(metric, {})
-    return s.get("mean")
 
 
 def checks(results: dict) -> list[dict]:
