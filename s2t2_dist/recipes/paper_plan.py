@@ -178,7 +178,7 @@ def preset(scale: str) -> ReproduceConfig:
             small=SourceRecipe(n_layers=2, d_model=64, n_heads=4, context_len=128, batch_size=8, steps=300),
             # more width and more steps: the transfer needs a target model that is better on English
             large=SourceRecipe(n_layers=2, d_model=128, n_heads=4, context_len=128, batch_size=8, steps=600))
-    if scale == "smollm2":  # a real pretrained LM on a CPU: ~22 hours at bf16 in two lanes (2 cores), resumable
+    if scale == "smollm2":  # a real pretrained LM on a CPU: ~18 hours at bf16 in two lanes (2 cores), resumable
         return ReproduceConfig(scale="smollm2", seeds=[0, 1, 2], vocab_size=512, context_len=256, batch_size=4,
                                p_steps=200, ft_steps=600, eval_max_docs=0, log_every=10, ft_weight_decay=0.01)
     if scale == "paper":  # the paper's settings (printed as SLURM submissions, never run here)
