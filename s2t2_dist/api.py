@@ -6,8 +6,8 @@ first use (PEP 562): importing this module imports nothing else, and a script pa
 The names, by part (each part's modules document them). Eight modules are public as modules: the CUDA kernels'
 seams, which a bench swaps for variants within ``kernels_as``: ``dykstra_triton``, ``triton_kernels``,
 ``product_triton``, ``product``; the start-up phase timer (``phases``); the environment variables (``envvars``), the
-stop requests a loop reads (``stop``) and the stages' input checks (``stage_checks``). tests/project/test_layout.py keeps bench/ and the
-recipes on this API and checks every name here resolves to its home."""
+stop requests a loop reads (``stop``) and the stages' input checks (``stage_checks``). tests/project/test_layout.py
+keeps bench/ and the recipes on this API and checks every name here resolves to its home."""
 
 from __future__ import annotations
 

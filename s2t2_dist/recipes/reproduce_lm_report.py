@@ -506,6 +506,14 @@ def plots(results: dict, out: Path) -> dict[str, Path]:
     return paths
 
 
+def _once(named: set[str], name: str) -> str | None:
+    """`name` the first time it is asked for, then None (matplotlib leaves an unlabelled artist out of the legend)."""
+    if name in named:
+        return None
+    named.add(name)
+    return name
+
+
 def _paired_plot(paired: list[dict], path: Path) -> Path:
     """One line per paired claim: each seed's difference (the first row minus the second, BpB; below 0: the first
     row better) with its 95% bootstrap interval over the documents, and the mean over seeds and documents; the
@@ -513,16 +521,17 @@ def _paired_plot(paired: list[dict], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 1.8 + 0.55 * len(paired)))
+    named: set[str] = set()  # each seed, and the mean, in the legend once (claims may pair different seeds)
     for i, c in enumerate(paired):
         r, y = c["interval"], len(paired) - 1 - i
         n = len(r["per_seed"])
         for j, (seed, p) in enumerate(zip(r["seed_names"], r["per_seed"])):
             off = (j - n / 2) * 0.12
             ax.errorbar(p["diff"], y + off, xerr=[[p["diff"] - p["lo"]], [p["hi"] - p["diff"]]], fmt="o", ms=4,
-                        color=f"C{j}", capsize=2, label=f"seed {seed}" if i == 0 else None)
+                        color=f"C{int(seed) % 10}", capsize=2, label=_once(named, f"seed {seed}"))
         m = r["mean"]
         ax.errorbar(m["diff"], y + (n / 2) * 0.12, xerr=[[m["diff"] - m["lo"]], [m["hi"] - m["diff"]]], fmt="D",
-                    ms=5, color="k", capsize=3, label="over seeds" if i == 0 else None)
+                    ms=5, color="k", capsize=3, label=_once(named, "over seeds"))
         margin = c.get("margin") or 0.0
         if margin:
             ax.plot([-margin] * 2, [y - 0.4, y + 0.4], color="k", ls=":", lw=1)
@@ -531,11 +540,7 @@ def _paired_plot(paired: list[dict], path: Path) -> Path:
     ax.set_yticklabels([c["claim"].split(" by >=")[0] for c in reversed(paired)], fontsize=7)
     ax.set_xlabel("held-out BpB, first row minus second (95% paired bootstrap over the documents)", fontsize=8)
     ax.set_title("Paired claims (dotted: the claim's margin; a claim holds left of it)", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 def _ft_plot(curves: dict, refs: dict, path: Path, at: str, window: int = 10) -> Path:
@@ -572,10 +577,11 @@ def _unigram_lines(ax, refs: dict) -> None:
     ax.axhline(refs["unigram_bpe"]["bpb"], color="k", ls=":", lw=1, label="512-BPE unigram")
 
 
-def _save(fig, ax, path: Path) -> Path:
+def _save(fig, ax, path: Path, **legend) -> Path:
+    """Legend (``legend``: its placement; default: inside, small), layout, PNG, figure closed."""
     import matplotlib.pyplot as plt
 
-    ax.legend(fontsize=8)
+    ax.legend(**{"fontsize": 8, **legend})
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
