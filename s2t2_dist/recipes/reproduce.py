@@ -534,6 +534,8 @@ def preflight(args, cfg: ReproduceConfig) -> Path | None:
         raise ConfigError(f"--record: only the smollm2 scale reuses kept records (--scale {args.scale})")
     if args.collect and args.scale != "paper":
         raise ConfigError(f"--collect: only the paper scale collects cluster runs (--scale {args.scale})")
+    if args.collect and not Path(args.collect).is_dir():
+        raise ConfigError(f"--collect: {args.collect} is not a directory (the cluster runs' root, e.g. {PAPER_OUT})")
     for r in args.record:
         if not Path(r).is_dir():
             raise ConfigError(f"--record: {r} is not a directory (OUT/record of another run)")
@@ -605,6 +607,9 @@ def main(argv: list[str] | None = None) -> int:
             results = collect(cfg, jobs, paper_setting(runs))
             for k, p in write_outputs(results, out).items():
                 print(f"  {k:<12} {p}")
+            if results["missing_runs"]:  # a partial collection is a report of what is done, and says so
+                print(f"s2t2 reproduce: {len(results['missing_runs'])} of {len(jobs)} runs have no result under "
+                      f"{runs} yet: their cells are empty (report.md lists them)", file=sys.stderr)
             return 0
         problems = validate_plan(jobs)
         print(paper_script(cfg, jobs), end="")

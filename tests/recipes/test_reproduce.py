@@ -3,6 +3,7 @@ and the paper-scale plan (printed SLURM submissions) checked against the real co
 
 import json
 import math
+import subprocess
 import sys
 
 import pytest
@@ -238,12 +239,22 @@ def test_paper_collect_without_runs_reports_what_is_missing(tmp_path):
     runs = tmp_path / "paper_runs"
     runs.mkdir()
     out = tmp_path / "report"
-    run_cmd([sys.executable, "-m", "s2t2_dist.cli", "reproduce", "--scale", "paper", "--collect", str(runs),
-             "--out", str(out)], timeout=300)
+    res = run_cmd([sys.executable, "-m", "s2t2_dist.cli", "reproduce", "--scale", "paper", "--collect", str(runs),
+                   "--out", str(out)], timeout=300)
     r = json.loads((out / "results.json").read_text())
+    assert f"{len(r['missing_runs'])} of {len(r['missing_runs'])} runs have no result" in res.stderr
     assert len(r["missing_runs"]) == len(build_plan(preset("paper"), paper_setting(str(runs))))
     assert r["checks"][0]["held"] is False and "missing" in r["checks"][0]["detail"]
     assert "Missing runs" in (out / "report.md").read_text()
+
+
+def test_paper_collect_of_a_missing_directory_is_one_line(tmp_path):
+    """A mistyped --collect is a user error naming the option, before anything is written (its default output
+    would otherwise land beside a directory that does not exist)."""
+    res = subprocess.run([sys.executable, "-m", "s2t2_dist.cli", "reproduce", "--scale", "paper", "--collect",
+                          str(tmp_path / "no_such_runs")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "--collect:" in res.stderr and "is not a directory" in res.stderr
+    assert not (tmp_path / "reproduce_paper").exists()
 
 
 def test_overrides_go_through_the_config_system():

