@@ -19,7 +19,7 @@ import torch
 
 from s2t2_dist import envvars
 from s2t2_dist.config import load_config, save_config, to_dict
-from s2t2_dist.distributed.env import DistEnv, device_for, init_distributed
+from s2t2_dist.distributed.env import DistEnv, detect, device_for, init_distributed
 from s2t2_dist.train.metrics import MetricsLogger
 
 T = TypeVar("T")
@@ -210,7 +210,7 @@ def run_main(prog: str, fn: Callable[[], Any]) -> int:
         # returns when its work is done
         done = stop.finished() or not isinstance(rc, dict)
         if done:
-            stop.tell_launcher()
+            stop.tell_launcher(detect().is_main)
         if stop.requested() is not None:  # remembered, not raised: during the final export or after the result
             import sys
 

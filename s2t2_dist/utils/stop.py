@@ -117,17 +117,16 @@ def arrived_late() -> bool:
 FINISHED = "finished"
 
 
-def tell_launcher() -> None:
-    """Rank 0 of a finished run: create S2T2_STEP_REPORT_DIR/finished when the launcher set it (slurm/common.sh,
-    one directory per job step), so that a time-limit warning that reached the batch shell during the final export
-    or after it does not requeue a run that has nothing left to do."""
+def tell_launcher(is_main: bool) -> None:
+    """Rank 0 (`is_main`, the caller's rank) of a finished run: create S2T2_STEP_REPORT_DIR/finished when the
+    launcher set it (slurm/common.sh, one directory per job step), so that a time-limit warning that reached the
+    batch shell during the final export or after it does not requeue a run that has nothing left to do."""
     from pathlib import Path
 
     from s2t2_dist import envvars
-    from s2t2_dist.distributed.env import detect
 
     d = envvars.get("S2T2_STEP_REPORT_DIR")
-    if d and detect().is_main:
+    if d and is_main:
         Path(d).mkdir(parents=True, exist_ok=True)
         (Path(d) / FINISHED).write_text("finished\n")
 

@@ -181,6 +181,23 @@ def test_ot_imports_nothing_else_of_the_package():
     assert _package_imports(PKG / "utils" / "routes.py") == set()  # the leaf stays a leaf
 
 
+#: the package's ground floors, each importing only from the ones before it (a stage, model or rank-aware part
+#: above them hands down what they need, e.g. whether this process is rank 0)
+FOUNDATION = ("errors", "registry", "fault_spec", "envvars", "config_docs", "utils")
+
+
+def test_the_foundation_never_imports_upward():
+    bad = []
+    for i, part in enumerate(FOUNDATION):
+        files = list((PKG / part).rglob("*.py")) if (PKG / part).is_dir() else [PKG / f"{part}.py"]
+        allowed = set(FOUNDATION[:i + 1])
+        for path in files:
+            for name in _package_imports(path) - {"s2t2_dist"}:
+                if name.split(".")[1] not in allowed:
+                    bad.append(f"{path.relative_to(PKG)}: {name}")
+    assert bad == []
+
+
 def test_stages_take_model_and_tokenizer_helpers_from_their_homes():
     """Model helpers are models/hf.py's and tokenizer helpers data/tokenizers.py's: a stage takes from engines/ only
     the engine it drives (stage 1: TorchEngine for P's optimiser; finetune and evaluate: engines.build; the
