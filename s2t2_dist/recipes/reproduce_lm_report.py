@@ -95,8 +95,32 @@ def collect(plan, jobs, selection: dict, references: dict, grid: list | None = N
     results["same_bytes"] = _same_bytes({**rows, **grid_rows})
     results.update(extra or {})
     results["probe_gap"] = probe_gap(rows)
+    results["grid_vs_start"] = grid_vs_start(results["ft_grid"])
     results["checks"] = checks(results)
     return results
+
+
+#: the row every other finetuned row of the grid is paired with at the same step: what finetuning the start alone
+#: gives, so that a row minus it is what the row's own P (or tokenizer) adds
+GRID_BASE = "fvt_start_cft"
+
+
+def grid_vs_start(grid: dict) -> dict:
+    """Seed 0's grid: each finetuned row minus S2T2's start + CFT at the same finetuning step, held out, with a 95%
+    paired bootstrap interval over the documents, where both kept each document's scores."""
+    from s2t2_dist.api import claim, paired_difference
+
+    base = grid.get(GRID_BASE) or {}
+    out: dict = {}
+    for key, points in grid.items():
+        if key == GRID_BASE:
+            continue
+        for lr, pt in points.items():
+            b = (base.get(lr) or {}).get("documents")
+            if pt.get("documents") and b:
+                d = paired_difference([(pt["documents"], b)])["per_seed"][0]
+                out.setdefault(key, {})[lr] = {**d, "claim": claim(d, 0.02)}
+    return out
 
 
 def ft_grid(jobs) -> tuple[dict, list[str]]:
@@ -116,7 +140,8 @@ def ft_grid(jobs) -> tuple[dict, list[str]]:
         point = {"validation": ((fr or {}).get("eval") or {}).get("bpb")}
         if er:
             m = er["metrics"]
-            point.update(heldout=m["bpb"], bytes=m["bytes"], docs=m["docs"])
+            point.update(heldout=m["bpb"], bytes=m["bytes"], docs=m["docs"],
+                         **({"documents": er["documents"]} if er.get("documents") else {}))
         elif j.name not in missing:
             missing.append(j.name)
         out.setdefault(j.role[1], {})[f"{float(lr):g}"] = point
@@ -404,6 +429,15 @@ def grid_markdown(results: dict) -> str:
             cell = f"{_f(pt.get('validation'))} / {_f(pt.get('heldout'))}"
             cells.append(f"**{cell}**" if own is not None and float(lr) == own else cell)
         lines.append(f"| {label(key)} | " + " | ".join(cells) + " |")
+    vs = results.get("grid_vs_start") or {}
+    if vs:
+        lines += ["", f"Minus {label(GRID_BASE)} at the same step (held out, seed 0; 95% paired bootstrap over the "
+                  "documents; what a row's own P or tokenizer adds to finetuning the start alone, a negative "
+                  "difference its gain):", ""]
+        lines += [f"- {label(k)}: " + "; ".join(f"lr {lr} {d['diff']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}] "
+                                                 f"{d['claim']}" for lr, d in sorted(vs[k].items(), key=lambda x:
+                                                                                     float(x[0])))
+                  for k in FT_ROWS if k in vs]
     edge = [k for k in (results.get("selection") or {}).get("at_grid_edge", []) if k in FT_ROWS]
     if edge:
         lines += ["", "Chosen at an end of the grid (the best step may lie beyond it): "

@@ -468,6 +468,32 @@ def _scored(job: Job, bpb: float) -> None:
     write_record(job)
 
 
+def test_the_grid_pairs_every_row_with_the_start_at_the_same_step():
+    """Seed 0's grid: each finetuned row minus S2T2's start + CFT at the same finetuning step, paired over the
+    documents; a step the start has no documents at (or lacks) gets no comparison; the grid's text lists them."""
+    import math
+
+    from s2t2_dist.recipes.reproduce_lm_report import grid_markdown, grid_vs_start
+
+    nbytes = [100 + 7 * i for i in range(40)]
+
+    def pt(bpb):
+        return {"validation": bpb, "heldout": bpb, "bytes": sum(nbytes), "docs": 40, "documents": {
+            "index": list(range(40)), "bytes": nbytes,
+            "nll_nats": [bpb * math.log(2) * b * (1 + 0.01 * (i % 3 - 1)) for i, b in enumerate(nbytes)]}}
+
+    grid = {"fvt_start_cft": {"0.0001": pt(4.20), "0.0003": pt(4.15)},
+            "plain_p_fvt_cft": {"0.0001": pt(4.21), "0.0003": pt(4.25), "2e-05": pt(4.3)},
+            "ft_orig_tok": {"0.0003": {"validation": 4.1, "heldout": 4.1, "bytes": 1, "docs": 40}}}
+    vs = grid_vs_start(grid)
+    assert set(vs) == {"plain_p_fvt_cft"} and set(vs["plain_p_fvt_cft"]) == {"0.0001", "0.0003"}
+    near, far = vs["plain_p_fvt_cft"]["0.0001"], vs["plain_p_fvt_cft"]["0.0003"]
+    assert round(near["diff"], 4) == 0.01 and near["claim"] == "loses" and near["lo"] > 0
+    assert round(far["diff"], 4) == 0.1 and far["lo"] <= 0.1 <= far["hi"]
+    text = grid_markdown({"ft_grid": grid, "grid_vs_start": vs})
+    assert "- Plain P from S2T2's start + CFT: lr 0.0001 +0.0100 [" in text and "lr 0.0003 +0.1000 [" in text
+
+
 def test_each_finetuned_row_runs_at_its_own_step_from_a_seed_0_grid(tmp_path):
     """Seed 0 runs every finetuned row at every finetuning step (the grid); each row's own step, chosen on
     validation, is the step its other seeds run at; the report shows the grid (validation / held out, the chosen
