@@ -127,6 +127,7 @@ _HOME: dict[str, str] = {
     "translated_embeddings": "s2t2_dist.stages.init_model",
     "TranslateConfig": "s2t2_dist.stages.translate",
     "TranslateTask": "s2t2_dist.stages.translate",
+    "cpu_computes_bf16": "s2t2_dist.stages.common",
     "report_user_error": "s2t2_dist.stages.common",
     "run_main": "s2t2_dist.stages.common",
     "stage_checks": "s2t2_dist.stages.checks",

@@ -66,8 +66,10 @@ class RealLMOptions:
     model: str = ""
     #: source tokens: single_byte (the paper's "bytes"), single_char, all, or a file of ids
     source_vocab: str = "single_byte"
-    #: precision of the training runs (held-out scores are always fp32)
-    precision: Literal["bf16", "fp32"] = "bf16"
+    #: precision of the training runs (held-out scores are always fp32); auto: bf16 where it is computed in
+    #: hardware (a GPU, or a CPU with AVX-512 / AMX bf16), else fp32 (emulated bf16 is ~15x slower: the command
+    #: warns). Part of each arm's spec: the kept records are bf16 arms and stand for no fp32 one
+    precision: Literal["auto", "bf16", "fp32"] = "bf16"
     #: parallel single-thread processes running the arms
     lanes: int = 2
     #: fraction of the unique sequences held out (by a hash of the sequence)

@@ -71,6 +71,27 @@ def compute_dtype(precision: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16
 
 
+def cpu_computes_bf16() -> bool:
+    """Whether this CPU has bf16 matrix products in hardware (oneDNN's bf16 path: AVX-512 or AMX). Without them
+    torch emulates bf16, and a step is many times slower than in fp32 (~15x for SmolLM2-135M on an AVX2 CPU)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a build without oneDNN: nothing computes bf16 natively
+        return False
+
+
+def warn_emulated_bf16(key: str, dtype: torch.dtype, device: torch.device) -> bool:
+    """One warning (and True) when `key` asks for bf16 on a CPU that only emulates it: the run is correct but slow,
+    and fp32 is the faster choice there."""
+    if dtype != torch.bfloat16 or device.type != "cpu" or cpu_computes_bf16():
+        return False
+    logging.getLogger("s2t2.precision").warning(
+        "%s=bf16 on a CPU without bf16 in hardware (%s, no AVX-512 / AMX bf16): torch emulates it, each step many "
+        "times slower than fp32 (%s=fp32, or auto, is the fast choice here)", key,
+        torch.backends.cpu.get_cpu_capability(), key)
+    return True
+
+
 def setup(run_dir: str, precision: str, cfg, seed: int, *, record: bool = True) -> Runtime:
     """record=False: the caller writes RUN_DIR/config.yaml itself (`record_config`) once it knows the run will use
     this config (a resumed run checks its checkpoint first)."""
@@ -88,7 +109,10 @@ def setup(run_dir: str, precision: str, cfg, seed: int, *, record: bool = True) 
         if record:
             save_config(cfg, rd / "config.yaml")
     logger = MetricsLogger(rd / "tb", rank=env.rank, node_rank=env.node_rank, local_rank=env.local_rank)
-    return Runtime(env, device, compute_dtype(precision, device), rd, logger)
+    dtype = compute_dtype(precision, device)
+    if env.is_main:
+        warn_emulated_bf16("train.precision" if hasattr(cfg, "train") else "eval.precision", dtype, device)
+    return Runtime(env, device, dtype, rd, logger)
 
 
 def record_config(rt: Runtime, cfg) -> None:

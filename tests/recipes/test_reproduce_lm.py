@@ -468,6 +468,29 @@ def _scored(job: Job, bpb: float) -> None:
     write_record(job)
 
 
+def test_auto_precision_trains_in_bf16_only_where_the_hardware_computes_it(tmp_path, monkeypatch):
+    """lm.precision=auto: bf16 arms on a CPU with bf16 in hardware, fp32 ones on a CPU that emulates it (each step
+    ~15x slower there); the value is in every arm's spec, so the kept bf16 records never stand for fp32 arms; the
+    preset's bf16 on an emulating CPU is warned about."""
+    import torch
+
+    import s2t2_dist.api as api
+    from s2t2_dist.recipes.arm_records import arm_spec
+    from s2t2_dist.recipes.reproduce_lm import precision_warning
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    specs = {}
+    for native in (True, False):
+        monkeypatch.setattr(api, "cpu_computes_bf16", lambda n=native: n, raising=False)
+        plan = _plan(tmp_path, precision="auto")
+        ft = plan.ft_arm("new_tok_truncate", 1e-4, 0, tag="new_tok")
+        assert f"train.precision={'bf16' if native else 'fp32'}" in ft.overrides
+        specs[native] = arm_spec(ft)
+        assert (precision_warning("bf16") == []) is native and precision_warning("fp32") == []
+    assert specs[True] != specs[False]
+    assert "lm.precision=bf16" in precision_warning("bf16")[0] and precision_warning("auto") == []
+
+
 def test_the_grid_pairs_every_row_with_the_start_at_the_same_step():
     """Seed 0's grid: each finetuned row minus S2T2's start + CFT at the same finetuning step, paired over the
     documents; a step the start has no documents at (or lacks) gets no comparison; the grid's text lists them."""

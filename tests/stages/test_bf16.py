@@ -87,3 +87,27 @@ def test_finetune_stage_in_bf16_follows_float32(world, tmp_path):
     assert f32 != b16  # bf16 really ran
     assert b16[-1] < b16[0]
     assert _rel(bpb16, bpb32) < 0.02
+
+
+def test_bf16_on_a_cpu_that_emulates_it_is_said_once(monkeypatch, caplog):
+    """train.precision=bf16 runs correctly on any CPU, but one without bf16 in hardware emulates it (~15x slower):
+    a warning naming the key; none for fp32, none on a CPU that has it."""
+    import logging
+
+    from s2t2_dist.stages import common
+
+    monkeypatch.setattr(common, "cpu_computes_bf16", lambda: False)
+    cpu = torch.device("cpu")
+    with caplog.at_level(logging.WARNING, logger="s2t2.precision"):
+        assert common.warn_emulated_bf16("train.precision", torch.bfloat16, cpu)
+        assert not common.warn_emulated_bf16("train.precision", torch.float32, cpu)
+    assert [r.getMessage().split(" on a CPU")[0] for r in caplog.records] == ["train.precision=bf16"]
+    monkeypatch.setattr(common, "cpu_computes_bf16", lambda: True)
+    assert not common.warn_emulated_bf16("train.precision", torch.bfloat16, cpu)
+
+
+def test_the_bf16_probe_answers_for_this_cpu():
+    """The answer is a bool either way; where it says bf16 is in hardware, a bf16 product runs through oneDNN."""
+    from s2t2_dist.stages.common import cpu_computes_bf16
+
+    assert isinstance(cpu_computes_bf16(), bool)
