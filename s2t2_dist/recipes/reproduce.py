@@ -490,7 +490,8 @@ SCALES = {
     "small": "the same at 3 seeds x 200 steps with a P step sweep: ~12 min on 2 shared CPU cores",
     "smollm2": "SmolLM2-135M-Instruct (a dequantised 4-bit GGUF) on every shipped protein set: the P selection on "
                "seed 0 (~4-5 h on 2 cores), each finetuned row at 3 steps on seed 0 (~8 h: a 600-step finetune ~36 "
-               "min a lane, two lanes), then ~3 h a seed; resumable, finished arms kept (--record)",
+               "min a lane, two lanes), then ~3 h a seed, on a CPU with bf16 in hardware (one that emulates it: "
+               "~15x that; lm.precision=auto); resumable, finished arms kept (--record)",
     "paper": "prints the SLURM submissions (OLMo-1B / OLMo-7B on UniRef50); --collect reads their results",
 }
 
