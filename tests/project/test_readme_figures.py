@@ -8,7 +8,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDS = REPO / "benchmarks" / "records"
-LONGER = REPO / "benchmarks" / "table1_smollm2_longer_finetune_three_seeds_2026-11-29" / "results.json"
 START_ONLY = REPO / "benchmarks" / "table1_smollm2_start_only_2026-12-02" / "results.json"
 
 
@@ -32,13 +31,18 @@ def test_the_proteins_figures_are_the_records():
               for k in ("sparse_paper_a0_lr1e-05", "unconstrained_lr0.001", "softmax_lr0.1")}
     assert f"{p_only['sparse_paper_a0_lr1e-05']:.3f} / {p_only['unconstrained_lr0.001']:.3f} / " \
            f"{p_only['softmax_lr0.1']:.3f}" in readme
-    longer = json.loads(LONGER.read_text())["seeds"]
-    cft = {k: statistics.fmean(longer[str(s)][k]["heldout"]["bpb"] for s in seeds)
-           for k in ("s2t2_cft", "plain_p_cft", "sinkhorn_p_cft", "ft_new_tok")}
-    assert f"{cft['s2t2_cft']:.3f} / {cft['plain_p_cft']:.3f} / {cft['sinkhorn_p_cft']:.3f} / " \
-           f"{cft['ft_new_tok']:.3f}" in readme
-    orig = statistics.fmean(longer[str(s)]["ft_orig_tok"]["heldout"]["bpb"] for s in (0, 1))
-    assert f"| {orig:.3f} |" in readme
+    # + CFT at 200 finetuning steps (the earlier preset, each row at the step validation chose) and at 600 (the
+    # preset's kept records, each row at its own step)
+    at200 = {"cft_sparse_lr3e-05_lr0.0003": None, "cft_unconstrained_lr0.001_lr0.0003": None,
+             "cft_softmax_lr0.1_lr0.0003": None, "new_tok_lr0.0001": None, "orig_tok_lr0.0003": None}
+    for k in at200:
+        at200[k] = _mean(RECORDS / "smollm2" / f"seed{s}" / f"eval_{k}.json" for s in seeds)
+    assert " | " + " / ".join(f"{v:.3f}" for v in at200.values()) + " (Plain P + CFT first" in readme
+    assert min(list(at200.values())[:4]) == at200["cft_unconstrained_lr0.001_lr0.0003"]
+    s2_600 = _mean(RECORDS / "smollm2_600" / f"seed{s}" / "eval_cft_sparse_lr3e-05_lr0.0001.json" for s in seeds)
+    new_600 = _bpb(RECORDS / "smollm2_600" / "seed0" / "eval_new_tok_lr0.0001.json")
+    assert f"| {s2_600:.3f} (3 seeds) / {new_600:.3f} (seed 0), both at 1e-4;" in readme
+    assert not (RECORDS / "smollm2_600" / "seed1" / "eval_new_tok_lr0.0001.json").exists()  # "seed 0" is all
     # S2T2 + CFT against its own start at 600 steps, with each document's scores: the paired intervals, each row at
     # the step seed 0's validation chose from the grid (its finetune records' validation BpB), then at one shared step
     from s2t2_dist.api import paired_difference
