@@ -175,13 +175,15 @@ def test_translate_activation_checkpointing_lowers_peak_memory(inputs, tmp_path)
 
 def test_translate_warns_and_flags_a_frozen_C(inputs, tmp_path, caplog):
     """The paper's recipe with an lr far past the 1/v scale: warned about at start; C's gradient dies, which is
-    warned about once and recorded in result.json (the default run above records frozen=False). At lr x v = 512
-    and 5,120 a few entries kept or regained a gradient to the end on 2026-11-28's packages; 1,536 froze for good."""
+    warned about once and recorded in result.json (the default run above records frozen=False). How long it stays
+    dead is chaotic at this lr: a few entries regain a gradient for a step or two, at steps that differ between
+    CPUs (AVX-512 and AVX2 sum in other orders), so the monitor counts one stalled sample (freeze_steps=1) and the
+    warning must come once however often the stall recurs."""
     data, model = inputs
     cfg = load_config(TranslateConfig, REPO / "configs" / "translate_olmo1b.yaml",
                       _overrides(data, model, tmp_path / "run", "train.steps=30", "train.micro_batch_size=4",
                                  "data.eval=", "translator.init=uniform", "translator.alpha=0", "translator.floor=0",
-                                 "optim.lr=3", "translator.freeze_steps=3",
+                                 "optim.lr=3", "translator.freeze_steps=1",
                                  "train.log_every=1"))
     with caplog.at_level(logging.WARNING, logger="s2t2.translate"):
         summary = run(cfg)
