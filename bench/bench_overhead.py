@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     from s2t2_dist.api import TranslatedLM, materialize
     from s2t2_dist.api import FinetuneTask, TranslateTask
     from s2t2_dist.api import TokenTranslator, TranslatorConfig
-    from s2t2_dist.api import OptimConfig
+    from s2t2_dist.api import EngineConfig, FinetuneConfig, OptimConfig, TranslateConfig
 
     torch.manual_seed(0)
     cfg = tiny_config("olmo-1b", n_layers=a.layers, d_model=a.width, n_heads=a.heads)
@@ -143,12 +143,10 @@ def main(argv=None) -> int:
             lm = TranslatedLM(model, freeze_model=True)
             flat = OptimConfig(lr=2e-5, eps=1e-8, warmup_frac=0.0, final_lr_frac=1.0)  # a constant lr
             eng = TorchEngine.build(tr, flat, steps + 1, params="sharded")
-            tcfg = SimpleNamespace(translator=TranslatorConfig(alpha=0.0, heatmap=[0, 0]), optim=flat)
+            # the stage's own config (its P reports with a 1 x 1 heatmap: the loop's, not the image's, cost)
+            tcfg = TranslateConfig(translator=TranslatorConfig(alpha=0.0, heatmap=[1, 1]))
             task = TranslateTask(lm, tr, E, L, src_ids, tcfg, rt, [str(i) for i in range(a.u)],
                                  [str(i) for i in range(a.v)])
-            task.report = lambda step, logger, _t=task: {  # the stage's P statistics (heatmap/top lists aside)
-                **{f"P/{k}": v for k, v in _t.stats.density_stats().items()},
-                **{f"P/{k}": v for k, v in _t.stats.marginal_errors().items()}}
             res["s1_loop"].append(med(loop_step_times(task, eng, batches, steps, work / "s1"), a.warmup))
             # the translator alone: P and E', L' forward + backward to C
             tt = []
@@ -184,7 +182,7 @@ def main(argv=None) -> int:
             # ---- stage 2, the framework: the translated (materialised, u-vocabulary) model, all of it trained
             m2 = materialize(copy.deepcopy(base), E[:a.u].detach().clone(), L[:a.u].detach().clone(), inplace=True)
             eng2 = TorchEngine.build(m2, dataclasses.replace(flat, lr=1e-4), steps + 1, params="replicated")
-            ftask = FinetuneTask(eng2, rt, None, SimpleNamespace(engine=SimpleNamespace(kind="plain")))
+            ftask = FinetuneTask(eng2, rt, None, FinetuneConfig(engine=EngineConfig(kind="plain")))
             res["s2_loop"].append(med(loop_step_times(ftask, eng2, batches, steps, work / "s2"), a.warmup))
             m3 = materialize(copy.deepcopy(base), E[:a.u].detach().clone(), L[:a.u].detach().clone(), inplace=True)
             res["s2_bare"].append(med(bare_step_times(

@@ -15,7 +15,8 @@ core would deliver; wall-clock figures depend on what else runs on the machine.
 ``--baseline-tree DIR`` (a checkout of another commit, e.g. ``git worktree add /tmp/base HEAD~1``) also times the
 shards step (0 workers) with that checkout's ``s2t2_dist`` and with this one, alternately, ``--ab-reps`` times each,
 in fresh processes on the same splits and tokenizer: before/after figures for a change taken in the same run. It also
-reports the CPU time spent inside the shard writer (``ShardFile``: open, write, commit; thread CPU time).
+reports the share of the step's CPU time spent inside the shard writer (``ShardFile``: open, write, commit), from
+one more run of each under the profiler, which observes the package and replaces nothing of it.
 
     PYTHONPATH=. python -m bench.bench_prepare --residues 20000000 --workers 0 1 2
 """
@@ -66,31 +67,32 @@ def real_sequences(protein_dir: Path) -> list[str]:
 
 
 _AB_CODE = """
-import json, os, time
+import cProfile, json, os, pstats, time
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
 import webdataset  # loaded beforehand, as in `s2t2 prepare` (which has torch loaded): its import is not counted
 from s2t2_dist.data import shards
 assert shards.__file__.startswith({tree!r}), shards.__file__
-acc = [0.0]
-def timed(f):
-    def g(*a, **k):
-        t = time.thread_time()
-        try:
-            return f(*a, **k)
-        finally:
-            acc[0] += time.thread_time() - t
-    return g
-for name in ("__init__", "write", "commit"):
-    setattr(shards.ShardFile, name, timed(getattr(shards.ShardFile, name)))
+prof = cProfile.Profile(time.process_time) if {profile!r} else None
 c0, w0, n, sha = time.process_time(), time.perf_counter(), 0, []
+if prof:
+    prof.enable()
 for split in ("train", "eval"):
     m = shards.write_shards(split_dir={splits!r}, split=split, tokenizer={tok!r},
                             output_dir=os.path.join({out!r}, split), context_len={T}, shard_size={S}, num_workers=0,
                             progress=False)
     n += m["totals"]["n_samples"]
     sha += [s["sha256"] for s in m["shards"]]
-print(json.dumps({{"wall_s": time.perf_counter() - w0, "cpu_s": time.process_time() - c0, "writer_cpu_s": acc[0],
-                  "samples": n, "sha256": sha}}))
+cpu_s, wall_s = time.process_time() - c0, time.perf_counter() - w0
+writer = None
+if prof:
+    prof.disable()
+    # the shard writer's share, observed by the profiler (nothing of the package replaced): its methods' cumulative
+    # time over the profiled step's, so the profiler's own overhead cancels out to first order
+    st = pstats.Stats(prof).stats
+    keys = {{(f.__code__.co_filename, f.__code__.co_firstlineno, f.__code__.co_name)
+             for f in (shards.ShardFile.__init__, shards.ShardFile.write, shards.ShardFile.commit)}}
+    writer = sum(v[3] for k, v in st.items() if k in keys) / max(cpu_s, 1e-9)
+print(json.dumps({{"wall_s": wall_s, "cpu_s": cpu_s, "writer_share": writer, "samples": n, "sha256": sha}}))
 """
 
 
@@ -101,20 +103,32 @@ def _env_importing(tree: Path) -> dict:
 
 
 def ab_shards(trees: dict[str, Path], work: Path, reps: int, context_len: int, shard_size: int) -> dict:
-    """The shards step (train + eval, 0 workers) with each checkout's package, alternating, ``reps`` times each."""
+    """The shards step (train + eval, 0 workers) with each checkout's package, alternating, ``reps`` times each,
+    then once more each under the profiler (the writer's share of the step; its times are not the A/B's)."""
     import subprocess
 
     runs: dict[str, list[dict]] = {name: [] for name in trees}
     work = work.resolve()  # each child runs in its checkout (a child imports from its cwd first)
-    for _ in range(reps):
+    for rep in range(reps + 1):
         for name, tree in trees.items():
             out, tree = work / f"ab_{name}", tree.resolve()
             shutil.rmtree(out, ignore_errors=True)
             code = _AB_CODE.format(tree=str(tree), splits=str(work / "splits"), tok=str(work / "tok"),
-                                   out=str(out), T=context_len, S=shard_size)
+                                   out=str(out), T=context_len, S=shard_size, profile=rep == reps)
             stdout = subprocess.check_output([sys.executable, "-c", code], env=_env_importing(tree), cwd=tree)
             runs[name].append(json.loads(stdout.decode()))
     return runs
+
+
+def ab_rows(runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """Per checkout: the timed runs' walls and CPU seconds, and the profiled run's writer share."""
+    rows = {}
+    for name, rs in runs.items():
+        timed, profiled = [r for r in rs if r["writer_share"] is None], [r for r in rs if r["writer_share"] is not None]
+        rows[name] = {"wall_s": [r["wall_s"] for r in timed], "cpu_s": [r["cpu_s"] for r in timed],
+                      "writer_share": profiled[-1]["writer_share"] if profiled else None,
+                      "samples": rs[0]["samples"], "sha256": rs[0]["sha256"]}
+    return rows
 
 
 def make_fasta(path: Path, seqs: list[str], residues: int, seed: int = 0, mutation_rate: float = 0.05):
@@ -203,7 +217,7 @@ def main() -> None:
 
     code = (
         "import os,time,resource;os.environ['TOKENIZERS_PARALLELISM']='false';"
-        "from s2t2_dist.data.tokenizers import load_tokenizer;from s2t2_dist.data.split import iter_split_texts;"
+        "from s2t2_dist.api import load_tokenizer, iter_split_texts;"
         f"t=list(iter_split_texts({str(work / 'splits')!r},'train'));i=load_tokenizer({str(work / 'tok')!r}).tokenizer;"
         "c0=time.process_time();[i.encode_batch_fast(t[k:k+2000],add_special_tokens=False) for k in range(0,len(t),2000)];"
         "print(time.process_time()-c0)")
@@ -238,16 +252,15 @@ def main() -> None:
         runs = ab_shards(trees, work, a.ab_reps, a.context_len, a.shard_size)
         res["ab_shards_workers0"] = runs
         print(f"\nshards step (train + eval, 0 workers), {a.ab_reps} alternating runs each, fresh processes:\n")
-        print("| checkout | wall s (each run) | CPU s (each run) | shard writer CPU s | writer µs/sample |")
-        print("|---|---|---|---:|---:|")
-        for name, rs in runs.items():
-            wr = sorted(r["writer_cpu_s"] for r in rs)[len(rs) // 2]
-            walls = " / ".join(f"{r['wall_s']:.2f}" for r in rs)
-            cpus = " / ".join(f"{r['cpu_s']:.2f}" for r in rs)
-            print(f"| {name} ({trees[name]}) | {walls} | {cpus} | {wr:.2f} (median) | "
-                  f"{wr / rs[0]['samples'] * 1e6:.1f} |")
-        same = runs["baseline"][0]["sha256"] == runs["this"][0]["sha256"]
-        print(f"\n{runs['this'][0]['samples']:,} samples; all shards byte-identical between the two: {same}")
+        print("| checkout | wall s (each run) | CPU s (each run) | shard writer share of the step (profiled run) |")
+        print("|---|---|---|---:|")
+        rows = ab_rows(runs)
+        for name, r in rows.items():
+            walls = " / ".join(f"{x:.2f}" for x in r["wall_s"])
+            cpus = " / ".join(f"{x:.2f}" for x in r["cpu_s"])
+            print(f"| {name} ({trees[name]}) | {walls} | {cpus} | {r['writer_share']:.1%} |")
+        same = rows["baseline"]["sha256"] == rows["this"]["sha256"]
+        print(f"\n{rows['this']['samples']:,} samples; all shards byte-identical between the two: {same}")
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
 

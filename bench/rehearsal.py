@@ -460,7 +460,7 @@ def build_model(cache: Path, layers: int, d: int, heads: int) -> tuple[Path, dic
     info = {"dir": str(out)}
     if not (out / "config.json").is_file():
         t0 = time.time()
-        code = ("import sys; from s2t2_dist.recipes.tiny import tiny_from_config, save_olmo_tokenizer; "
+        code = ("import sys; from s2t2_dist.api import tiny_from_config, save_olmo_tokenizer; "
                 f"m = tiny_from_config('olmo-1b', n_layers={layers}, d_model={d}, n_heads={heads}, seed=0); "
                 f"m.save_pretrained('{out}.tmp', max_shard_size='2GB'); save_olmo_tokenizer('{out}.tmp')")
         subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, PYTHONPATH=str(REPO)))

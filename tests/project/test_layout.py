@@ -250,24 +250,29 @@ def test_export_builds_the_rows_training_used(normalization, config):
     assert 0 < filed["max_weight_mean"] <= 1 and 0 <= filed["col_entropy_mean"] <= math.log(v) + 1e-9
 
 
-#: bench files whose child code imports a module of *another checkout* (an A/B against an older tree, which may
-#: predate the API or the name): it must reach that tree's own module
-CHILD_CODE_OF_ANOTHER_CHECKOUT = {"bench_prepare.py"}
+#: child code (bench file, the constant holding it) that imports a module of *another checkout* (an A/B against an
+#: older tree, which may predate the API or the name): it must reach that tree's own module
+CHILD_CODE_OF_ANOTHER_CHECKOUT = {("bench_prepare.py", "_AB_CODE")}
 
 
 def _child_code_imports(path: Path) -> list[str]:
     """Modules of the package imported by the Python source held in `path`'s string constants (read line by line:
-    such code is often a str.format template, which does not parse until it is filled in)."""
-    line = re.compile(r"^\s*(?:from|import)\s+(s2t2_dist[\w.]*)", re.M)
-    return [m for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) for m in line.findall(node.value)]
+    such code is often a str.format template, which does not parse until it is filled in), but for the constants
+    CHILD_CODE_OF_ANOTHER_CHECKOUT names."""
+    line = re.compile(r"(?:^|;)\s*(?:from|import)\s+(s2t2_dist[\w.]*)", re.M)  # a line or a `;`-joined statement
+    tree = ast.parse(path.read_text())
+    other = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
+             for t in n.targets if isinstance(t, ast.Name) and (path.name, t.id) in CHILD_CODE_OF_ANOTHER_CHECKOUT}
+    return [m for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in other for m in line.findall(node.value)]
 
 
 def test_the_child_code_finder_sees_an_import_in_a_string(tmp_path):
     f = tmp_path / "b.py"
     f.write_text('CODE = """\nimport json\nfrom s2t2_dist.data import shards\nprint({x!r})\n"""\n'
-                 'OK = "from s2t2_dist.api import stop"\nTEXT = "see s2t2_dist.data for the shards"\n')
-    assert _child_code_imports(f) == ["s2t2_dist.data", "s2t2_dist.api"]
+                 'OK = "from s2t2_dist.api import stop"\nTEXT = "see s2t2_dist.data for the shards"\n'
+                 'ONE = "import os;from s2t2_dist.data.split import x"\n')
+    assert _child_code_imports(f) == ["s2t2_dist.data", "s2t2_dist.api", "s2t2_dist.data.split"]
 
 
 def test_bench_and_recipes_are_clients_of_the_public_api_only():
@@ -284,8 +289,7 @@ def test_bench_and_recipes_are_clients_of_the_public_api_only():
              if m != "s2t2_dist.api" and not (p.parent.name == "recipes" and m.startswith("s2t2_dist.recipes"))}
     assert not taken, sorted(taken)
     # nor the code a bench hands to a child process (a string run by `python -c` or a script it writes)
-    in_children = {(p.name, m) for p in bench.rglob("*.py") for m in _child_code_imports(p)
-                   if m != "s2t2_dist.api" and p.name not in CHILD_CODE_OF_ANOTHER_CHECKOUT}
+    in_children = {(p.name, m) for p in bench.rglob("*.py") for m in _child_code_imports(p) if m != "s2t2_dist.api"}
     assert not in_children, sorted(in_children)
     used = {n for p in clients for m, n in _imports_of(p) if m == "s2t2_dist.api"}
     assert used and used <= set(api.__all__), used - set(api.__all__)
@@ -398,6 +402,62 @@ def test_bench_is_a_package_that_never_edits_sys_path():
                        for i, line in enumerate(p.read_text().splitlines(), 1)
                        if SYS_PATH_EDIT.search(line) or LATE_IMPORT.search(line))
     assert not offenders, "\n".join(offenders)
+
+
+def _product_patches(path: Path) -> list[str]:
+    """Where `path` replaces an attribute of the package at run time: ``X.attr = ...`` or ``setattr(X, ...)`` with X
+    a name it imported from s2t2_dist or bound to what one of those built (``task = TranslateTask(...)``); and a
+    ``setattr(`` in the code it hands to a child process. An attribute of an attribute (``tr.C.grad = None``) is
+    the state of a tensor, not a replacement of the product."""
+    tree = ast.parse(path.read_text())
+    product: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("s2t2_dist"):
+            product.update(a.asname or a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            product.update((a.asname or a.name).split(".")[0] for a in node.names if a.name.startswith("s2t2_dist"))
+    for _ in range(2):  # names bound to what a product name built, and to what those built
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                f = node.value.func
+                base = f.value if isinstance(f, ast.Attribute) else f
+                if isinstance(base, ast.Name) and base.id in product:
+                    product.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AugAssign, ast.AnnAssign)) else []
+        for t in targets:
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in product:
+                found.append(f"{path.name}:{node.lineno}: {t.value.id}.{t.attr} = ...")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" \
+                and node.args and isinstance(node.args[0], (ast.Name, ast.Attribute)):
+            base = node.args[0]
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in product:
+                found.append(f"{path.name}:{node.lineno}: setattr({base.id}, ...)")
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.search(r"\bsetattr\(", node.value):
+            found.append(f"{path.name}:{node.lineno}: setattr( in child code")
+    return found
+
+
+def test_the_patch_finder_sees_each_kind_of_replacement(tmp_path):
+    f = tmp_path / "b.py"
+    f.write_text("from s2t2_dist.api import TranslateTask, shards\nimport torch\n"
+                 "task = TranslateTask(1)\ntask.report = None\nsetattr(shards.ShardFile, 'write', len)\n"
+                 "t = torch.zeros(1)\nt.grad = None\ntask.C.grad = None\nCODE = 'setattr(x, 1, 2)'\n")
+    assert [x.split(": ", 1)[1] for x in _product_patches(f)] == [
+        "task.report = ...", "setattr(shards, ...)", "setattr( in child code"]
+
+
+def test_no_client_replaces_an_attribute_of_the_product():
+    """bench/ and recipes/ use the product as it is: a bench that needs another behaviour takes it through a
+    parameter, a config key or a hook of the product (or observes it: a profiler), never by replacing a method
+    or module attribute at run time (which also times or tests code the product does not run)."""
+    clients = [*BENCH.rglob("*.py"), *(PKG / "recipes").glob("*.py")]
+    found = [x for p in clients for x in _product_patches(p)]
+    assert not found, found
 
 
 def test_docs_start_bench_scripts_as_modules():
